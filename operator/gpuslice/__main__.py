@@ -1,0 +1,3 @@
+from gpuslice.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Every name gpuslice shares with the cluster lives here: API group, driver, labels, annotations, paths.
+
+Changing one of these is an API change: CRDs, manifests, samples and the shim's build all agree on them.
+"""
+
+from typing import Final
+
+# --- API -------------------------------------------------------------------------------------------
+API_GROUP: Final = "gpuslice.io"
+API_VERSION: Final = "v1alpha1"
+GROUP_VERSION: Final = f"{API_GROUP}/{API_VERSION}"
+PACKAGE_KIND: Final = "GpuPackage"
+PACKAGE_PLURAL: Final = "gpupackages"
+SLICE_KIND: Final = "GpuSlice"
+SLICE_PLURAL: Final = "gpuslices"
+
+# --- DRA -------------------------------------------------------------------------------------------
+DRIVER_NAME: Final = "gpuslice.io"
+DRA_GROUP: Final = "resource.k8s.io"
+DRA_VERSION: Final = "v1"
+DEVICE_CLASS_SUFFIX: Final = ".gpuslice.io"
+#: The only request name a gpuslice claim may carry (the documented form).
+CLAIM_REQUEST_NAME: Final = "gpu"
+#: Quota key suffix kube-apiserver uses for device counts of a DeviceClass.
+QUOTA_DEVICES_SUFFIX: Final = ".deviceclass.resource.k8s.io/devices"
+
+
+def device_class_name(package: str) -> str:
+    """DeviceClass of a GpuPackage: `<package>.gpuslice.io`."""
+    return f"{package}{DEVICE_CLASS_SUFFIX}"
+
+
+def quota_key(package: str) -> str:
+    """ResourceQuota key counting a package's slices: `<class>.deviceclass.resource.k8s.io/devices`."""
+    return f"{device_class_name(package)}{QUOTA_DEVICES_SUFFIX}"
+
+
+# --- Ownership and bookkeeping -----------------------------------------------------------------------
+FIELD_MANAGER: Final = "gpuslice"
+LABEL_PREFIX: Final = "gpuslice.io/"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "gpuslice"
+LABEL_PACKAGE: Final = "gpuslice.io/package"
+LABEL_SLICE: Final = "gpuslice.io/slice"
+LABEL_SLICE_TEMPLATE: Final = "gpuslice.io/slice-template"
+LABEL_NODE: Final = "gpuslice.io/node"
+ANNOTATION_PREFIX: Final = "gpuslice.io/"
+FINALIZER: Final = "gpuslice.io/finalizer"
+#: Kopf's progress and diff-base storage live under gpuslice's own prefix, not kopf.zalando.org.
+KOPF_PROGRESS_PREFIX: Final = "gpuslice.io"
+KOPF_DIFFBASE_ANNOTATION: Final = "gpuslice.io/last-handled-configuration"
+PEERING_NAME: Final = "gpuslice"
+#: Label the operator keeps on every namespace an entitlement selects; admission policies bind to it.
+LABEL_TENANT: Final = "gpuslice.io/tenant"
+#: Name of the one gpuslice-owned ResourceQuota in each tenant namespace.
+QUOTA_NAME: Final = "gpuslice"
+#: Prefix of the operator's ValidatingAdmissionPolicies and their bindings.
+POLICY_PREFIX: Final = "gpuslice-"
+
+# --- Node paths (host side) ---------------------------------------------------------------------------
+HOST_STATE_DIR: Final = "/var/lib/gpuslice"
+HOST_RUN_DIR: Final = "/var/run/gpuslice"
+HOST_SHIM_DIR: Final = "/usr/local/gpuslice/lib"
+KUBELET_PLUGINS_DIR: Final = "/var/lib/kubelet/plugins"
+KUBELET_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
+CDI_DIR: Final = "/var/run/cdi"
+CDI_VENDOR: Final = "gpuslice.io"
+CDI_CLASS: Final = "slice"
+
+# --- Container paths (what the CDI spec injects) ------------------------------------------------------
+#: The shim reads its limits from this fixed, read-only path; never from the environment.
+CONTAINER_CONFIG_PATH: Final = "/etc/gpuslice/slice.conf"
+CONTAINER_USAGE_DIR: Final = "/var/run/gpuslice/slice"
+CONTAINER_SHIM_PATH: Final = "/usr/local/gpuslice/lib/libgpuslice.so"
+CONTAINER_LD_SO_PRELOAD: Final = "/etc/ld.so.preload"
+
+#: Environment variables a tenant must not set on a container (admission denies them).
+FORBIDDEN_ENV_VARS: Final = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "CUDA_VISIBLE_DEVICES",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+)
+#: Any variable with this prefix is treated as a shim control variable.
+FORBIDDEN_ENV_PREFIXES: Final = ("GPUSLICE_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM_LIMIT")
+
+# --- Products --------------------------------------------------------------------------------------
+GIB: Final = 1024**3
+MIB: Final = 1024**2

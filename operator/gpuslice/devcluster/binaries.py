@@ -1,0 +1,248 @@
+"""Build the control-plane binaries from their Go modules and cache them, keyed by version.
+
+Nothing is downloaded but Go modules: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+kubectl and kwok are compiled from `go.etcd.io/etcd/server/v3`, `k8s.io/kubernetes` and
+`sigs.k8s.io/kwok`. Only the first run builds (tens of minutes on 2 cores); later runs find the
+binaries under `${XDG_CACHE_HOME:-~/.cache}/gpuslice/bin/<component>-<version>/`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.37.2"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+#: Go directive of the generated build modules; the machine's Go must be at least this.
+GO_DIRECTIVE = "1.26.0"
+
+KWOK_STAGE_FILES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+
+
+class BuildError(RuntimeError):
+    """A component failed to build; the message names the module and the log file."""
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str  # cache folder prefix
+    module: str  # Go module required by the build module
+    version: str
+    packages: tuple[str, ...]  # main packages to build, binary name = last path element
+    ldflags: str = "-s -w"
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    def binary_names(self) -> list[str]:
+        return [p.rsplit("/", 1)[-1] if not p.endswith("/v3") else "etcd" for p in self.packages]
+
+
+def _k8s_ldflags(version: str) -> str:
+    major, minor = version.lstrip("v").split(".")[:2]
+    pkg = "k8s.io/component-base/version"
+    return (
+        f"-s -w -X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor}"
+        f" -X {pkg}.gitTreeState=clean -X {pkg}.buildDate=1970-01-01T00:00:00Z"
+    )
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, ("go.etcd.io/etcd/server/v3",)),
+    Component(
+        "kubernetes",
+        "k8s.io/kubernetes",
+        KUBERNETES_VERSION,
+        (
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "k8s.io/kubernetes/cmd/kube-scheduler",
+            "k8s.io/kubernetes/cmd/kubectl",
+        ),
+        ldflags=_k8s_ldflags(KUBERNETES_VERSION),
+    ),
+    Component("kwok", "sigs.k8s.io/kwok", KWOK_VERSION, ("sigs.k8s.io/kwok/cmd/kwok",)),
+)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpuslice"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kwok: Path
+    kwok_stages: Path
+
+
+def _paths() -> Binaries:
+    root = cache_root() / "bin"
+    k8s = root / f"kubernetes-{KUBERNETES_VERSION}"
+    kwok = root / f"kwok-{KWOK_VERSION}"
+    return Binaries(
+        etcd=root / f"etcd-{ETCD_VERSION}" / "etcd",
+        kube_apiserver=k8s / "kube-apiserver",
+        kube_controller_manager=k8s / "kube-controller-manager",
+        kube_scheduler=k8s / "kube-scheduler",
+        kubectl=k8s / "kubectl",
+        kwok=kwok / "kwok",
+        kwok_stages=kwok / "stages.yaml",
+    )
+
+
+def cached() -> Binaries | None:
+    """The cached binaries, or None when any is missing."""
+    paths = _paths()
+    if all(Path(p).exists() for p in vars(paths).values()):
+        return paths
+    return None
+
+
+def staging_replaces(kubernetes_gomod: str, version: str) -> list[str]:
+    """`replace` lines pinning every staging module of k8s.io/kubernetes to its published v0.X.Y.
+
+    k8s.io/kubernetes points its staging modules at `./staging/...`, which does not exist in the
+    module download, so a consumer must replace each one; the list comes from its own go.mod.
+    """
+    major, minor, patch = version.lstrip("v").split(".")
+    staged = f"v0.{minor}.{patch}"
+    names = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", kubernetes_gomod, flags=re.MULTILINE)
+    if not names:
+        raise BuildError(f"k8s.io/kubernetes {version}: go.mod lists no staging modules; cannot build it")
+    return [f"replace {name} => {name} {staged}" for name in sorted(set(names))]
+
+
+Progress = Callable[[str], None]
+
+
+def _default_progress(msg: str) -> None:
+    print(f"[devcluster build] {msg}", file=sys.stderr, flush=True)
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOFLAGS", "-buildvcs=false")
+    return env
+
+
+def _run_logged(cmd: list[str], cwd: Path, log: Path, what: str, module: str) -> None:
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        rc = subprocess.call(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, env=_go_env())
+    if rc != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise BuildError(
+            f"building {what} from Go module {module} failed (exit {rc}); full log: {log}\n"
+            + "\n".join(f"    {line}" for line in tail)
+        )
+
+
+@contextmanager
+def _build_lock() -> Iterator[None]:
+    # Several test sessions may start at once on one machine: only one builds, the others wait.
+    lock_path = cache_root() / "build.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _module_info(module: str, version: str, cwd: Path, log: Path) -> dict[str, str]:
+    cmd = ["go", "mod", "download", "-json", f"{module}@{version}"]
+    with log.open("a") as fh:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=_go_env())
+        fh.write(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise BuildError(f"downloading Go module {module}@{version} failed; log: {log}\n{proc.stderr[-800:]}")
+    info: dict[str, str] = json.loads(proc.stdout)
+    return info
+
+
+def _build_component(comp: Component, progress: Progress) -> None:
+    work = cache_root() / "build" / comp.key
+    work.mkdir(parents=True, exist_ok=True)
+    log = cache_root() / "build" / f"{comp.key}.log"
+    log.write_text(f"gpuslice devcluster build of {comp.module} {comp.version}\n")
+    gomod = [f"module gpuslice.local/build/{comp.name}", "", f"go {GO_DIRECTIVE}", ""]
+    gomod.append(f"require {comp.module} {comp.version}")
+    (work / "go.mod").write_text("\n".join(gomod) + "\n")
+    (work / "go.sum").unlink(missing_ok=True)
+    info = _module_info(comp.module, comp.version, work, log)
+    if comp.module == "k8s.io/kubernetes":
+        replaces = staging_replaces(Path(info["GoMod"]).read_text(), comp.version)
+        with (work / "go.mod").open("a") as fh:
+            fh.write("\n" + "\n".join(replaces) + "\n")
+    imports = "\n".join(f'\t_ "{p}"' for p in comp.packages)
+    (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
+    progress(f"{comp.module} {comp.version}: resolving dependencies (log: {log})")
+    _run_logged(["go", "mod", "tidy"], work, log, comp.name, comp.module)
+
+    out = cache_root() / "bin" / comp.key
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for i, (pkg, name) in enumerate(zip(comp.packages, comp.binary_names(), strict=True), start=1):
+        started = time.monotonic()
+        progress(f"compiling {name} ({i}/{len(comp.packages)}) from {comp.module} {comp.version} ...")
+        cmd = ["go", "build", "-ldflags", comp.ldflags, "-o", str(staging / name), pkg]
+        _run_logged(cmd, work, log, name, comp.module)
+        progress(f"compiled {name} in {time.monotonic() - started:.0f}s")
+    if comp.name == "kwok":
+        moddir = Path(info["Dir"])
+        stages = "\n---\n".join((moddir / f).read_text().strip() for f in KWOK_STAGE_FILES)
+        (staging / "stages.yaml").write_text(stages + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+
+
+def ensure_binaries(progress: Progress | None = None) -> Binaries:
+    """Return the cached binaries, building whichever component is missing."""
+    report = progress or _default_progress
+    found = cached()
+    if found:
+        return found
+    if shutil.which("go") is None:
+        raise BuildError("the `go` command is not on PATH; install Go >= 1.26 to build the control plane")
+    with _build_lock():
+        started = time.monotonic()
+        paths = _paths()
+        for comp in COMPONENTS:
+            out = cache_root() / "bin" / comp.key
+            if all((out / n).exists() for n in comp.binary_names()) and (
+                comp.name != "kwok" or paths.kwok_stages.exists()
+            ):
+                continue
+            _build_component(comp, report)
+        report(f"control plane binaries ready in {time.monotonic() - started:.0f}s under {cache_root() / 'bin'}")
+    found = cached()
+    if found is None:
+        raise BuildError(f"build finished but binaries are missing under {cache_root() / 'bin'}")
+    return found

@@ -1,0 +1,102 @@
+"""`gpuslice devcluster up|down|status|build`: the local control plane from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gpuslice.devcluster.binaries import BuildError, ensure_binaries
+from gpuslice.devcluster.cluster import DevCluster, DevClusterError, default_dir
+
+
+def _progress(msg: str) -> None:
+    print(f"[devcluster] {msg}", file=sys.stderr, flush=True)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "devcluster",
+        help="a real local Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)",
+        description=__doc__,
+    )
+    cmds = p.add_subparsers(dest="devcluster_command", metavar="ACTION", required=True)
+
+    def with_dir(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--dir", type=Path, default=None, help=f"state directory (default: {default_dir()})")
+
+    up = cmds.add_parser("up", help="build (first time) and start the control plane")
+    with_dir(up)
+    up.add_argument("--nodes", type=int, default=1, help="number of kwok fake nodes that stay Ready (default 1)")
+    up.add_argument(
+        "--simulate-gpus",
+        default=None,
+        metavar="SPEC",
+        help='start one node agent per node over simulated GPUs, e.g. "2x Tesla V100-PCIE-32GB"',
+    )
+    up.set_defaults(func=_up)
+
+    down = cmds.add_parser("down", help="stop every process of the control plane")
+    with_dir(down)
+    down.set_defaults(func=_down)
+
+    status = cmds.add_parser("status", help="say which components run")
+    with_dir(status)
+    status.set_defaults(func=_status)
+
+    build = cmds.add_parser("build", help="only build (or find cached) control-plane binaries")
+    build.set_defaults(func=_build)
+
+
+def _up(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    cluster = DevCluster(args.dir, progress=_progress)
+    try:
+        cluster.up(nodes=args.nodes)
+        if args.simulate_gpus:
+            from gpuslice.devcluster.agents import start_agents
+
+            start_agents(cluster, args.simulate_gpus, progress=_progress)
+    except (BuildError, DevClusterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _progress(f"ready in {time.monotonic() - started:.1f}s; logs in {cluster.dir / 'logs'}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    cluster = DevCluster(args.dir, progress=_progress)
+    stopped = cluster.down()
+    _progress(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    cluster = DevCluster(args.dir)
+    st = cluster.state()
+    if st is None:
+        print(f"no devcluster in {cluster.dir}")
+        return 1
+    running = cluster.status()
+    for name, alive in running.items():
+        rec = st.processes[name]
+        extra = f"pid {rec.pid}, rss {rec.rss_bytes() / 2**20:.0f} MiB" if alive else "stopped"
+        print(f"{name:26} {'running' if alive else 'NOT RUNNING':12} {extra}")
+    if not running:
+        print("nothing running (run `gpuslice devcluster up`)")
+    else:
+        print(f"kubeconfig: {cluster.kubeconfig}")
+    return 0 if running and all(running.values()) else 1
+
+
+def _build(_args: argparse.Namespace) -> int:
+    try:
+        bins = ensure_binaries(_progress)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, path in vars(bins).items():
+        print(f"{name:24} {path}")
+    return 0

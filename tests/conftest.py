@@ -1,0 +1,52 @@
+"""Shared fixtures: one real local control plane per test session.
+
+Set GPUSLICE_TEST_CLUSTER_DIR to the --dir of a running `gpuslice devcluster up` to reuse it
+(fast iteration); otherwise the session starts its own in a temporary directory and stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuslice.devcluster.cluster import DevCluster
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TEST_NODES = int(os.environ.get("GPUSLICE_TEST_NODES", "3"))
+
+
+def _progress(msg: str) -> None:
+    print(f"[devcluster] {msg}", file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    reuse = os.environ.get("GPUSLICE_TEST_CLUSTER_DIR")
+    if reuse:
+        c = DevCluster(Path(reuse), progress=_progress)
+        if not c.status() or not all(c.status().values()):
+            pytest.fail(f"GPUSLICE_TEST_CLUSTER_DIR={reuse} holds no running devcluster")
+        yield c
+        return
+    c = DevCluster(tmp_path_factory.mktemp("devcluster"), progress=_progress)
+    try:
+        c.up(nodes=TEST_NODES)
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture
+def namespace(cluster: DevCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, named after it; deleted afterwards (without waiting)."""
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"{base}-{uuid.uuid4().hex[:5]}"
+    cluster.create_namespace(name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
