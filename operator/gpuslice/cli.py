@@ -24,7 +24,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuslice", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="gpuslice", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--version", action="version", version=f"gpuslice {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:

@@ -241,7 +241,9 @@ def ensure_binaries(progress: Progress | None = None) -> Binaries:
             ):
                 continue
             _build_component(comp, report)
-        report(f"control plane binaries ready in {time.monotonic() - started:.0f}s under {cache_root() / 'bin'}")
+        report(
+            f"control plane binaries ready in {time.monotonic() - started:.0f}s under {cache_root() / 'bin'}"
+        )
     found = cached()
     if found is None:
         raise BuildError(f"build finished but binaries are missing under {cache_root() / 'bin'}")

@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     up = cmds.add_parser("up", help="build (first time) and start the control plane")
     with_dir(up)
-    up.add_argument("--nodes", type=int, default=1, help="number of kwok fake nodes that stay Ready (default 1)")
+    up.add_argument(
+        "--nodes", type=int, default=1, help="number of kwok fake nodes that stay Ready (default 1)"
+    )
     up.add_argument(
         "--simulate-gpus",
         default=None,

@@ -189,7 +189,9 @@ class DevCluster:
         st.save()
         return stopped
 
-    def register_process(self, name: str, proc: subprocess.Popen[bytes], log: Path, argv: Sequence[str]) -> None:
+    def register_process(
+        self, name: str, proc: subprocess.Popen[bytes], log: Path, argv: Sequence[str]
+    ) -> None:
         """Record an extra process (e.g. a node agent) so `status` shows it and `down` stops it."""
         st = self.state()
         if st is None:
@@ -217,7 +219,9 @@ class DevCluster:
         ca = pki.LocalCA(self.dir / "pki")
         stem = "user-" + "-".join([user, *groups]).replace(":", "_").replace("/", "_")
         pair = ca.issue(stem, user, groups)
-        return pki.write_kubeconfig(self.dir / "users" / f"{stem}.kubeconfig", st.server, ca.cert_path, pair, user)
+        return pki.write_kubeconfig(
+            self.dir / "users" / f"{stem}.kubeconfig", st.server, ca.cert_path, pair, user
+        )
 
     @property
     def nodes(self) -> list[str]:
@@ -227,11 +231,24 @@ class DevCluster:
     def apply(self, manifest: str | Path, *, kubeconfig: Path | None = None) -> None:
         """Server-side apply a file, a directory of YAML, or YAML text."""
         if isinstance(manifest, Path):
-            self.kubectl("apply", "--server-side", "--field-manager=gpuslice-devcluster", "-f", str(manifest),
-                         kubeconfig=kubeconfig)
+            self.kubectl(
+                "apply",
+                "--server-side",
+                "--field-manager=gpuslice-devcluster",
+                "-f",
+                str(manifest),
+                kubeconfig=kubeconfig,
+            )
         else:
-            self.kubectl("apply", "--server-side", "--field-manager=gpuslice-devcluster", "-f", "-",
-                         input=manifest, kubeconfig=kubeconfig)
+            self.kubectl(
+                "apply",
+                "--server-side",
+                "--field-manager=gpuslice-devcluster",
+                "-f",
+                "-",
+                input=manifest,
+                kubeconfig=kubeconfig,
+            )
 
     def apply_crds(self, crd_dir: Path | None = None) -> None:
         """Apply gpuslice's CRDs and wait until the API server serves them."""
@@ -294,7 +311,9 @@ class DevCluster:
                 self.progress(f"{name}: a port was taken, retrying on another port")
                 continue
             _stop(rec)
-            raise DevClusterError(f"{name} did not become ready in {timeout:.0f}s; log: {rec.log}\n{log_text[-1500:]}")
+            raise DevClusterError(
+                f"{name} did not become ready in {timeout:.0f}s; log: {rec.log}\n{log_text[-1500:]}"
+            )
 
     def _start_etcd(self, st: State, bins: Binaries) -> None:
         data = self.dir / "etcd"
@@ -326,7 +345,9 @@ class DevCluster:
     def _start_apiserver(self, st: State, bins: Binaries) -> None:
         pkidir = self.dir / "pki"
         ca = pki.LocalCA(pkidir)
-        serving = ca.issue("apiserver", "kube-apiserver", server=True, hosts=["127.0.0.1", "localhost", "kubernetes"])
+        serving = ca.issue(
+            "apiserver", "kube-apiserver", server=True, hosts=["127.0.0.1", "localhost", "kubernetes"]
+        )
         sa = pki.service_account_keys(pkidir)
         admin = ca.issue("admin", "devcluster-admin", ["system:masters"])
         ctx = _client_ssl(ca.cert_path, admin)
@@ -375,7 +396,9 @@ class DevCluster:
         ):
             orgs = ["system:masters"] if stem == "kwok" else []
             pair = ca.issue(stem, user, orgs)
-            pki.write_kubeconfig(self.dir / "components" / f"{stem}.kubeconfig", st.server, ca.cert_path, pair, user)
+            pki.write_kubeconfig(
+                self.dir / "components" / f"{stem}.kubeconfig", st.server, ca.cert_path, pair, user
+            )
 
     def _start_controllers(self, st: State, bins: Binaries) -> None:
         comp = self.dir / "components"
@@ -436,7 +459,9 @@ class DevCluster:
         def healthz(name: str) -> Callable[[], bool]:
             return lambda: _http_ok(f"https://127.0.0.1:{st.ports[name]}/healthz", _insecure_ssl())
 
-        self._start_with_port_retry(st, "kube-controller-manager", kcm, healthz("kube-controller-manager"), 90)
+        self._start_with_port_retry(
+            st, "kube-controller-manager", kcm, healthz("kube-controller-manager"), 90
+        )
         self._start_with_port_retry(st, "kube-scheduler", scheduler, healthz("kube-scheduler"), 90)
         self._start_with_port_retry(
             st, "kwok", kwok, lambda: _http_ok(f"http://127.0.0.1:{st.ports['kwok']}/healthz"), 60
@@ -446,8 +471,14 @@ class DevCluster:
         names = [f"kwok-node-{i}" for i in range(count)]
         if names:
             docs = [node_manifest(n) for n in names]
-            self.kubectl("apply", "--server-side", "--field-manager=gpuslice-devcluster", "-f", "-",
-                         input=yaml.safe_dump_all(docs))
+            self.kubectl(
+                "apply",
+                "--server-side",
+                "--field-manager=gpuslice-devcluster",
+                "-f",
+                "-",
+                input=yaml.safe_dump_all(docs),
+            )
             self.kubectl("wait", "--for=condition=Ready", "--timeout=60s", *[f"node/{n}" for n in names])
         st.nodes = sorted(set(st.nodes) | set(names), key=lambda n: int(n.rsplit("-", 1)[1]))
         st.save()
@@ -470,7 +501,10 @@ def node_manifest(name: str, cpu: str = "32", memory: str = "256Gi") -> dict[str
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1], "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {
+                KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1],
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
             "labels": {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",

@@ -142,7 +142,9 @@ def service_account_keys(pki_dir: Path) -> CertPair:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(key, pair.key)
     pair.cert.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
     )
     return pair
 
@@ -152,8 +154,12 @@ def write_kubeconfig(path: Path, server: str, ca: Path, client: CertPair, user: 
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "gpuslice-dev", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": user, "user": {"client-certificate": str(client.cert), "client-key": str(client.key)}}],
+        "clusters": [
+            {"name": "gpuslice-dev", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate": str(client.cert), "client-key": str(client.key)}}
+        ],
         "contexts": [{"name": f"{user}@gpuslice-dev", "context": {"cluster": "gpuslice-dev", "user": user}}],
         "current-context": f"{user}@gpuslice-dev",
         "preferences": {},
