@@ -1,0 +1,69 @@
+"""Pure CDI spec for one prepared claim: what the container runtime injects into a slice's containers.
+
+The spec bind-mounts (all read-only except the usage region):
+- a file naming the shim over `/etc/ld.so.preload`, so the dynamic loader injects libgpuslice.so into
+  every process even when the tenant unsets LD_PRELOAD;
+- the shim library itself;
+- the slice's limits file at the fixed path the shim reads (never environment variables);
+- the slice's usage-region directory, shared by all processes of the slice.
+The NVIDIA device of the card is not described here: the agent returns its CDI id
+(`nvidia.com/gpu=<uuid>`, from the NVIDIA container toolkit's spec) next to ours.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from gpuslice import constants
+
+CDI_VERSION: Final = "0.6.0"
+CDI_KIND: Final = f"{constants.CDI_VENDOR}/{constants.CDI_CLASS}"
+NVIDIA_CDI_KIND: Final = "nvidia.com/gpu"
+
+
+def cdi_device_name(claim_uid: str) -> str:
+    """One CDI device per claim; claim UIDs are unique and valid CDI device names."""
+    return claim_uid
+
+
+def cdi_device_id(claim_uid: str) -> str:
+    return f"{CDI_KIND}={cdi_device_name(claim_uid)}"
+
+
+def nvidia_device_id(gpu_uuid: str) -> str:
+    return f"{NVIDIA_CDI_KIND}={gpu_uuid}"
+
+
+def spec_file_name(claim_uid: str) -> str:
+    return f"{constants.CDI_VENDOR}-{constants.CDI_CLASS}-{claim_uid}.json"
+
+
+def _ro(host: Path | str, container: str) -> dict[str, Any]:
+    return {"hostPath": str(host), "containerPath": container, "options": ["ro", "nosuid", "nodev", "bind"]}
+
+
+def build_spec(
+    claim_uid: str, *, preload_file: Path, shim_library: Path, limits_file: Path, usage_dir: Path
+) -> dict[str, Any]:
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "devices": [
+            {
+                "name": cdi_device_name(claim_uid),
+                "containerEdits": {
+                    "mounts": [
+                        _ro(preload_file, constants.CONTAINER_LD_SO_PRELOAD),
+                        _ro(shim_library, constants.CONTAINER_SHIM_PATH),
+                        _ro(limits_file, constants.CONTAINER_CONFIG_PATH),
+                        {
+                            "hostPath": str(usage_dir),
+                            "containerPath": constants.CONTAINER_USAGE_DIR,
+                            "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
+                        },
+                    ],
+                },
+            }
+        ],
+    }

@@ -1,0 +1,74 @@
+"""`gpuslice agent`: the node agent (GPU discovery, DRA ResourceSlices, kubelet DRA plugin)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from gpuslice import constants
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "agent",
+        help="run the node agent",
+        description="Discover GPUs with NVML, publish them as DRA ResourceSlices of driver "
+        f"{constants.DRIVER_NAME} and serve the kubelet DRA plugin.",
+    )
+    p.add_argument("--node", required=True, help="name of the Node this agent runs on (the pool name)")
+    p.add_argument(
+        "--simulate-gpus",
+        metavar="SPEC",
+        help='use the NVIDIA driver test double with these GPUs, e.g. "2x Tesla V100-PCIE-32GB"',
+    )
+    p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--plugins-dir", type=Path, default=Path(constants.KUBELET_PLUGINS_DIR),
+                   help="kubelet plugins dir; the DRA socket is <dir>/gpuslice.io/dra.sock")  # fmt: skip
+    p.add_argument("--registry-dir", type=Path, default=Path(constants.KUBELET_REGISTRY_DIR),
+                   help="kubelet plugin registry dir (registration socket)")  # fmt: skip
+    p.add_argument(
+        "--cdi-dir", type=Path, default=Path(constants.CDI_DIR), help="where CDI specs are written"
+    )
+    p.add_argument("--state-dir", type=Path, default=Path(constants.HOST_STATE_DIR),
+                   help="checkpoint and per-claim files")  # fmt: skip
+    p.add_argument(
+        "--run-dir", type=Path, default=Path(constants.HOST_RUN_DIR), help="per-slice usage regions"
+    )
+    p.add_argument(
+        "--shim-library",
+        type=Path,
+        help="libgpuslice.so on the host (default: the installed one; the built one when simulating)",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from gpuslice import logs
+    from gpuslice.agent.gpus import DiscoveryError
+    from gpuslice.agent.service import AgentError, AgentOptions, run
+    from gpuslice.shim.build import ShimBuildError
+    from gpuslice.shim.simulate import GpuSpecError
+
+    logs.configure(args.log_level)
+    opts = AgentOptions(
+        node=args.node,
+        simulate_gpus=args.simulate_gpus,
+        kubeconfig=args.kubeconfig,
+        plugins_dir=args.plugins_dir,
+        registry_dir=args.registry_dir,
+        cdi_dir=args.cdi_dir,
+        state_dir=args.state_dir,
+        run_dir=args.run_dir,
+        shim_library=args.shim_library,
+        metrics_port=args.metrics_port,
+    )
+    try:
+        return asyncio.run(run(opts))
+    except (AgentError, DiscoveryError, GpuSpecError, ShimBuildError) as exc:
+        logs.get("gpuslice.agent").error(str(exc))
+        return 1

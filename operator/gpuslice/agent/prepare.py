@@ -1,0 +1,233 @@
+"""NodePrepareResources / NodeUnprepareResources: claim -> files on the node -> CDI device ids.
+
+`resolve_claim` is the pure decision (which of the claim's allocated devices are this node's, and
+what each one is); `Preparer` does the I/O around it and keeps the checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpuslice import constants, logs
+from gpuslice.agent import cdi
+from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
+from gpuslice.agent.limits import write_limits
+from gpuslice.agent.metrics import PREPARE_ERRORS, PREPARED_CLAIMS
+from gpuslice.agent.quantity import parse_int_quantity
+
+log = logs.get(__name__)
+
+FetchClaim = Callable[[str, str], Awaitable[dict[str, Any]]]
+ListSlices = Callable[[], Awaitable[list[dict[str, Any]]]]
+
+
+class PrepareError(Exception):
+    """Preparing one claim failed; the message goes back to kubelet and into the pod's events."""
+
+
+def _find_device(slices: Sequence[dict[str, Any]], pool: str, device: str) -> dict[str, Any] | None:
+    """The device as last published in the pool (highest generation wins, as for the scheduler)."""
+    best: tuple[int, dict[str, Any]] | None = None
+    for s in slices:
+        spec = s.get("spec", {})
+        if spec.get("driver") != constants.DRIVER_NAME or spec.get("pool", {}).get("name") != pool:
+            continue
+        generation = int(spec["pool"].get("generation", 0))
+        for d in spec.get("devices") or []:
+            if d.get("name") == device and (best is None or generation > best[0]):
+                best = (generation, d)
+    return best[1] if best else None
+
+
+def resolve_claim(
+    claim: dict[str, Any], *, uid: str, node: str, slices: Sequence[dict[str, Any]]
+) -> list[PreparedDevice]:
+    """This node's gpuslice devices of an allocated claim, with what the container needs to know."""
+    meta = claim.get("metadata", {})
+    where = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
+    if meta.get("uid") != uid:
+        raise PrepareError(
+            f"{where} has uid {meta.get('uid')}, kubelet asked for {uid}: the claim was replaced"
+        )
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+        "results"
+    ) or []
+    ours = [r for r in results if r.get("driver") == constants.DRIVER_NAME and r.get("pool") == node]
+    if not ours:
+        raise PrepareError(
+            f"{where} has no device of driver {constants.DRIVER_NAME} allocated on node {node}"
+        )
+    if len(ours) > 1:
+        raise PrepareError(
+            f"{where} has {len(ours)} gpuslice devices on this node; "
+            "a gpuslice claim holds exactly one slice "
+            f"(one request named {constants.CLAIM_REQUEST_NAME!r}, count 1). Create a GpuSlice per slice."
+        )
+    prepared = []
+    for result in ours:
+        device = _find_device(slices, node, result["device"])
+        if device is None:
+            raise PrepareError(
+                f"{where}: device {result['device']} is not in any ResourceSlice of pool {node}; "
+                "the agent will retry once its slices are published"
+            )
+        attrs = device.get("attributes", {})
+        gpu_uuid = attrs["uuid"]["string"]
+        prepared.append(
+            PreparedDevice(
+                request=result.get("request", ""),
+                pool=node,
+                device=result["device"],
+                gpu_uuid=gpu_uuid,
+                memory_bytes=parse_int_quantity(device["capacity"]["memory"]["value"]),
+                compute_share=int(attrs["computeShare"]["int"]),
+                cdi_device_ids=[cdi.cdi_device_id(uid), cdi.nvidia_device_id(gpu_uuid)],
+            )
+        )
+    return prepared
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where the agent keeps per-claim files on the host."""
+
+    state_dir: Path  # checkpoint and per-claim files
+    run_dir: Path  # per-slice usage regions
+    cdi_dir: Path  # CDI specs the container runtime reads
+    shim_library: Path  # libgpuslice.so on the host
+
+    def claim_dir(self, uid: str) -> Path:
+        return self.state_dir / "claims" / uid
+
+    def usage_dir(self, uid: str) -> Path:
+        return self.run_dir / "slices" / uid
+
+    def cdi_spec(self, uid: str) -> Path:
+        return self.cdi_dir / cdi.spec_file_name(uid)
+
+
+def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # a read-only leftover of a killed agent
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+class Preparer:
+    def __init__(self, node: str, paths: NodePaths, fetch_claim: FetchClaim, list_slices: ListSlices) -> None:
+        self.node = node
+        self.paths = paths
+        self._fetch_claim = fetch_claim
+        self._list_slices = list_slices
+        self._store = CheckpointStore(paths.state_dir / "checkpoint.json")
+        self._checkpoint: Checkpoint = self._store.load()
+        # one claim at a time: the checkpoint is one file and prepare is cheap
+        self._lock = asyncio.Lock()
+        PREPARED_CLAIMS.set(sum(1 for c in self._checkpoint.claims.values() if c.state == "Prepared"))
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self._checkpoint
+
+    def _save(self) -> None:
+        self._store.save(self._checkpoint)
+        PREPARED_CLAIMS.set(sum(1 for c in self._checkpoint.claims.values() if c.state == "Prepared"))
+
+    async def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
+        async with self._lock:
+            record = self._checkpoint.claims.get(uid)
+            if record is not None and record.state == "Prepared":
+                return record.devices
+            if record is None:
+                claim = await self._fetch_claim(namespace, name)
+                slices = await self._list_slices()
+                devices = resolve_claim(claim, uid=uid, node=self.node, slices=slices)
+                record = ClaimRecord(
+                    uid=uid, namespace=namespace, name=name, state="PrepareStarted", devices=devices
+                )
+                self._checkpoint.claims[uid] = record
+                self._save()
+            # A record left in PrepareStarted by a killed agent is finished from what it recorded,
+            # without asking the API again: the files below are written idempotently.
+            self._write_files(record)
+            record.state = "Prepared"
+            self._save()
+            log.info(
+                "claim prepared",
+                claim=f"{namespace}/{name}",
+                uid=uid,
+                devices=[d.device for d in record.devices],
+            )
+            return record.devices
+
+    def _write_files(self, record: ClaimRecord) -> None:
+        device = record.devices[0]
+        claim_dir = self.paths.claim_dir(record.uid)
+        claim_dir.mkdir(parents=True, exist_ok=True)
+        preload = claim_dir / "ld.so.preload"
+        _atomic_write(preload, f"{constants.CONTAINER_SHIM_PATH}\n".encode(), 0o444)
+        limits = claim_dir / "slice.conf"
+        write_limits(
+            limits,
+            memory_bytes=device.memory_bytes,
+            compute_share=device.compute_share,
+            gpu_uuid=device.gpu_uuid,
+        )
+        usage = self.paths.usage_dir(record.uid)
+        # an existing usage region is kept: containers of the claim may already be using it
+        usage.mkdir(parents=True, exist_ok=True)
+        spec = cdi.build_spec(
+            record.uid,
+            preload_file=preload,
+            shim_library=self.paths.shim_library,
+            limits_file=limits,
+            usage_dir=usage,
+        )
+        self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.paths.cdi_spec(record.uid), json.dumps(spec, indent=1).encode())
+
+    async def unprepare(self, uid: str) -> None:
+        async with self._lock:
+            record = self._checkpoint.claims.get(uid)
+            self.paths.cdi_spec(uid).unlink(missing_ok=True)
+            shutil.rmtree(self.paths.claim_dir(uid), ignore_errors=True)
+            shutil.rmtree(self.paths.usage_dir(uid), ignore_errors=True)
+            if record is not None:
+                del self._checkpoint.claims[uid]
+                self._save()
+                log.info("claim unprepared", claim=f"{record.namespace}/{record.name}", uid=uid)
+
+
+async def prepare_many(
+    preparer: Preparer, claims: Sequence[tuple[str, str, str]]
+) -> dict[str, list[PreparedDevice] | str]:
+    """Prepare each (namespace, name, uid); a failure of one claim is its error string, not an exception."""
+    out: dict[str, list[PreparedDevice] | str] = {}
+    for namespace, name, uid in claims:
+        try:
+            out[uid] = await preparer.prepare(namespace, name, uid)
+        except PrepareError as exc:
+            out[uid] = str(exc)
+        except (OSError, ValueError) as exc:  # files could not be written; retried on the next call
+            out[uid] = f"writing the slice's files for {namespace}/{name}: {exc}"
+        except ApiException as exc:
+            what = f"ResourceClaim {namespace}/{name} or this node's ResourceSlices"
+            out[uid] = f"reading {what}: {exc.status} {exc.reason}"
+        else:
+            continue
+        PREPARE_ERRORS.inc()
+        log.warning("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=out[uid])
+    return out

@@ -1,0 +1,86 @@
+"""Starting simulated agents as child processes (devcluster, tests, bench)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuslice.devcluster.cluster import DevCluster
+
+
+def agent_dirs(state_root: Path, node: str) -> dict[str, Path]:
+    """The per-node directories an agent under `state_root` uses (kept short: unix socket paths)."""
+    base = state_root / node
+    return {
+        "state": base / "state",
+        "run": base / "run",
+        "cdi": base / "cdi",
+        "plugins": base / "plugins",
+        "registry": base / "registry",
+    }
+
+
+def spawn_agent(
+    node: str,
+    simulate_spec: str,
+    kubeconfig: Path,
+    state_root: Path,
+    log_path: Path,
+    *,
+    metrics_port: int = 0,
+) -> subprocess.Popen[bytes]:
+    """Start `gpuslice agent` for one (kwok) node, simulating its GPUs with the driver test double.
+
+    node: the Node name (also the DRA pool name). simulate_spec: e.g. "4x Tesla V100-PCIE-32GB".
+    kubeconfig: credentials the agent uses. state_root: parent of every agent's files; this one's live
+    in `<state_root>/<node>/` (see agent_dirs): checkpoint, CDI specs, kubelet sockets. log_path: the
+    agent's stdout+stderr (JSON lines). Stop it with `proc.terminate()` (SIGTERM: it withdraws its
+    ResourceSlices and exits) and `proc.wait()`.
+    """
+    # Build the shim and the driver test double once here, not racing in every child.
+    from gpuslice.shim.build import ensure_built
+
+    ensure_built()
+    dirs = agent_dirs(state_root, node)
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "gpuslice", "agent",
+        "--node", node,
+        "--simulate-gpus", simulate_spec,
+        "--kubeconfig", str(kubeconfig),
+        "--state-dir", str(dirs["state"]),
+        "--run-dir", str(dirs["run"]),
+        "--cdi-dir", str(dirs["cdi"]),
+        "--plugins-dir", str(dirs["plugins"]),
+        "--registry-dir", str(dirs["registry"]),
+        "--metrics-port", str(metrics_port),
+    ]  # fmt: skip
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+#: The deployment's agent role and own-node admission policy (a source checkout's manifests/, like crds/).
+DEPLOY_MANIFESTS = Path(__file__).resolve().parents[3] / "manifests" / "base" / "agent"
+DEV_BINDING = Path(__file__).resolve().parent / "manifests" / "dev-agent-binding.yaml"
+AGENT_NAMESPACE = "gpuslice-system"
+AGENT_GROUP = "gpuslice:agents"
+
+
+def agent_user(node: str) -> str:
+    """The client-certificate user a dev-cluster agent runs as; the own-node admission policy reads
+    the node name from it."""
+    return f"gpuslice:agent:{node}"
+
+
+def agent_kubeconfig(cluster: DevCluster, node: str) -> Path:
+    """Apply the agent's role and own-node policy (idempotent) and return a kubeconfig for `node`'s
+    agent that can write only that node's ResourceSlices."""
+    cluster.create_namespace(AGENT_NAMESPACE)  # rbac.yaml holds the DaemonSet's service account
+    for manifest in (DEPLOY_MANIFESTS / "rbac.yaml", DEPLOY_MANIFESTS / "own-node-policy.yaml", DEV_BINDING):
+        cluster.apply(manifest)
+    return cluster.tenant_kubeconfig(agent_user(node), groups=(AGENT_GROUP,))

@@ -1,0 +1,121 @@
+"""Keeps this node's ResourceSlice pool equal to what its GPUs and the GpuPackages offer.
+
+Reads (packages and the Node from watches, the pool's slices from the API), asks the pure builder and
+`plan_publish` what the pool should be, writes with server-side apply. Changes arriving while a
+publish runs are coalesced into one more publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from gpuslice import logs
+from gpuslice.agent.gpus import GpuInfo
+from gpuslice.agent.kube import Kube
+from gpuslice.agent.metrics import POOL_GENERATION, PUBLISHED_DEVICES, PUBLISHED_SLICES, PUBLISHES
+from gpuslice.agent.slices import Package, build_specs, plan_publish
+from gpuslice.api.package import GpuPackageSpec
+
+log = logs.get(__name__)
+
+
+def parse_package(obj: dict[str, Any]) -> Package | None:
+    name = obj.get("metadata", {}).get("name", "")
+    try:
+        return Package(name=name, spec=GpuPackageSpec.model_validate(obj.get("spec") or {}))
+    except ValidationError as exc:
+        # the CRD schema should make this impossible; an invalid package offers nothing
+        log.warning("ignoring invalid GpuPackage", package=name, errors=exc.errors(include_url=False))
+        return None
+
+
+class Publisher:
+    def __init__(self, node: str, gpus: Sequence[GpuInfo], kube: Kube) -> None:
+        self.node = node
+        self.gpus = list(gpus)
+        self.kube = kube
+        self.packages: dict[str, Package] = {}
+        self.node_present = False
+        self.node_uid: str | None = None
+        # publish only once both watches have listed, so start-up does not publish a half picture
+        self._packages_known = False
+        self._node_known = False
+        self._dirty = asyncio.Event()
+        self.published = asyncio.Event()  # set after the first successful publish
+
+    # --- inputs ------------------------------------------------------------------------------------
+
+    def packages_listed(self, objects: Sequence[dict[str, Any]]) -> None:
+        self.packages = {p.name: p for p in map(parse_package, objects) if p is not None}
+        self._packages_known = True
+        self._dirty.set()
+
+    def package_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj.get("metadata", {}).get("name", "")
+        package = parse_package(obj) if kind != "DELETED" else None
+        if package is None:
+            self.packages.pop(name, None)
+        else:
+            self.packages[name] = package
+        self._dirty.set()
+
+    def node_seen(self, node: dict[str, Any] | None) -> None:
+        """The Node object as last seen, or None once it is gone."""
+        present = node is not None
+        if present != self.node_present:
+            log.info("node present" if present else "node gone, withdrawing its slices", node=self.node)
+        self.node_present = present
+        self.node_uid = node.get("metadata", {}).get("uid") if node else None
+        self._node_known = True
+        self._dirty.set()
+
+    # --- output ------------------------------------------------------------------------------------
+
+    async def sync(self) -> None:
+        desired = build_specs(self.node, self.gpus, self.packages.values()) if self.node_present else []
+        existing = await self.kube.list_pool_slices(self.node)
+        plan = plan_publish(self.node, desired, existing, self.node_uid)
+        for body in plan.apply:
+            await self.kube.apply_slice(body)
+        for name in plan.delete:
+            await self.kube.delete_slice(name)
+        devices = sum(len(s.get("devices", [])) for _, s in desired)
+        PUBLISHED_DEVICES.set(devices)
+        PUBLISHED_SLICES.set(len(desired))
+        if not plan.empty:
+            PUBLISHES.inc()
+            generation = plan.apply[0]["spec"]["pool"]["generation"] if plan.apply else 0
+            POOL_GENERATION.set(generation)
+            log.info(
+                "pool published", node=self.node, generation=generation, slices=len(plan.apply),
+                devices=devices, deleted=len(plan.delete), packages=sorted(self.packages),
+            )  # fmt: skip
+
+    async def run(self) -> None:
+        delay = 1.0
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            if not (self._packages_known and self._node_known):
+                continue
+            try:
+                await self.sync()
+                self.published.set()
+                delay = 1.0
+            except (TimeoutError, ApiException, OSError) as exc:
+                log.warning("publishing failed, retrying", error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                self._dirty.set()
+
+    async def withdraw(self) -> None:
+        """Delete every slice of this node's pool (shutdown)."""
+        existing = await self.kube.list_pool_slices(self.node)
+        for name in plan_publish(self.node, [], existing).delete:
+            await self.kube.delete_slice(name)
+        log.info("pool withdrawn", node=self.node, deleted=len(existing))

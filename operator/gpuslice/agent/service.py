@@ -1,0 +1,125 @@
+"""`gpuslice agent`: discover GPUs, publish them, serve the kubelet plugin, clean up on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import start_http_server
+
+from gpuslice import constants, logs
+from gpuslice.agent import gpus as gpus_mod
+from gpuslice.agent import plugin
+from gpuslice.agent.kube import Kube, api_client
+from gpuslice.agent.prepare import NodePaths, Preparer
+from gpuslice.agent.publisher import Publisher
+
+log = logs.get(__name__)
+
+#: sun_path of a unix socket address is 108 bytes including the terminating NUL
+MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    node: str
+    simulate_gpus: str | None
+    kubeconfig: Path | None
+    plugins_dir: Path
+    registry_dir: Path
+    cdi_dir: Path
+    state_dir: Path
+    run_dir: Path
+    shim_library: Path | None
+    metrics_port: int
+
+
+class AgentError(RuntimeError):
+    pass
+
+
+def _shim_library(opts: AgentOptions) -> Path:
+    if opts.shim_library is not None:
+        return opts.shim_library
+    if opts.simulate_gpus:
+        from gpuslice.shim.build import ensure_built
+
+        return Path(ensure_built().shim)
+    return Path(constants.HOST_SHIM_DIR) / "libgpuslice.so"
+
+
+def check_socket_paths(opts: AgentOptions) -> None:
+    for path in (
+        plugin.dra_socket_path(opts.plugins_dir),
+        plugin.registration_socket_path(opts.registry_dir),
+    ):
+        if len(str(path)) > MAX_SOCKET_PATH:
+            raise AgentError(
+                f"unix socket path {path} is {len(str(path))} bytes, over the {MAX_SOCKET_PATH}-byte limit; "
+                "pass a shorter --plugins-dir / --registry-dir"
+            )
+
+
+async def run(opts: AgentOptions) -> int:
+    check_socket_paths(opts)
+    if opts.simulate_gpus:
+        gpus_mod.load_simulated_driver(opts.simulate_gpus, opts.node, opts.state_dir / "simulated")
+    gpus = gpus_mod.discover()
+    log.info(
+        "GPUs discovered", node=opts.node, count=len(gpus),
+        gpus=[f"{g.index}:{g.product_name}:{g.uuid}:cc{g.cuda_compute_capability}" for g in gpus],
+        driver=gpus[0].driver_version if gpus else None,
+    )  # fmt: skip
+    if opts.metrics_port:
+        start_http_server(opts.metrics_port)
+
+    api = await api_client(opts.kubeconfig)
+    kube = Kube(api)
+    paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
+    preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node))
+    servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
+    publisher = Publisher(opts.node, gpus, kube)
+
+    async def follow_packages() -> None:
+        async for kind, obj in kube.watch_packages():
+            if kind == "LIST":
+                assert isinstance(obj, list)
+                publisher.packages_listed(obj)
+            else:
+                assert isinstance(obj, dict)
+                publisher.package_event(kind, obj)
+
+    async def follow_node() -> None:
+        async for kind, obj in kube.watch_node(opts.node):
+            if kind == "LIST":
+                assert isinstance(obj, list)
+                publisher.node_seen(obj[0] if obj else None)
+            else:
+                assert isinstance(obj, dict)
+                publisher.node_seen(None if kind == "DELETED" else obj)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(c) for c in (follow_packages(), follow_node(), publisher.run())]
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopper:
+                task.result()  # a watcher or publisher ended: surface why
+        log.info("stopping", node=opts.node)
+        return 0
+    finally:
+        for task in [*tasks, stopper]:
+            task.cancel()
+        await asyncio.gather(*tasks, stopper, return_exceptions=True)
+        try:
+            await publisher.withdraw()
+        except Exception as exc:  # shutdown goes on; the Node owns the slices anyway
+            log.error("could not withdraw slices", error=str(exc))
+        await servers.stop()
+        await api.close()

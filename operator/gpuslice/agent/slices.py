@@ -1,0 +1,236 @@
+"""Pure builder: the GPUs of a node + the GpuPackages -> the ResourceSlices the agent publishes.
+
+Every physical GPU becomes a shared counter set (`gpu-<index>`: `memory` = card bytes, `compute` =
+100) and, for every GpuPackage whose gpuModel equals the card's NVML product name, `100 // fraction`
+partition devices that each consume the slice's memory and compute share from that counter set.
+kube-scheduler therefore never places more than one card's memory or compute on a card, whatever
+the mix of packages. Since Kubernetes 1.35 a ResourceSlice holds either counters or devices, so the
+pool (one per node, named after the node) is split into counter slices (at most 8 counter sets each)
+and device slices (at most 64 devices each, the limit when devices consume counters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpuslice import constants
+from gpuslice.agent.gpus import GpuInfo, semver
+from gpuslice.api.package import GpuPackageSpec
+
+#: Per-slice limits from k8s.io/api/resource/v1 (ResourceSliceMaxCounterSets,
+#: ResourceSliceMaxDevicesWithAdvancedFeatures).
+MAX_COUNTER_SETS_PER_SLICE: Final = 8
+MAX_DEVICES_PER_SLICE: Final = 64
+COMPUTE_TOTAL: Final = 100
+COUNTER_MEMORY: Final = "memory"
+COUNTER_COMPUTE: Final = "compute"
+ANNOTATION_CONTENT_HASH: Final = f"{constants.ANNOTATION_PREFIX}content-hash"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL_MAX = 63
+_OBJECT_NAME_MAX = 253
+
+
+@dataclass(frozen=True)
+class Package:
+    """A GpuPackage as the builder needs it: its name and validated spec."""
+
+    name: str
+    spec: GpuPackageSpec
+
+
+def counter_set_name(gpu: GpuInfo) -> str:
+    return f"gpu-{gpu.index}"
+
+
+def _short_hash(text: str, n: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def device_name(gpu: GpuInfo, package: str, k: int) -> str:
+    """`gpu-<index>-<package>-<k>`, a DNS label. Package names are DNS subdomains (dots, up to 253
+    characters), so names that would not be a label get a shortened, hash-suffixed package part."""
+    plain = f"gpu-{gpu.index}-{package}-{k}"
+    if len(plain) <= _DNS_LABEL_MAX and _DNS_LABEL.match(plain):
+        return plain
+    prefix, suffix = f"gpu-{gpu.index}-", f"-{_short_hash(package)}-{k}"
+    room = _DNS_LABEL_MAX - len(prefix) - len(suffix)
+    part = re.sub(r"[^a-z0-9-]", "-", package.lower())[:room].strip("-")
+    return f"{prefix}{part}{suffix}" if part else f"{prefix}{suffix[1:]}"
+
+
+def slice_name(node: str, kind: str, index: int) -> str:
+    """ResourceSlice object name: `<node>-gpuslice-<kind>-<index>`, within the 253-character limit."""
+    name = f"{node}-gpuslice-{kind}-{index}"
+    if len(name) <= _OBJECT_NAME_MAX:
+        return name
+    tail = f"-{_short_hash(node)}-gpuslice-{kind}-{index}"
+    return node[: _OBJECT_NAME_MAX - len(tail)].rstrip("-.") + tail
+
+
+def matching_packages(gpu: GpuInfo, packages: Iterable[Package]) -> list[Package]:
+    """Packages cut from this card's model, ordered by name so device names are stable."""
+    return sorted((p for p in packages if p.spec.gpu_model == gpu.product_name), key=lambda p: p.name)
+
+
+def _device(gpu: GpuInfo, package: Package, k: int) -> dict[str, Any]:
+    memory = package.spec.memory_bytes(gpu.memory_bytes)
+    return {
+        "name": device_name(gpu, package.name, k),
+        "attributes": {
+            "package": {"string": package.name},
+            "uuid": {"string": gpu.uuid},
+            "productName": {"string": gpu.product_name},
+            "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
+            "driverVersion": {"version": semver(gpu.driver_version)},
+            "cudaDriverVersion": {"version": semver(gpu.cuda_driver_version)},
+            "gpuIndex": {"int": gpu.index},
+            "pciBusId": {"string": gpu.pci_bus_id},
+            "computeShare": {"int": package.spec.effective_compute_share},
+        },
+        "capacity": {"memory": {"value": str(memory)}},
+        "consumesCounters": [
+            {
+                "counterSet": counter_set_name(gpu),
+                "counters": {
+                    COUNTER_MEMORY: {"value": str(memory)},
+                    COUNTER_COMPUTE: {"value": str(package.spec.effective_compute_share)},
+                },
+            }
+        ],
+    }
+
+
+def devices_for(gpu: GpuInfo, packages: Iterable[Package]) -> list[dict[str, Any]]:
+    """The partition devices one card offers. A package whose slice would have no memory on this
+    card (a tiny card and a tiny fraction) offers nothing rather than a zero-sized device."""
+    out: list[dict[str, Any]] = []
+    for package in matching_packages(gpu, packages):
+        if package.spec.memory_bytes(gpu.memory_bytes) <= 0:
+            continue
+        out.extend(_device(gpu, package, k) for k in range(package.spec.slices_per_card()))
+    return out
+
+
+def _counter_set(gpu: GpuInfo) -> dict[str, Any]:
+    return {
+        "name": counter_set_name(gpu),
+        "counters": {
+            COUNTER_MEMORY: {"value": str(gpu.memory_bytes)},
+            COUNTER_COMPUTE: {"value": str(COMPUTE_TOTAL)},
+        },
+    }
+
+
+def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def build_specs(
+    node: str, gpus: Sequence[GpuInfo], packages: Iterable[Package]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(name, spec) of every slice of the node's pool, with pool generation 0 (set by `with_generation`).
+
+    A node whose GPUs match no package still publishes its counter sets: that keeps the GPU facts
+    visible and makes the pool exist, so adding a package later is a plain republish.
+    """
+    packages = list(packages)
+    ordered = sorted(gpus, key=lambda g: g.index)
+    counter_chunks = _chunks([_counter_set(g) for g in ordered], MAX_COUNTER_SETS_PER_SLICE)
+    devices = [d for g in ordered for d in devices_for(g, packages)]
+    device_chunks = _chunks(devices, MAX_DEVICES_PER_SLICE)
+    count = len(counter_chunks) + len(device_chunks)
+    pool = {"name": node, "generation": 0, "resourceSliceCount": count}
+
+    def spec(body: dict[str, Any]) -> dict[str, Any]:
+        return {"driver": constants.DRIVER_NAME, "nodeName": node, "pool": dict(pool), **body}
+
+    specs = [
+        (slice_name(node, "counters", i), spec({"sharedCounters": list(c)}))
+        for i, c in enumerate(counter_chunks)
+    ]
+    specs += [
+        (slice_name(node, "devices", i), spec({"devices": list(c)})) for i, c in enumerate(device_chunks)
+    ]
+    return specs
+
+
+def content_hash(specs: Sequence[tuple[str, dict[str, Any]]], node_uid: str | None = None) -> str:
+    """Identifies what a pool offers (and its owner), independent of its generation: equal hashes need
+    no republish."""
+    return hashlib.sha256(json.dumps([node_uid, specs], sort_keys=True).encode()).hexdigest()
+
+
+def with_generation(
+    node: str, specs: Sequence[tuple[str, dict[str, Any]]], generation: int, node_uid: str | None = None
+) -> list[dict[str, Any]]:
+    """Full ResourceSlice objects for server-side apply, all stamped with one pool generation.
+
+    With the Node's uid the slices are owned by the Node, so the garbage collector deletes them
+    with it even when the agent is not running."""
+    digest = content_hash(specs, node_uid)
+    owner = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}]
+    out = []
+    for name, spec in specs:
+        body = json.loads(json.dumps(spec))
+        body["pool"]["generation"] = generation
+        out.append(
+            {
+                "apiVersion": f"{constants.DRA_GROUP}/{constants.DRA_VERSION}",
+                "kind": "ResourceSlice",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        constants.LABEL_MANAGED_BY: constants.MANAGED_BY_VALUE,
+                        constants.LABEL_NODE: node,
+                    },
+                    "annotations": {ANNOTATION_CONTENT_HASH: digest},
+                    **({"ownerReferences": owner} if node_uid else {}),
+                },
+                "spec": body,
+            }
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class PublishPlan:
+    """What to do to make the published pool equal the desired one."""
+
+    apply: list[dict[str, Any]]
+    delete: list[str]
+
+    @property
+    def empty(self) -> bool:
+        return not self.apply and not self.delete
+
+
+def plan_publish(
+    node: str,
+    desired: Sequence[tuple[str, dict[str, Any]]],
+    existing: Sequence[dict[str, Any]],
+    node_uid: str | None = None,
+) -> PublishPlan:
+    """Decide a republish from the slices already in the API (any of the pool's, as read back).
+
+    Nothing is written when the same content is already published under one generation. Otherwise
+    every desired slice is applied under a generation above any existing one (kube-scheduler then
+    ignores the old ones), and slices that are no longer desired are deleted afterwards.
+    """
+    digest = content_hash(desired, node_uid)
+    names = {name for name, _ in desired}
+    existing_names = {s["metadata"]["name"] for s in existing}
+    generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
+    hashes = {s["metadata"].get("annotations", {}).get(ANNOTATION_CONTENT_HASH) for s in existing}
+    if existing and existing_names == names and hashes == {digest} and len(generations) == 1:
+        return PublishPlan(apply=[], delete=[])
+    generation = max(generations, default=0) + 1
+    return PublishPlan(
+        apply=with_generation(node, desired, generation, node_uid) if desired else [],
+        delete=sorted(existing_names - names),
+    )

@@ -1,0 +1,69 @@
+"""GPU discovery runs pynvml against the NVIDIA driver test double, exactly as against a real driver."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gpuslice import constants
+
+DISCOVER = """
+import json, sys
+from pathlib import Path
+from gpuslice import logs
+from gpuslice.agent import gpus
+logs.configure()
+gpus.load_simulated_driver(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+print(json.dumps([g.model_dump() for g in gpus.discover()]))
+"""
+
+
+def discover(spec: str, node: str, tmp: str) -> list[dict[str, object]]:
+    # one process per discovery: the double is loaded into the process like the real driver
+    out = subprocess.run(
+        [sys.executable, "-c", DISCOVER, spec, node, tmp], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return list(json.loads(out.stdout))
+
+
+def test_simulated_gpus_are_discovered_through_nvml(tmp_path: object) -> None:
+    a = discover("2x Tesla V100-PCIE-32GB, 1x NVIDIA A100-SXM4-40GB", "node-a", f"{tmp_path}/a")
+    assert [(g["index"], g["product_name"], g["memory_bytes"], g["cuda_compute_capability"]) for g in a] == [
+        (0, "Tesla V100-PCIE-32GB", 32 * constants.GIB, "7.0"),
+        (1, "Tesla V100-PCIE-32GB", 32 * constants.GIB, "7.0"),
+        (2, "NVIDIA A100-SXM4-40GB", 40 * constants.GIB, "8.0"),
+    ]
+    for g in a:
+        assert str(g["uuid"]).startswith("GPU-")
+        assert g["driver_version"] and g["cuda_driver_version"]
+        assert str(g["pci_bus_id"]).count(":") == 2
+    assert [g["minor_number"] for g in a] == [0, 1, 2]
+    assert len({g["uuid"] for g in a}) == 3
+
+    again = discover("2x Tesla V100-PCIE-32GB, 1x NVIDIA A100-SXM4-40GB", "node-a", f"{tmp_path}/a2")
+    other = discover("2x Tesla V100-PCIE-32GB, 1x NVIDIA A100-SXM4-40GB", "node-b", f"{tmp_path}/b")
+    assert [g["uuid"] for g in again] == [g["uuid"] for g in a], "a node's cards keep their UUIDs"
+    assert not {g["uuid"] for g in other} & {g["uuid"] for g in a}, "another node has other cards"
+
+
+def agent(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuslice", "agent", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_without_a_driver_the_agent_says_what_to_do(tmp_path: object) -> None:
+    # this machine has no NVIDIA driver: the real path must fail clearly, not fall back to a fake
+    proc = agent("--node", "n", "--state-dir", f"{tmp_path}/s", "--plugins-dir", f"{tmp_path}/p",
+                 "--registry-dir", f"{tmp_path}/r")  # fmt: skip
+    assert proc.returncode == 1
+    assert "NVML initialisation failed" in proc.stderr and "--simulate-gpus" in proc.stderr
+
+
+def test_an_unknown_simulated_model_is_a_clear_error(tmp_path: object) -> None:
+    proc = agent("--node", "n", "--simulate-gpus", "2x Tesla Q900", "--state-dir", f"{tmp_path}/s",
+                 "--plugins-dir", f"{tmp_path}/p", "--registry-dir", f"{tmp_path}/r")  # fmt: skip
+    assert proc.returncode == 1
+    assert "unknown GPU model 'Tesla Q900'" in proc.stderr

@@ -1,0 +1,159 @@
+"""Prepare decisions and the files a prepared claim leaves on the node (no API server involved)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice import constants
+from gpuslice.agent.checkpoint import CheckpointError, CheckpointStore
+from gpuslice.agent.gpus import GpuInfo
+from gpuslice.agent.prepare import NodePaths, PrepareError, Preparer, resolve_claim
+from gpuslice.agent.quantity import parse_int_quantity
+from gpuslice.agent.slices import Package, build_specs, with_generation
+from gpuslice.api.package import GpuPackageSpec
+from gpuslice.shim.config import SliceConfig
+
+UID = "6a3c1f0e-1111-2222-3333-444455556666"
+GPU = GpuInfo(
+    index=1,
+    uuid="GPU-12345678-aaaa-bbbb-cccc-1234567890ab",
+    product_name="Tesla V100-PCIE-32GB",
+    memory_bytes=32 * constants.GIB,
+    cuda_compute_capability="7.0",
+    driver_version="535.104.05",
+    cuda_driver_version="12.2",
+    minor_number=1,
+    pci_bus_id="00000000:3B:00.0",
+)
+
+
+def published_slices(node: str = "node-a") -> list[dict[str, Any]]:
+    specs = build_specs(
+        node, [GPU], [Package("v100-8g", GpuPackageSpec(gpuModel=GPU.product_name, fraction=25))]
+    )
+    slices = with_generation(node, specs, 3)
+    # what the API server returns: quantities in canonical form
+    for s in slices:
+        for d in s["spec"].get("devices", []):
+            d["capacity"]["memory"]["value"] = "8Gi"
+    return slices
+
+
+def read(path: str) -> str:
+    return Path(path).read_text()
+
+
+def is_dir(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+def claim(results: list[dict[str, str]], uid: str = UID) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "team-a", "name": "job-gpu", "uid": uid},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+def result(
+    device: str = "gpu-1-v100-8g-2", pool: str = "node-a", driver: str = "gpuslice.io"
+) -> dict[str, str]:
+    return {"request": "gpu", "driver": driver, "pool": pool, "device": device}
+
+
+def test_resolves_the_allocated_slice_with_its_limits_and_cdi_ids() -> None:
+    [device] = resolve_claim(claim([result()]), uid=UID, node="node-a", slices=published_slices())
+    assert device.device == "gpu-1-v100-8g-2"
+    assert device.gpu_uuid == GPU.uuid
+    assert device.memory_bytes == 8 * constants.GIB
+    assert device.compute_share == 25
+    assert device.cdi_device_ids == [f"gpuslice.io/slice={UID}", f"nvidia.com/gpu={GPU.uuid}"]
+
+
+@pytest.mark.parametrize(
+    ("the_claim", "message"),
+    [
+        (claim([result()], uid="other"), "the claim was replaced"),
+        (claim([]), "no device of driver gpuslice.io allocated on node node-a"),
+        (claim([result(pool="node-b")]), "no device of driver gpuslice.io allocated on node node-a"),
+        (claim([result(driver="gpu.nvidia.com")]), "no device of driver gpuslice.io"),
+        (claim([result(), result("gpu-1-v100-8g-3")]), "a gpuslice claim holds exactly one slice"),
+        (claim([result("gpu-9-v100-8g-0")]), "is not in any ResourceSlice of pool node-a"),
+    ],
+)
+def test_claims_that_cannot_be_prepared_say_why(the_claim: dict[str, Any], message: str) -> None:
+    with pytest.raises(PrepareError, match=message):
+        resolve_claim(the_claim, uid=UID, node="node-a", slices=published_slices())
+
+
+def test_quantities_as_the_api_server_returns_them() -> None:
+    assert parse_int_quantity("8Gi") == 8 * 1024**3
+    assert parse_int_quantity("34359738368") == 32 * 1024**3
+    assert parse_int_quantity("100") == 100
+    assert parse_int_quantity("2k") == 2000
+    with pytest.raises(ValueError, match="not a whole number"):
+        parse_int_quantity("1.5Gi")
+
+
+def test_a_garbled_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text("{not json")
+    with pytest.raises(CheckpointError, match="not readable"):
+        CheckpointStore(path).load()
+
+
+async def test_prepare_writes_cdi_spec_limits_and_preload_then_unprepare_removes_them(tmp_path: Path) -> None:
+    paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", Path("/opt/gs/libgpuslice.so"))
+    fetches = []
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        fetches.append((namespace, name))
+        return claim([result()])
+
+    async def list_slices() -> list[dict[str, Any]]:
+        return published_slices()
+
+    preparer = Preparer("node-a", paths, fetch, list_slices)
+    devices = await preparer.prepare("team-a", "job-gpu", UID)
+    again = await preparer.prepare("team-a", "job-gpu", UID)
+    assert again == devices
+    assert fetches == [("team-a", "job-gpu")], "a prepared claim is answered from the checkpoint"
+
+    spec = json.loads(paths.cdi_spec(UID).read_text())
+    assert spec["kind"] == "gpuslice.io/slice"
+    [cdi_device] = spec["devices"]
+    assert cdi_device["name"] == UID
+    mounts = {m["containerPath"]: m for m in cdi_device["containerEdits"]["mounts"]}
+    assert set(mounts) == {
+        "/etc/ld.so.preload",
+        constants.CONTAINER_SHIM_PATH,
+        constants.CONTAINER_CONFIG_PATH,
+        constants.CONTAINER_USAGE_DIR,
+    }
+    assert read(mounts["/etc/ld.so.preload"]["hostPath"]) == f"{constants.CONTAINER_SHIM_PATH}\n"
+    assert mounts[constants.CONTAINER_SHIM_PATH]["hostPath"] == "/opt/gs/libgpuslice.so"
+    for path in ("/etc/ld.so.preload", constants.CONTAINER_SHIM_PATH, constants.CONTAINER_CONFIG_PATH):
+        assert "ro" in mounts[path]["options"]
+    limits = SliceConfig.parse(read(mounts[constants.CONTAINER_CONFIG_PATH]["hostPath"]))
+    assert (limits.memory_bytes, limits.compute_share, limits.gpu_uuid, limits.usage_dir) == (
+        8 * constants.GIB,
+        25,
+        GPU.uuid,
+        constants.CONTAINER_USAGE_DIR,
+    )
+    assert is_dir(mounts[constants.CONTAINER_USAGE_DIR]["hostPath"])
+
+    # a restarted agent knows the claim without asking the API server
+    restarted = Preparer("node-a", paths, fetch, list_slices)
+    assert await restarted.prepare("team-a", "job-gpu", UID) == devices
+    assert len(fetches) == 1
+
+    await restarted.unprepare(UID)
+    assert not paths.cdi_spec(UID).exists()
+    assert not paths.claim_dir(UID).exists()
+    assert not paths.usage_dir(UID).exists()
+    assert restarted.checkpoint.claims == {}
+    await restarted.unprepare(UID)  # unknown claim: nothing to do, no error

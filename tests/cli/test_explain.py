@@ -1,0 +1,79 @@
+"""`gpuslice explain` turns a GpuSlice's status into plain words and tells the tenant what to do."""
+
+from __future__ import annotations
+
+from gpuslice.explain import explain
+
+PACKAGE = {
+    "metadata": {"name": "v100-16g"},
+    "spec": {"displayName": "V100 50% (16 GiB)", "gpuModel": "Tesla V100-PCIE-32GB", "fraction": 50},
+    "status": {"memoryPerSlice": "16Gi", "capacity": {"gpus": 4, "slicesTotal": 8, "slicesFree": 0}},
+}
+
+
+def _slice(status: dict[str, object]) -> dict[str, object]:
+    return {
+        "metadata": {"namespace": "team-a", "name": "train-1"},
+        "spec": {"package": "v100-16g"},
+        "status": status,
+    }
+
+
+def test_waiting_for_a_full_cluster_says_it_starts_by_itself() -> None:
+    text = explain(
+        _slice(
+            {
+                "phase": "Pending",
+                "reason": "AllGpusFull",
+                "message": "every Tesla V100-PCIE-32GB is full",
+                "quota": {"used": 1, "hard": 2, "quota": "gpuslice"},
+            }
+        ),
+        PACKAGE,
+    )
+    assert "state:    Pending (AllGpusFull)" in text
+    assert "1 of 2 v100-16g slices used in team-a" in text
+    assert "0 of 8 v100-16g slices free on 4 GPU(s)" in text
+    assert "starts by itself when a slice of a matching GPU frees" in text
+
+
+def test_quota_exceeded_points_at_slices_to_delete() -> None:
+    text = explain(
+        _slice({"phase": "Pending", "reason": "QuotaExceeded", "message": "quota 2 of 2"}), PACKAGE
+    )
+    assert "delete a slice you no longer need: kubectl get gpuslices -n team-a" in text
+
+
+def test_allocated_slice_says_where_and_gives_no_advice() -> None:
+    text = explain(
+        _slice(
+            {
+                "phase": "InUse",
+                "reason": "InUse",
+                "allocations": [
+                    {
+                        "claim": "train-1",
+                        "node": "n1",
+                        "gpuUUID": "GPU-abc",
+                        "device": "gpu-0-v100-16g-1",
+                        "pod": "p",
+                    }
+                ],
+                "usage": {
+                    "memoryUsedBytes": 2 * 1024**3,
+                    "memoryLimitBytes": 16 * 1024**3,
+                    "processes": [{}],
+                },
+            }
+        ),
+        PACKAGE,
+    )
+    assert "claim train-1: GPU GPU-abc on node n1, device gpu-0-v100-16g-1, held by pod p" in text
+    assert "2 GiB of 16 GiB GPU memory, 1 process(es)" in text
+    assert "what you can do" not in text
+
+
+def test_missing_package_and_unseen_slice_are_said_plainly() -> None:
+    text = explain({"metadata": {"namespace": "a", "name": "b"}, "spec": {"package": "nope"}}, None)
+    assert "no GpuPackage of that name exists" in text
+    assert "not yet seen by the operator" in text
