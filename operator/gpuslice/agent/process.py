@@ -61,7 +61,10 @@ def spawn_agent(
         "--metrics-port", str(metrics_port),
     ]  # fmt: skip
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # Own session: a dev-cluster agent outlives `gpuslice devcluster up` and a Ctrl-C in its shell.
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
 
 #: The deployment's agent role and own-node admission policy (a source checkout's manifests/, like crds/).
@@ -77,10 +80,16 @@ def agent_user(node: str) -> str:
     return f"gpuslice:agent:{node}"
 
 
-def agent_kubeconfig(cluster: DevCluster, node: str) -> Path:
-    """Apply the agent's role and own-node policy (idempotent) and return a kubeconfig for `node`'s
-    agent that can write only that node's ResourceSlices."""
+def install_agent_rbac(cluster: DevCluster) -> None:
+    """Apply the agent's role, own-node policy and dev binding (idempotent; once per cluster)."""
     cluster.create_namespace(AGENT_NAMESPACE)  # rbac.yaml holds the DaemonSet's service account
     for manifest in (DEPLOY_MANIFESTS / "rbac.yaml", DEPLOY_MANIFESTS / "own-node-policy.yaml", DEV_BINDING):
         cluster.apply(manifest)
+
+
+def agent_kubeconfig(cluster: DevCluster, node: str, *, install: bool = True) -> Path:
+    """A kubeconfig for `node`'s agent that can write only that node's ResourceSlices
+    (`install=False` when install_agent_rbac already ran for this cluster)."""
+    if install:
+        install_agent_rbac(cluster)
     return cluster.tenant_kubeconfig(agent_user(node), groups=(AGENT_GROUP,))

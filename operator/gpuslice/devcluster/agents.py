@@ -17,7 +17,7 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
     Each agent runs as its own client-certificate user that may write only its node's
     ResourceSlices. Returns the nodes whose agent was started now.
     """
-    from gpuslice.agent.process import agent_kubeconfig, spawn_agent
+    from gpuslice.agent.process import agent_kubeconfig, install_agent_rbac, spawn_agent
 
     say = progress or (lambda _m: None)
     st = cluster.state()
@@ -25,11 +25,13 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
         raise DevClusterError(f"no devcluster in {cluster.dir}; run `gpuslice devcluster up` first")
     running = cluster.status()
     started: list[str] = []
+    if any(not running.get(agent_process_name(n)) for n in st.nodes):
+        install_agent_rbac(cluster)
     for node in st.nodes:
         name = agent_process_name(node)
         if running.get(name):
             continue
-        kubeconfig = agent_kubeconfig(cluster, node)
+        kubeconfig = agent_kubeconfig(cluster, node, install=False)
         log = cluster.dir / "logs" / f"agent-{node}.log"
         proc = spawn_agent(node, spec, kubeconfig, cluster.dir / "agents", log)
         cluster.register_process(name, proc, log, [str(a) for a in proc.args])  # type: ignore[union-attr]
