@@ -128,7 +128,7 @@ def staging_replaces(kubernetes_gomod: str, version: str) -> list[str]:
     k8s.io/kubernetes points its staging modules at `./staging/...`, which does not exist in the
     module download, so a consumer must replace each one; the list comes from its own go.mod.
     """
-    major, minor, patch = version.lstrip("v").split(".")
+    _major, minor, patch = version.lstrip("v").split(".")
     staged = f"v0.{minor}.{patch}"
     names = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", kubernetes_gomod, flags=re.MULTILINE)
     if not names:

@@ -18,7 +18,7 @@ def _progress(msg: str) -> None:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "devcluster",
-        help="a real local Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)",
+        help="a real local Kubernetes control plane (etcd, apiserver, controller-manager, scheduler, kwok)",
         description=__doc__,
     )
     cmds = p.add_subparsers(dest="devcluster_command", metavar="ACTION", required=True)

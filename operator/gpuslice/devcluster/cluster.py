@@ -8,8 +8,10 @@ and garbage collection all run for real. State (ports, pids) lives in `<dir>/sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -139,9 +141,15 @@ class DevCluster:
             return {}
         return {name: rec.alive() for name, rec in st.processes.items()}
 
-    def up(self, nodes: int = 1) -> State:
+    def up(self, nodes: int = 1, *, fresh: bool = False) -> State:
+        """Start (or find running) the control plane with at least `nodes` kwok nodes.
+
+        fresh: stop whatever runs in the directory and start from an empty etcd.
+        """
         if nodes < 0:
             raise DevClusterError("--nodes must be 0 or more")
+        if fresh:
+            self.wipe()
         st = self.state()
         if st is not None:
             alive = {n: r.alive() for n, r in st.processes.items() if n in CORE_COMPONENTS}
@@ -171,6 +179,12 @@ class DevCluster:
             raise
         self.progress(f"control plane up in {time.monotonic() - started:.1f}s")
         return st
+
+    def wipe(self) -> None:
+        """Stop everything and delete the cluster's data (etcd, agents' and containers' files)."""
+        self.down()
+        for sub in ("etcd", "agents", "containers"):
+            shutil.rmtree(self.dir / sub, ignore_errors=True)
 
     def down(self) -> list[str]:
         """Stop every process this cluster started; returns the names stopped."""
@@ -530,10 +544,8 @@ def _stop(rec: ProcessRecord, grace: float = 10.0) -> bool:
             _reap(rec.pid)
             return True
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(rec.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     _reap(rec.pid)
     return True
 
@@ -547,10 +559,8 @@ def _is_zombie(pid: int) -> bool:
 
 def _reap(pid: int) -> None:
     # Only our own children can be reaped; for processes started by another `up` this is a no-op.
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _client_ssl(ca: Path, client: pki.CertPair) -> ssl.SSLContext:

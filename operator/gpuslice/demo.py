@@ -1,0 +1,480 @@
+"""`gpuslice demo`: the whole product on this machine, playing the field report from PRODUCT.md.
+
+A devcluster with simulated V100 nodes, the CRDs, the three V100 products, two tenant namespaces,
+the operator and one agent per node; then each lesson of the field report as a step with its result.
+It leaves the cluster running and says what to try next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuslice import constants as c
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "manifests" / "samples"
+GPU_MODEL = "Tesla V100-PCIE-32GB"
+
+#: Runs inside the "container": what `nvidia-smi --query-gpu=name,memory.total` prints, via NVML.
+NVIDIA_SMI_QUERY = """
+import pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+name = pynvml.nvmlDeviceGetName(h)
+name = name.decode() if isinstance(name, bytes) else name
+print(f"{name}, {pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20} MiB")
+"""
+
+#: Runs inside the "container": allocate through the CUDA driver API like a framework would.
+CUDA_ALLOC = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p(); assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+for gib in [float(a) for a in sys.argv[1:]]:
+    ptr = ctypes.c_uint64()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(gib * 2**30)))
+    name = {0: "CUDA_SUCCESS", 2: "CUDA_ERROR_OUT_OF_MEMORY"}.get(rc, "")
+    print(f"cuMemAlloc({gib:g} GiB) -> {rc} {name}")
+"""
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+class Demo:
+    def __init__(self, directory: Path | None, nodes: int, gpus_per_node: int) -> None:
+        from gpuslice.devcluster.cluster import DevCluster
+
+        self.cluster = DevCluster(directory, progress=self._progress)
+        self.nodes = nodes
+        self.spec = f"{gpus_per_node}x {GPU_MODEL}"
+        self.step_no = 0
+        self.started = time.monotonic()
+
+    # --- output -----------------------------------------------------------------------------------
+    def _progress(self, msg: str) -> None:
+        print(f"      . {msg}", flush=True)
+
+    def step(self, title: str) -> None:
+        self.step_no += 1
+        print(f"\n[{self.step_no}] {title}  (+{time.monotonic() - self.started:.0f}s)", flush=True)
+
+    def show(self, text: str, prefix: str = "      | ") -> None:
+        for line in text.rstrip().splitlines():
+            print(prefix + line, flush=True)
+
+    def ok(self, text: str) -> None:
+        print(f"      => {text}", flush=True)
+
+    # --- helpers ----------------------------------------------------------------------------------
+    def kubectl(
+        self, *args: str, user: Path | None = None, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, kubeconfig=user, input=input, check=False)
+
+    def get(self, *args: str) -> Any:
+        proc = self.kubectl("get", *args, "-o", "json")
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def wait(self, what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
+        deadline = time.monotonic() + timeout
+        last_note = time.monotonic()
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() - last_note > 10:
+                self._progress(f"still waiting for {what} ...")
+                last_note = time.monotonic()
+            time.sleep(0.5)
+        raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    def slice_status(self, ns: str, name: str) -> dict[str, Any]:
+        obj = self.get(c.SLICE_PLURAL, name, "-n", ns)
+        return (obj or {}).get("status") or {}
+
+    def wait_phase(self, ns: str, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+        return self.wait(
+            f"GpuSlice {ns}/{name} to be {' or '.join(phases)}",
+            lambda: (s := self.slice_status(ns, name)).get("phase") in phases and s,
+            timeout,
+        )
+
+    def pod(self, ns: str, name: str, claim: str, memory_limit: str = "8Gi") -> str:
+        return yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "ollama/ollama:latest",
+                            "resources": {
+                                "claims": [{"name": "gpu"}],
+                                "requests": {"cpu": "500m", "memory": "2Gi"},
+                                "limits": {"memory": memory_limit},
+                            },
+                        }
+                    ],
+                },
+            }
+        )
+
+    def gpuslice(self, ns: str, name: str, package: str) -> str:
+        return yaml.safe_dump(
+            {
+                "apiVersion": c.GROUP_VERSION,
+                "kind": c.SLICE_KIND,
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"package": package},
+            }
+        )
+
+    # --- the story --------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.step(f"A real control plane with {self.nodes} simulated GPU node(s) of {self.spec}")
+        if self.cluster.state() is not None:
+            self._progress(f"starting from scratch: stopping and wiping the devcluster in {self.cluster.dir}")
+        self.cluster.up(nodes=self.nodes, fresh=True)
+        self.setup()
+        alice = self.cluster.tenant_kubeconfig("alice", ["team-a"])
+        bob = self.cluster.tenant_kubeconfig("bob", ["team-b"])
+        self.raw_gpu_request(alice)
+        self.hand_written_template(alice)
+        self.allocate(alice)
+        self.inside_the_container()
+        self.capacity_wait(bob)
+        self.usage()
+        self.tables()
+        self.next_steps()
+
+    def setup(self) -> None:
+        from gpuslice.devcluster.agents import start_agents
+
+        self.step("Platform team: CRDs, the three V100 products, tenants team-a and team-b, operator, agents")
+        self.cluster.apply_crds()
+        for sample in ("v100-8g.yaml", "v100-16g.yaml", "v100-32g.yaml"):
+            package = yaml.safe_load((SAMPLES / sample).read_text())
+            if package["metadata"]["name"] == "v100-32g":
+                # team-b is entitled to a whole card per node: enough to fill every V100 below.
+                package["spec"].setdefault("entitlements", []).append(
+                    {
+                        "namespaceSelector": {"matchLabels": {"tenant.example.com/project": "team-b"}},
+                        "slices": self.nodes,
+                    }
+                )
+            self.cluster.apply(yaml.safe_dump(package))
+        self.cluster.apply(REPO / "manifests" / "base" / "tenant" / "rbac.yaml")
+        for team in ("team-a", "team-b"):
+            self.cluster.create_namespace(team, {"tenant.example.com/project": team})
+            self.cluster.apply(yaml.safe_dump_all(_tenant_bindings(team)))
+        self.start_operator()
+        start_agents(self.cluster, self.spec, progress=self._progress)
+        self.wait(
+            "the agents' ResourceSlices and the packages' capacity",
+            lambda: (
+                ((self.get(c.PACKAGE_PLURAL, "v100-8g") or {}).get("status") or {})
+                .get("capacity", {})
+                .get("gpus", 0)
+                >= self.nodes
+            ),
+            timeout=120,
+        )
+        self.show(self.kubectl("get", "gpupackages").stdout)
+        quota = self.kubectl("get", "resourcequota", "-n", "team-a", "-o", "yaml").stdout
+        self.ok(
+            "team-a's entitlement (spec.hard, status.hard, status.used), as the tenant checks it (lesson 6):"
+        )
+        self.show("\n".join(line for line in quota.splitlines() if "deviceclass" in line))
+
+    def start_operator(self) -> None:
+        state = self.cluster.state()
+        if state and state.processes.get("operator") and self.cluster.status().get("operator"):
+            self._progress("operator already running")
+            return
+        log = self.cluster.dir / "logs" / "operator.log"
+        argv = [sys.executable, "-m", "gpuslice", "operator", "--kubeconfig", str(self.cluster.kubeconfig)]
+        with log.open("ab") as fh:
+            proc = subprocess.Popen(
+                argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        self.cluster.register_process("operator", proc, log, argv)
+        self._progress(f"operator started (pid {proc.pid}), log {log}")
+        # Policies are ready once a raw GPU request is denied by them.
+        self.wait(
+            "the operator's DeviceClasses and admission policies",
+            lambda: (
+                self.get("deviceclass", c.device_class_name("v100-8g"))
+                and self.get("validatingadmissionpolicies")
+                and any(
+                    p["metadata"].get("labels", {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
+                    for p in self.get("validatingadmissionpolicies")["items"]
+                )
+            ),
+            timeout=120,
+        )
+
+    def raw_gpu_request(self, alice: Path) -> None:
+        self.step("Lesson 1: a tenant asks for a raw nvidia.com/gpu")
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "raw-gpu", "namespace": "team-a"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "ollama/ollama",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }
+                ]
+            },
+        }
+
+        def try_create() -> subprocess.CompletedProcess[str] | None:
+            # Policies reach admission asynchronously: an early create may pass; undo it and retry.
+            proc = self.kubectl("create", "-f", "-", user=alice, input=yaml.safe_dump(pod))
+            if proc.returncode != 0:
+                return proc
+            self.kubectl("delete", "pod", "raw-gpu", "-n", "team-a", "--wait=false")
+            return None
+
+        proc = self.wait("the policy to be enforced", try_create)
+        self.ok("rejected at admission, and the message says what to do instead:")
+        self.show(textwrap.fill(proc.stderr.strip(), 100))
+
+    def hand_written_template(self, alice: Path) -> None:
+        self.step("Lesson 2: a hand-written claim template that is not of the documented form")
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "my-gpu", "namespace": "team-a"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": c.device_class_name("v100-8g"),
+                                    "allocationMode": "ExactCount",
+                                    "count": 2,
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+        proc = self.kubectl("create", "-f", "-", user=alice, input=yaml.safe_dump(template))
+        if proc.returncode == 0:
+            raise DemoError(
+                "the malformed claim template was accepted; the admission policies are not working"
+            )
+        self.ok("rejected, and the message shows the expected form:")
+        self.show(textwrap.fill(proc.stderr.strip(), 100))
+
+    def allocate(self, alice: Path) -> None:
+        self.step("The documented way: GpuSlice team-a/llm (v100-8g) and a pod that uses its claim")
+        proc = self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            user=alice,
+            input=self.gpuslice("team-a", "llm", "v100-8g") + "---\n" + self.pod("team-a", "ollama", "llm"),
+        )
+        if proc.returncode != 0:
+            raise DemoError(f"creating the slice failed: {proc.stderr}")
+        if proc.stderr.strip():
+            self.show(proc.stderr.strip(), prefix="      warning | ")
+        status = self.wait_phase("team-a", "llm", ("InUse", "Allocated"))
+        self.ok(
+            f"{status['phase']}: GPU {status.get('gpuUUID')} on node {status.get('node')}, "
+            f"device {status.get('device')}"
+        )
+
+    def inside_the_container(self) -> None:
+        from gpuslice.devcluster.kubelet import run_in_pod
+
+        self.step(
+            "Lesson 7: inside the workload, through the shim (kubelet prepare -> CDI -> libgpuslice.so)"
+        )
+        out = run_in_pod(self.cluster, "team-a", "ollama", [sys.executable, "-c", NVIDIA_SMI_QUERY])
+        if out.returncode != 0:
+            raise DemoError(f"the workload failed: {out.stderr}")
+        self.ok("nvidia-smi --query-gpu=name,memory.total --format=csv,noheader  prints:")
+        self.show(out.stdout)
+        self.step("Memory is enforced: allocations past the 8 GiB slice are refused")
+        out = run_in_pod(self.cluster, "team-a", "ollama", [sys.executable, "-c", CUDA_ALLOC, "4", "3", "2"])
+        self.show(out.stdout)
+        self.ok("4 + 3 GiB fit in the slice; 2 GiB more would pass 8 GiB and never reaches the driver")
+
+    def capacity_wait(self, bob: Path) -> None:
+        self.step("Quota is an entitlement, not a reservation: fill every V100, then ask for one more")
+        names: list[str] = []
+        # Each v100-32g takes a whole card; with one card already holding team-a's 8g slice, all but
+        # one card can take a 32g slice, and the next one must wait.
+        for i in range(self.nodes):
+            name = f"big-{i}"
+            names.append(name)
+            self.kubectl(
+                "apply",
+                "-f",
+                "-",
+                user=bob,
+                input=self.gpuslice("team-b", name, "v100-32g")
+                + "---\n"
+                + self.pod("team-b", name, name, "16Gi"),
+            )
+        waiting = names[-1]
+        for name in names[:-1]:
+            st = self.wait_phase("team-b", name, ("InUse", "Allocated"))
+            self.ok(f"team-b/{name}: {st['phase']} on {st.get('node')}")
+        st = self.wait_phase("team-b", waiting, ("Pending",))
+        st = self.wait(
+            f"a reason on team-b/{waiting}",
+            lambda: (
+                (s := self.slice_status("team-b", waiting)).get("reason")
+                not in (None, "", "CreatingClaim", "Scheduling", "WaitingForPod")
+                and s
+            ),
+        )
+        self.ok(f"team-b/{waiting}: {st['phase']} ({st.get('reason')}): {st.get('message')}")
+        from gpuslice.explain import explain
+
+        self.show(
+            explain(self.get(c.SLICE_PLURAL, waiting, "-n", "team-b"), self.get(c.PACKAGE_PLURAL, "v100-32g"))
+        )
+        if self.nodes > 1:
+            freed = names[0]
+            self.ok(f"deleting team-b/{freed} (pod and slice) frees a card ...")
+            self.kubectl("delete", "pod", freed, "-n", "team-b", "--grace-period=0", "--force", user=bob)
+            self.kubectl("delete", c.SLICE_PLURAL, freed, "-n", "team-b", user=bob)
+            st = self.wait_phase("team-b", waiting, ("InUse", "Allocated"), timeout=120)
+            self.ok(f"team-b/{waiting} started by itself: {st['phase']} on {st.get('node')}")
+
+    def usage(self) -> None:
+        self.step("Real usage in status: a workload holds 3 GiB of its slice for a while")
+        from gpuslice.devcluster.kubelet import prepare_pod
+
+        prepared = prepare_pod(self.cluster, "team-a", "ollama")
+        import os
+
+        hold = CUDA_ALLOC + "\nimport time; time.sleep(40)\n"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", hold, "3"],
+            env={**os.environ, **prepared.env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            st = self.wait(
+                "the agent to report usage into GpuSlice team-a/llm",
+                lambda: (
+                    ((s := self.slice_status("team-a", "llm")).get("usage") or {}).get("memoryUsedBytes", 0)
+                    >= 3 * c.GIB
+                    and s
+                ),
+                timeout=60,
+            )
+            u = st["usage"]
+            self.ok(
+                f"status.usage: {u['memoryUsedBytes'] / c.GIB:.1f} GiB "
+                f"of {u['memoryLimitBytes'] / c.GIB:.0f} GiB used, "
+                f"{len(u.get('processes') or [])} process(es), read at {u.get('time')}"
+            )
+        finally:
+            proc.terminate()
+            proc.wait()
+
+    def tables(self) -> None:
+        self.step("What tenants and the platform team see")
+        self.show(self.kubectl("get", "gpuslices", "-A").stdout)
+        self.show(self.kubectl("get", "gpupackages").stdout)
+
+    def next_steps(self) -> None:
+        dir_flag = "" if self.cluster.dir == _default_dir() else f" --dir {self.cluster.dir}"
+        print(
+            f"""
+The cluster is still running. Try:
+  export KUBECONFIG={self.cluster.kubeconfig}
+  kubectl get gpuslices -A                       # (kubectl: {self.cluster.bins.kubectl})
+  gpuslice explain team-b/big-{self.nodes - 1}
+  gpuslice shim run --memory 8Gi --simulate-gpus "1x {GPU_MODEL}" -- python3 -c 'import pynvml; ...'
+Stop everything with:  gpuslice devcluster down{dir_flag}
+""",
+            flush=True,
+        )
+
+
+def _default_dir() -> Path:
+    from gpuslice.devcluster.cluster import default_dir
+
+    return default_dir().resolve()
+
+
+def _tenant_bindings(team: str) -> list[dict[str, Any]]:
+    def binding(kind: str, role: str, name: str) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": name} | ({"namespace": team} if kind == "RoleBinding" else {}),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": team}],
+        }
+        return doc
+
+    return [
+        binding("RoleBinding", "edit", f"{team}-edit"),
+        binding("RoleBinding", "gpuslice-tenant", f"{team}-gpuslice"),
+        binding("ClusterRoleBinding", "gpuslice-catalog-reader", f"gpuslice-catalog-{team}"),
+    ]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the whole product locally on simulated GPUs and play the field report",
+        description=__doc__,
+    )
+    p.add_argument("--dir", type=Path, default=None, help="devcluster state directory")
+    p.add_argument("--nodes", type=int, default=2, help="simulated GPU nodes (default 2)")
+    p.add_argument("--gpus-per-node", type=int, default=1, help="V100s per node (default 1)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpuslice.devcluster.binaries import BuildError
+    from gpuslice.devcluster.cluster import DevClusterError
+
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        print("error: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)
+        return 2
+    demo = Demo(args.dir, args.nodes, args.gpus_per_node)
+    try:
+        demo.run()
+    except (DemoError, DevClusterError, BuildError) as exc:
+        print(f"\ndemo failed at step {demo.step_no}: {exc}", file=sys.stderr)
+        print(
+            f"logs: {demo.cluster.dir / 'logs'}; the cluster is left running for inspection "
+            "(gpuslice devcluster down to stop it)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
