@@ -50,6 +50,8 @@ FINALIZER: Final = "gpuslice.io/finalizer"
 KOPF_PROGRESS_PREFIX: Final = "gpuslice.io"
 KOPF_DIFFBASE_ANNOTATION: Final = "gpuslice.io/last-handled-configuration"
 PEERING_NAME: Final = "gpuslice"
+#: GpuSlice status fields the node agent writes (real usage); the operator leaves them alone.
+AGENT_STATUS_FIELDS: Final = ("usage",)
 #: Label the operator keeps on every namespace an entitlement selects; admission policies bind to it.
 LABEL_TENANT: Final = "gpuslice.io/tenant"
 #: Name of the one gpuslice-owned ResourceQuota in each tenant namespace.

@@ -43,6 +43,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
+    p.add_argument(
+        "--usage-interval",
+        type=float,
+        default=10.0,
+        help="seconds between usage readings written into GpuSlice status (at most one write per slice each)",
+    )
+    p.add_argument(
+        "--stop-violators",
+        action="store_true",
+        help="SIGKILL a process that NVML shows holding more GPU memory than any slice on its card "
+        "(it bypassed the shim); without it such a process is only reported",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_main)
 
@@ -66,6 +78,8 @@ def _main(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         shim_library=args.shim_library,
         metrics_port=args.metrics_port,
+        usage_interval=args.usage_interval,
+        stop_violators=args.stop_violators,
     )
     try:
         return asyncio.run(run(opts))

@@ -17,11 +17,10 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpuslice import constants, logs
+from gpuslice import constants, logs, metrics
 from gpuslice.agent import cdi
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
 from gpuslice.agent.limits import write_limits
-from gpuslice.agent.metrics import PREPARE_ERRORS, PREPARED_CLAIMS
 from gpuslice.agent.quantity import parse_int_quantity
 
 log = logs.get(__name__)
@@ -136,7 +135,7 @@ class Preparer:
         self._checkpoint: Checkpoint = self._store.load()
         # one claim at a time: the checkpoint is one file and prepare is cheap
         self._lock = asyncio.Lock()
-        PREPARED_CLAIMS.set(sum(1 for c in self._checkpoint.claims.values() if c.state == "Prepared"))
+        self._count_prepared()
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -144,7 +143,11 @@ class Preparer:
 
     def _save(self) -> None:
         self._store.save(self._checkpoint)
-        PREPARED_CLAIMS.set(sum(1 for c in self._checkpoint.claims.values() if c.state == "Prepared"))
+        self._count_prepared()
+
+    def _count_prepared(self) -> None:
+        prepared = sum(1 for c in self._checkpoint.claims.values() if c.state == "Prepared")
+        metrics.PREPARED_CLAIMS.labels(node=self.node).set(prepared)
 
     async def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
         async with self._lock:
@@ -228,6 +231,6 @@ async def prepare_many(
             out[uid] = f"reading {what}: {exc.status} {exc.reason}"
         else:
             continue
-        PREPARE_ERRORS.inc()
+        metrics.PREPARE_ERRORS.labels(node=preparer.node).inc()
         log.warning("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=out[uid])
     return out

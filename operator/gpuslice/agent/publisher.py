@@ -14,10 +14,9 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from gpuslice import logs
+from gpuslice import logs, metrics
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.kube import Kube
-from gpuslice.agent.metrics import POOL_GENERATION, PUBLISHED_DEVICES, PUBLISHED_SLICES, PUBLISHES
 from gpuslice.agent.slices import Package, build_specs, plan_publish
 from gpuslice.api.package import GpuPackageSpec
 
@@ -85,12 +84,12 @@ class Publisher:
         for name in plan.delete:
             await self.kube.delete_slice(name)
         devices = sum(len(s.get("devices", [])) for _, s in desired)
-        PUBLISHED_DEVICES.set(devices)
-        PUBLISHED_SLICES.set(len(desired))
+        metrics.PUBLISHED_DEVICES.labels(node=self.node).set(devices)
+        metrics.PUBLISHED_RESOURCESLICES.labels(node=self.node).set(len(desired))
         if not plan.empty:
-            PUBLISHES.inc()
+            metrics.PUBLISHES.labels(node=self.node).inc()
             generation = plan.apply[0]["spec"]["pool"]["generation"] if plan.apply else 0
-            POOL_GENERATION.set(generation)
+            metrics.POOL_GENERATION.labels(node=self.node).set(generation)
             log.info(
                 "pool published", node=self.node, generation=generation, slices=len(plan.apply),
                 devices=devices, deleted=len(plan.delete), packages=sorted(self.packages),

@@ -7,14 +7,13 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import start_http_server
-
-from gpuslice import constants, logs
+from gpuslice import constants, logs, metrics
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin
 from gpuslice.agent.kube import Kube, api_client
 from gpuslice.agent.prepare import NodePaths, Preparer
 from gpuslice.agent.publisher import Publisher
+from gpuslice.agent.usage import UsageReporter
 
 log = logs.get(__name__)
 
@@ -34,6 +33,8 @@ class AgentOptions:
     run_dir: Path
     shim_library: Path | None
     metrics_port: int
+    usage_interval: float = 10.0
+    stop_violators: bool = False
 
 
 class AgentError(RuntimeError):
@@ -73,7 +74,7 @@ async def run(opts: AgentOptions) -> int:
         driver=gpus[0].driver_version if gpus else None,
     )  # fmt: skip
     if opts.metrics_port:
-        start_http_server(opts.metrics_port)
+        metrics.serve(opts.metrics_port, metrics.AGENT_REGISTRY)
 
     api = await api_client(opts.kubeconfig)
     kube = Kube(api)
@@ -104,7 +105,10 @@ async def run(opts: AgentOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(c) for c in (follow_packages(), follow_node(), publisher.run())]
+    reporter = UsageReporter(opts.node, paths, api, opts.usage_interval, opts.stop_violators)
+    tasks = [
+        asyncio.create_task(c) for c in (follow_packages(), follow_node(), publisher.run(), reporter.run())
+    ]
     stopper = asyncio.create_task(stop.wait())
     try:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,337 @@
+"""Real usage: the shim's usage regions and NVML's per-process view -> GpuSlice status, metrics, events.
+
+Pure decisions (what status.usage says, whether to write it, what counts as a violation) are plain
+functions; `UsageReporter` reads the regions and NVML, calls them, and writes:
+- `status.usage` of the GpuSlice that owns each prepared claim, by JSON merge patch on the status
+  subresource (the operator merge-patches the other status fields, so neither erases the other);
+  at most one write per slice per interval, and none when nothing but the reading time changed;
+- the per-slice and per-GPU Prometheus series of `gpuslice.metrics`;
+- for an out-of-band violation (a process NVML shows holding more GPU memory than any slice on
+  its card allows, i.e. it bypassed the shim): an Event on the affected GpuSlices, `violation` in
+  their status.usage, `gpuslice_slice_violations_total`, and with `--stop-violators` a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import signal
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpuslice import constants, logs, metrics
+from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
+from gpuslice.agent.prepare import NodePaths
+from gpuslice.shim.region import RegionFormatError, UsageSnapshot, read_usage
+
+log = logs.get(__name__)
+_OVER = metrics.ViolationKind.MEMORY_OVER_SLICE.value
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process NVML lists on a GPU (host pid, as the agent sees it)."""
+
+    gpu_uuid: str
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class SliceOnGpu:
+    key: str  # namespace/slice
+    gpu_uuid: str
+    limit_bytes: int
+
+
+@dataclass(frozen=True)
+class Violation:
+    gpu_uuid: str
+    pid: int | None
+    used_bytes: int
+    allowed_bytes: int
+    slices: tuple[str, ...]
+    kind: str
+    message: str
+
+
+def usage_status(
+    snapshot: UsageSnapshot, limit_bytes: int, now: str, violation: str | None = None
+) -> dict[str, Any]:
+    """`status.usage` of a slice from its usage region."""
+    usage: dict[str, Any] = {
+        "memoryUsedBytes": snapshot.memory_used_bytes,
+        "memoryLimitBytes": snapshot.memory_limit_bytes
+        if snapshot.memory_limit_bytes is not None
+        else limit_bytes,
+        "computeShare": snapshot.compute_share,
+        "refusedAllocations": snapshot.refused_allocations_total,
+        "throttledSeconds": round(snapshot.throttled_seconds_total, 3),
+        "processes": [
+            {
+                "pid": p.pid,
+                "memoryUsedBytes": p.memory_used_bytes,
+                "refusedAllocations": p.refused_allocations,
+            }
+            for p in sorted(snapshot.processes, key=lambda p: p.pid)
+        ],
+        "time": now,
+    }
+    if snapshot.shim_utilization_percent is not None:
+        usage["computeUtilizationPercent"] = round(snapshot.shim_utilization_percent, 1)
+    if violation:
+        usage["violation"] = violation
+    return usage
+
+
+def should_write(
+    previous: Mapping[str, Any] | None,
+    current: Mapping[str, Any],
+    last_write: float | None,
+    now: float,
+    interval: float,
+) -> bool:
+    """Write when something other than the reading time changed, and not more than once per interval."""
+
+    def strip(u: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        return None if u is None else {k: v for k, v in u.items() if k != "time"}
+
+    if strip(previous) == strip(current):
+        return False
+    return last_write is None or now - last_write >= interval
+
+
+def find_violations(processes: Iterable[GpuProcess], slices: Iterable[SliceOnGpu]) -> list[Violation]:
+    """Processes that hold more GPU memory than the shim could have granted them.
+
+    Container pids differ from host pids, so a process cannot be matched to its slice from NVML
+    alone; what is certain is: no process may hold more than the largest slice on its card, and all
+    processes on a card together no more than the card's slices together.
+    """
+    by_gpu: dict[str, list[SliceOnGpu]] = {}
+    for s in slices:
+        by_gpu.setdefault(s.gpu_uuid, []).append(s)
+    procs_by_gpu: dict[str, list[GpuProcess]] = {}
+    for p in processes:
+        procs_by_gpu.setdefault(p.gpu_uuid, []).append(p)
+    found: list[Violation] = []
+    for uuid, on_gpu in sorted(by_gpu.items()):
+        keys = tuple(sorted(s.key for s in on_gpu))
+        largest = max(s.limit_bytes for s in on_gpu)
+        total_allowed = sum(s.limit_bytes for s in on_gpu)
+        procs = procs_by_gpu.get(uuid, [])
+        for p in sorted(procs, key=lambda p: p.pid):
+            if p.used_bytes > largest:
+                found.append(
+                    Violation(
+                        uuid, p.pid, p.used_bytes, largest, keys, _OVER,
+                        f"process {p.pid} holds {p.used_bytes >> 20} MiB on GPU {uuid}, more than any slice "
+                        f"on it allows ({largest >> 20} MiB): it bypassed the gpuslice shim",
+                    )
+                )  # fmt: skip
+        used = sum(p.used_bytes for p in procs)
+        if used > total_allowed and not any(v.gpu_uuid == uuid for v in found):
+            found.append(
+                Violation(
+                    uuid, None, used, total_allowed, keys, _OVER,
+                    f"processes on GPU {uuid} hold {used >> 20} MiB, more than its slices allow together "
+                    f"({total_allowed >> 20} MiB): a process bypassed the gpuslice shim",
+                )
+            )  # fmt: skip
+    return found
+
+
+def nvml_processes(gpu_uuids: Sequence[str]) -> list[GpuProcess]:
+    """Compute processes of the given GPUs through NVML (nvmlInit must have run)."""
+    import pynvml
+
+    out: list[GpuProcess] = []
+    for uuid in gpu_uuids:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except pynvml.NVMLError as exc:
+            log.warning("NVML process query failed", gpu=uuid, error=str(exc))
+            continue
+        for p in procs:
+            used = p.usedGpuMemory
+            if used is None or used == pynvml.NVML_VALUE_NOT_AVAILABLE:
+                continue
+            out.append(GpuProcess(uuid, int(p.pid), int(used)))
+    return out
+
+
+@dataclass
+class _SliceState:
+    key: str | None  # namespace/slice when the claim belongs to a (non-template) GpuSlice
+    package: str
+    last_usage: dict[str, Any] | None = None
+    last_write: float | None = None
+    refused_seen: int = 0
+    throttled_seen: float = 0.0
+    violation: str | None = None
+
+
+@dataclass
+class UsageReporter:
+    node: str
+    paths: NodePaths
+    api: client.ApiClient
+    interval: float = 10.0
+    stop_violators: bool = False
+    _states: dict[str, _SliceState] = field(default_factory=dict)
+
+    async def _owner(self, record: ClaimRecord) -> _SliceState:
+        """Which GpuSlice a claim belongs to (its owner reference), looked up once per claim."""
+        state = self._states.get(record.uid)
+        if state is not None:
+            return state
+        key: str | None = None
+        package = ""
+        try:
+            claim = await client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+                constants.DRA_GROUP, constants.DRA_VERSION, record.namespace, "resourceclaims", record.name
+            )
+            meta = claim.get("metadata", {})
+            package = meta.get("labels", {}).get(constants.LABEL_PACKAGE, "")
+            for ref in meta.get("ownerReferences") or []:
+                if ref.get("kind") == constants.SLICE_KIND and ref.get("apiVersion", "").startswith(
+                    constants.API_GROUP
+                ):
+                    key = f"{record.namespace}/{ref['name']}"
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        state = _SliceState(key=key, package=package)
+        self._states[record.uid] = state
+        return state
+
+    def _labels(self, record: ClaimRecord, state: _SliceState) -> dict[str, str]:
+        name = state.key.split("/", 1)[1] if state.key else record.name
+        uuid = record.devices[0].gpu_uuid if record.devices else ""
+        return {"namespace": record.namespace, "slice": name, "package": state.package, "node": self.node,
+                "gpu_uuid": uuid}  # fmt: skip
+
+    async def tick(self) -> None:
+        checkpoint = CheckpointStore(self.paths.state_dir / "checkpoint.json").load()
+        records = [r for r in checkpoint.claims.values() if r.state == "Prepared" and r.devices]
+        now_s = time.monotonic()
+        now_iso = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        slices_on_gpu: list[SliceOnGpu] = []
+        for record in records:
+            state = await self._owner(record)
+            dev = record.devices[0]
+            slices_on_gpu.append(SliceOnGpu(state.key or f"{record.namespace}/{record.name}", dev.gpu_uuid,
+                                            dev.memory_bytes))  # fmt: skip
+        violations = find_violations(
+            nvml_processes(sorted({s.gpu_uuid for s in slices_on_gpu})), slices_on_gpu
+        )
+        await self._handle_violations(records, violations)
+        for record in records:
+            state = self._states[record.uid]
+            try:
+                snapshot = read_usage(self.paths.usage_dir(record.uid))
+            except (OSError, RegionFormatError) as exc:
+                log.warning("usage region unreadable", claim=record.name, error=str(exc))
+                continue
+            labels = self._labels(record, state)
+            limit = record.devices[0].memory_bytes
+            metrics.SLICE_MEMORY_USED.labels(**labels).set(snapshot.memory_used_bytes)
+            metrics.SLICE_MEMORY_LIMIT.labels(**labels).set(limit)
+            if snapshot.shim_utilization_percent is not None:
+                metrics.SLICE_COMPUTE_UTILIZATION.labels(**labels).set(
+                    snapshot.shim_utilization_percent / 100
+                )
+            # The region holds running totals; Prometheus counters only go up by deltas.
+            metrics.SLICE_REFUSED_ALLOCATIONS.labels(**labels).inc(
+                max(0, snapshot.refused_allocations_total - state.refused_seen)
+            )
+            metrics.SLICE_THROTTLED.labels(**labels).inc(
+                max(0.0, snapshot.throttled_seconds_total - state.throttled_seen)
+            )
+            state.refused_seen = snapshot.refused_allocations_total
+            state.throttled_seen = snapshot.throttled_seconds_total
+            if state.key is None:
+                continue  # template claims: metrics only (several nodes may serve one GpuSlice)
+            usage = usage_status(snapshot, limit, now_iso, state.violation)
+            if should_write(state.last_usage, usage, state.last_write, now_s, self.interval):
+                await self._write_usage(state.key, usage)
+                state.last_usage, state.last_write = usage, now_s
+        self._forget_unprepared({r.uid for r in checkpoint.claims.values()})
+
+    def _forget_unprepared(self, uids: set[str]) -> None:
+        for uid in list(self._states):
+            if uid not in uids:
+                del self._states[uid]
+
+    async def _write_usage(self, key: str, usage: dict[str, Any]) -> None:
+        namespace, name = key.split("/", 1)
+        try:
+            await client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
+                constants.API_GROUP, constants.API_VERSION, namespace, constants.SLICE_PLURAL, name,
+                {"status": {"usage": usage}},  # a dict body goes as a JSON merge patch
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:  # the slice is being deleted: nothing to report
+                log.warning("could not write usage", slice=key, status=exc.status, reason=exc.reason)
+
+    async def _handle_violations(
+        self, records: Sequence[ClaimRecord], violations: Sequence[Violation]
+    ) -> None:
+        flagged: dict[str, str] = {}
+        for v in violations:
+            for key in v.slices:
+                flagged[key] = v.message
+            log.error("slice memory violation", gpu=v.gpu_uuid, pid=v.pid, message=v.message)
+            if self.stop_violators and v.pid is not None:
+                try:
+                    os.kill(v.pid, signal.SIGKILL)
+                    log.warning("stopped violating process", pid=v.pid, gpu=v.gpu_uuid)
+                except ProcessLookupError:
+                    pass
+        for record in records:
+            state = self._states[record.uid]
+            key = state.key or f"{record.namespace}/{record.name}"
+            message = flagged.get(key)
+            if message and message != state.violation:
+                metrics.SLICE_VIOLATIONS.labels(**self._labels(record, state), kind=_OVER).inc()
+                if state.key:
+                    await self._event(state.key, message)
+            state.violation = message
+
+    async def _event(self, key: str, message: str) -> None:
+        namespace, name = key.split("/", 1)
+        now = dt.datetime.now(dt.UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
+            involved_object=client.V1ObjectReference(
+                api_version=constants.GROUP_VERSION, kind=constants.SLICE_KIND, name=name, namespace=namespace
+            ),
+            reason="SliceMemoryViolation",
+            message=message,
+            type="Warning",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=client.V1EventSource(component="gpuslice-agent", host=self.node),
+        )
+        try:
+            await client.CoreV1Api(self.api).create_namespaced_event(namespace, body)
+        except ApiException as exc:
+            log.warning("could not record event", slice=key, status=exc.status)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except ApiException as exc:
+                log.warning(
+                    "usage report failed; retrying next interval", status=exc.status, reason=exc.reason
+                )
+            await asyncio.sleep(self.interval)

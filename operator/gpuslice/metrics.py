@@ -1,0 +1,257 @@
+"""The one catalogue of gpuslice's Prometheus metrics: every series the operator and the agent export.
+
+Each process serves its own registry (`OPERATOR_REGISTRY` or `AGENT_REGISTRY`) with `serve`, so the
+operator never exports agent series and the other way round, although both import this module.
+The Grafana dashboard in `manifests/components/monitoring/` queries exactly these names; a test keeps
+the two in step.
+
+Names follow Prometheus conventions: base units in the name (`_bytes`, `_seconds`, `_ratio`),
+counters end in `_total`. Label sets are bounded: a slice is named by namespace/slice (one series
+per live slice, removed with `forget_slice` when it goes) and GPUs by node/UUID.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from threading import Thread
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+from gpuslice.api.slice import Phase
+
+
+def _process_registry() -> CollectorRegistry:
+    # The standard process_*/python_* series as well, so a dashboard can tell a restart from a stall.
+    registry = CollectorRegistry(auto_describe=True)
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    return registry
+
+
+OPERATOR_REGISTRY = _process_registry()
+AGENT_REGISTRY = _process_registry()
+
+#: Labels of every per-slice series the agent exports.
+SLICE_LABELS = ("namespace", "slice", "package", "node", "gpu_uuid")
+#: Labels of every per-GPU series the agent exports.
+GPU_LABELS = ("node", "gpu_uuid", "model")
+
+
+class ViolationKind(StrEnum):
+    """What the agent's out-of-band NVML check found (the `kind` label of gpuslice_slice_violations_total)."""
+
+    #: NVML shows a slice's processes using more GPU memory than the slice holds (a shim bypass).
+    MEMORY_OVER_SLICE = "memory_over_slice"
+    #: A process on a slice's GPU that belongs to no prepared slice.
+    UNKNOWN_PROCESS = "unknown_process"
+
+
+# --- operator ----------------------------------------------------------------------------------------
+RECONCILE_DURATION = Histogram(
+    "gpuslice_reconcile_duration_seconds",
+    "Time one reconcile of a gpuslice object took, by kind (GpuPackage, GpuSlice)",
+    ["kind"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=OPERATOR_REGISTRY,
+)
+SLICES = Gauge(
+    "gpuslice_slices",
+    "GpuSlices by package and phase (Pending, Allocated, InUse, Released, Failed)",
+    ["package", "phase"],
+    registry=OPERATOR_REGISTRY,
+)
+PACKAGE_CAPACITY_SLICES = Gauge(
+    "gpuslice_package_capacity_slices",
+    "Slices of a package the published GPUs can hold in total",
+    ["package"],
+    registry=OPERATOR_REGISTRY,
+)
+PACKAGE_FREE_SLICES = Gauge(
+    "gpuslice_package_free_slices",
+    "Slices of a package that could be allocated now",
+    ["package"],
+    registry=OPERATOR_REGISTRY,
+)
+SLICE_PENDING = Histogram(
+    "gpuslice_slice_pending_seconds",
+    "Time from a GpuSlice's creation until kube-scheduler allocated it",
+    ["package"],
+    # Slices wait for a GPU to free up, so the tail is minutes to hours, not milliseconds.
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600),
+    registry=OPERATOR_REGISTRY,
+)
+
+TRANSITIONS = Counter(
+    "gpuslice_slice_transitions_total",
+    "GpuSlice phase transitions, by the phase entered and the reason",
+    ["phase", "reason"],
+    registry=OPERATOR_REGISTRY,
+)
+WRITES = Counter(
+    "gpuslice_operator_writes_total",
+    "API writes the operator made (server-side applies and deletes), by kind and verb",
+    ["kind", "verb"],
+    registry=OPERATOR_REGISTRY,
+)
+STATUS_UPDATES = Counter(
+    "gpuslice_operator_status_updates_total",
+    "Status patches the operator wrote, by kind",
+    ["kind"],
+    registry=OPERATOR_REGISTRY,
+)
+
+# --- agent -------------------------------------------------------------------------------------------
+PUBLISHED_DEVICES = Gauge(
+    "gpuslice_agent_published_devices",
+    "Partition devices in this node's ResourceSlices",
+    ["node"],
+    registry=AGENT_REGISTRY,
+)
+PUBLISHED_RESOURCESLICES = Gauge(
+    "gpuslice_agent_published_resourceslices",
+    "ResourceSlices of this node's pool",
+    ["node"],
+    registry=AGENT_REGISTRY,
+)
+POOL_GENERATION = Gauge(
+    "gpuslice_agent_pool_generation",
+    "Generation of this node's ResourceSlice pool",
+    ["node"],
+    registry=AGENT_REGISTRY,
+)
+PUBLISHES = Counter(
+    "gpuslice_agent_publishes_total",
+    "Republishes of this node's pool (its content changed)",
+    ["node"],
+    registry=AGENT_REGISTRY,
+)
+PREPARED_CLAIMS = Gauge(
+    "gpuslice_agent_prepared_claims",
+    "ResourceClaims prepared on this node",
+    ["node"],
+    registry=AGENT_REGISTRY,
+)
+PREPARE_ERRORS = Counter(
+    "gpuslice_agent_prepare_errors_total",
+    "Claims whose NodePrepareResources failed on this node",
+    ["node"],
+    registry=AGENT_REGISTRY,
+)
+SLICE_MEMORY_USED = Gauge(
+    "gpuslice_slice_memory_used_bytes",
+    "GPU memory a slice's processes hold, as counted by the shim",
+    SLICE_LABELS,
+    registry=AGENT_REGISTRY,
+)
+SLICE_MEMORY_LIMIT = Gauge(
+    "gpuslice_slice_memory_limit_bytes",
+    "GPU memory limit of a slice (what nvidia-smi shows as total inside the container)",
+    SLICE_LABELS,
+    registry=AGENT_REGISTRY,
+)
+SLICE_COMPUTE_UTILIZATION = Gauge(
+    "gpuslice_slice_compute_utilization_ratio",
+    "Share of the GPU's compute a slice used over the last sampling interval (0..1)",
+    SLICE_LABELS,
+    registry=AGENT_REGISTRY,
+)
+SLICE_REFUSED_ALLOCATIONS = Counter(
+    "gpuslice_slice_refused_allocations_total",
+    "Allocations the shim refused with CUDA_ERROR_OUT_OF_MEMORY because they would exceed the slice",
+    SLICE_LABELS,
+    registry=AGENT_REGISTRY,
+)
+SLICE_THROTTLED = Counter(
+    "gpuslice_slice_throttled_seconds_total",
+    "Time the shim held back a slice's kernel launches to keep it near its compute share",
+    SLICE_LABELS,
+    registry=AGENT_REGISTRY,
+)
+SLICE_VIOLATIONS = Counter(
+    "gpuslice_slice_violations_total",
+    "Out-of-band findings of the NVML cross-check on a slice's GPU, by kind",
+    (*SLICE_LABELS, "kind"),
+    registry=AGENT_REGISTRY,
+)
+GPU_MEMORY_ALLOCATED = Gauge(
+    "gpuslice_gpu_memory_allocated_bytes",
+    "GPU memory of a card handed out to prepared slices (occupancy, not use)",
+    GPU_LABELS,
+    registry=AGENT_REGISTRY,
+)
+GPU_MEMORY_TOTAL = Gauge(
+    "gpuslice_gpu_memory_total_bytes",
+    "GPU memory of a card as NVML reports it",
+    GPU_LABELS,
+    registry=AGENT_REGISTRY,
+)
+
+_SLICE_METRICS = (SLICE_MEMORY_USED, SLICE_MEMORY_LIMIT, SLICE_COMPUTE_UTILIZATION)
+_SLICE_COUNTERS = (SLICE_REFUSED_ALLOCATIONS, SLICE_THROTTLED)
+
+
+def serve(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> tuple[WSGIServer, Thread]:
+    """Serve `registry` on http://addr:port/metrics from a daemon thread; returns the server to shut down."""
+    if not 0 < port < 65536:
+        raise ValueError(f"metrics port {port} is not a TCP port (1..65535); pass 0 to the caller to disable")
+    return start_http_server(port, addr=addr, registry=registry)
+
+
+class CounterFromTotal:
+    """Feeds a cumulative total read from elsewhere (the shim's usage region) into a Counter.
+
+    The shim keeps running totals; a Counter can only be increased. Each reading adds the growth
+    since the previous one. A total that went down means its source restarted (the slice's region
+    was recreated), so the new total is all growth since then.
+    """
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self._last: dict[tuple[str, ...], float] = {}
+
+    def update(self, labels: tuple[str, ...], total: float) -> None:
+        if total < 0:
+            raise ValueError(f"running total {total} for {labels} is negative; the shim never reports one")
+        last = self._last.get(labels, 0.0)
+        growth = total - last if total >= last else total
+        if growth:
+            self.counter.labels(*labels).inc(growth)
+        self._last[labels] = total
+
+    def forget(self, labels: tuple[str, ...]) -> None:
+        self._last.pop(labels, None)
+        self.counter.remove(*labels)
+
+
+def slice_labels(namespace: str, slice_name: str, package: str, node: str, gpu_uuid: str) -> tuple[str, ...]:
+    """The label values of a slice's series, in SLICE_LABELS order."""
+    return (namespace, slice_name, package, node, gpu_uuid)
+
+
+def forget_slice(labels: tuple[str, ...], *totals: CounterFromTotal) -> None:
+    """Drop every series of a slice that is gone, so dashboards do not show it as still holding memory."""
+    for metric in (*_SLICE_METRICS, *_SLICE_COUNTERS):
+        metric.remove(*labels)
+    for kind in ViolationKind:
+        SLICE_VIOLATIONS.remove(*labels, kind.value)
+    for tracker in totals:
+        tracker.forget(labels)
+
+
+def forget_package(package: str) -> None:
+    """Drop the operator's series of a deleted GpuPackage."""
+    for phase in Phase:
+        SLICES.remove(package, phase.value)
+    PACKAGE_CAPACITY_SLICES.remove(package)
+    PACKAGE_FREE_SLICES.remove(package)
+    SLICE_PENDING.remove(package)

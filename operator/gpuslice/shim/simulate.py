@@ -1,0 +1,180 @@
+"""Describe simulated GPUs for the NVIDIA driver test double and load it into this process.
+
+The double (shim/build/fake/libcuda.so.1 + libnvidia-ml.so.1) reads its GPUs from the file named by
+FAKE_GPU_CONFIG_ENV. It is the project's only fake: the shim, pynvml and the node agent run their
+real code paths against it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuslice import constants as c
+
+FAKE_GPU_CONFIG_ENV = "GPUSLICE_FAKE_GPU_CONFIG"
+DEFAULT_DRIVER_VERSION = "535.183.01"
+DEFAULT_CUDA_DRIVER_VERSION = 12020  # what a 535 driver reports: CUDA 12.2
+
+
+class FakeGpu(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    name: str
+    uuid: str
+    memory_bytes: int
+    compute_capability: str
+    multiprocessors: int
+    pci_bus_id: str
+    pci_device_id: str
+    minor: int
+    serial: str
+
+
+class _Model(BaseModel):
+    memory_bytes: int
+    compute_capability: str
+    multiprocessors: int
+    pci_device_id: str
+
+
+#: Models the double can impersonate, with what their drivers report.
+KNOWN_MODELS: dict[str, _Model] = {
+    "Tesla V100-PCIE-32GB": _Model(memory_bytes=32 * c.GIB, compute_capability="7.0", multiprocessors=80,
+                                   pci_device_id="1DB610DE"),
+    "Tesla V100-PCIE-16GB": _Model(memory_bytes=16 * c.GIB, compute_capability="7.0", multiprocessors=80,
+                                   pci_device_id="1DB410DE"),
+    "Tesla V100-SXM2-16GB": _Model(memory_bytes=16 * c.GIB, compute_capability="7.0", multiprocessors=80,
+                                   pci_device_id="1DB110DE"),
+    "Tesla V100-SXM2-32GB": _Model(memory_bytes=32 * c.GIB, compute_capability="7.0", multiprocessors=80,
+                                   pci_device_id="1DB510DE"),
+    "Tesla T4": _Model(memory_bytes=15360 * c.MIB, compute_capability="7.5", multiprocessors=40,
+                       pci_device_id="1EB810DE"),
+    "NVIDIA A100-SXM4-40GB": _Model(memory_bytes=40 * c.GIB, compute_capability="8.0", multiprocessors=108,
+                                    pci_device_id="20B010DE"),
+    "NVIDIA A100-PCIE-40GB": _Model(memory_bytes=40 * c.GIB, compute_capability="8.0", multiprocessors=108,
+                                    pci_device_id="20F110DE"),
+    "NVIDIA A100-SXM4-80GB": _Model(memory_bytes=80 * c.GIB, compute_capability="8.0", multiprocessors=108,
+                                    pci_device_id="20B210DE"),
+    "NVIDIA H100 80GB HBM3": _Model(memory_bytes=81559 * c.MIB, compute_capability="9.0", multiprocessors=132,
+                                    pci_device_id="233010DE"),
+}  # fmt: skip
+
+_PART = re.compile(r"^\s*(?:(\d+)\s*[xX]\s+)?(.+?)\s*$")
+
+
+class GpuSpecError(ValueError):
+    pass
+
+
+def _uuid(seed: str, index: int, model: str) -> str:
+    h = hashlib.sha256(f"gpuslice-fake-gpu\0{seed}\0{index}\0{model}".encode()).hexdigest()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def parse_gpu_spec(spec: str, seed: str = "gpuslice") -> list[FakeGpu]:
+    """GPUs from a spec like "2x Tesla V100-PCIE-32GB" or "1x Tesla T4, 1x NVIDIA A100-SXM4-40GB".
+
+    `seed` (e.g. the node name) makes UUIDs deterministic, and different between nodes.
+    """
+    gpus: list[FakeGpu] = []
+    by_lower = {name.lower(): name for name in KNOWN_MODELS}
+    for part in spec.split(","):
+        match = _PART.match(part)
+        if not match or not match.group(2):
+            raise GpuSpecError(f"GPU spec part {part!r} is not like '2x Tesla V100-PCIE-32GB'")
+        count = int(match.group(1) or 1)
+        name = by_lower.get(match.group(2).lower())
+        if name is None:
+            raise GpuSpecError(
+                f"unknown GPU model {match.group(2)!r}; known models: {', '.join(KNOWN_MODELS)}"
+            )
+        if count < 1:
+            raise GpuSpecError(f"GPU count must be at least 1 in {part!r}")
+        model = KNOWN_MODELS[name]
+        for _ in range(count):
+            i = len(gpus)
+            gpus.append(
+                FakeGpu(
+                    index=i,
+                    name=name,
+                    uuid=_uuid(seed, i, name),
+                    memory_bytes=model.memory_bytes,
+                    compute_capability=model.compute_capability,
+                    multiprocessors=model.multiprocessors,
+                    pci_bus_id=f"00000000:{4 + i:02X}:00.0",
+                    pci_device_id=model.pci_device_id,
+                    minor=i,
+                    serial=f"{int(_uuid(seed, i, 'serial')[4:12], 16):013d}",
+                )
+            )
+    if not gpus:
+        raise GpuSpecError("GPU spec is empty; give e.g. '1x Tesla V100-PCIE-32GB'")
+    if len(gpus) > 16:
+        raise GpuSpecError(f"the driver test double simulates at most 16 GPUs, spec asks for {len(gpus)}")
+    return gpus
+
+
+def render_fake_config(
+    gpus: list[FakeGpu],
+    driver_version: str = DEFAULT_DRIVER_VERSION,
+    cuda_driver_version: int = DEFAULT_CUDA_DRIVER_VERSION,
+) -> str:
+    lines = ["version=1", f"driver_version={driver_version}", f"cuda_driver_version={cuda_driver_version}"]
+    for g in gpus:
+        p = f"gpu.{g.index}."
+        lines += [
+            f"{p}name={g.name}",
+            f"{p}uuid={g.uuid}",
+            f"{p}memory_bytes={g.memory_bytes}",
+            f"{p}compute_capability={g.compute_capability}",
+            f"{p}multiprocessors={g.multiprocessors}",
+            f"{p}pci_bus_id={g.pci_bus_id}",
+            f"{p}pci_device_id={g.pci_device_id}",
+            f"{p}minor={g.minor}",
+            f"{p}serial={g.serial}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_fake_config(
+    gpus: list[FakeGpu],
+    path: Path | str,
+    driver_version: str = DEFAULT_DRIVER_VERSION,
+    cuda_driver_version: int = DEFAULT_CUDA_DRIVER_VERSION,
+) -> Path:
+    """Write the double's GPU description. Its cross-process state lives in `<path>.state/`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(render_fake_config(gpus, driver_version, cuda_driver_version))
+    os.replace(tmp, path)
+    return path
+
+
+def fake_driver_env(config_path: Path | str, fake_dir: Path) -> dict[str, str]:
+    """Environment for a child process that should load the double instead of a real driver."""
+    old = os.environ.get("LD_LIBRARY_PATH")
+    return {
+        FAKE_GPU_CONFIG_ENV: str(config_path),
+        "LD_LIBRARY_PATH": f"{fake_dir}:{old}" if old else str(fake_dir),
+    }
+
+
+def use_fake_driver(config_path: Path | str) -> ctypes.CDLL:
+    """Make this process's later `pynvml.nvmlInit()` bind to the double.
+
+    Call before the process first loads libnvidia-ml.so.1: glibc then resolves pynvml's
+    CDLL("libnvidia-ml.so.1") to the already-loaded double by its SONAME.
+    """
+    from gpuslice.shim.build import ensure_built
+
+    built = ensure_built()
+    os.environ[FAKE_GPU_CONFIG_ENV] = str(config_path)
+    return ctypes.CDLL(str(built.fake_nvml), mode=ctypes.RTLD_GLOBAL)

@@ -1,0 +1,330 @@
+#define _GNU_SOURCE
+#include "fake_common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static fake_system sys_state;
+static pthread_once_t sys_once = PTHREAD_ONCE_INIT;
+
+uint64_t fake_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t fake_start_time(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    p++;
+    for (int field = 3; field < 22 && p; field++) p = strchr(p + 1, ' ');
+    unsigned long long v = 0;
+    if (!p || sscanf(p + 1, "%llu", &v) != 1) return 0;
+    return v;
+}
+
+int fake_proc_alive(const fake_proc *p)
+{
+    if (p->pid <= 0) return 0;
+    if (kill(p->pid, 0) != 0 && errno == ESRCH) return 0;
+    return fake_start_time(p->pid) == p->start_time;
+}
+
+static int hexv(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int parse_uuid(const char *s, unsigned char out[16])
+{
+    if (strncmp(s, "GPU-", 4) != 0 || strlen(s) != 40) return -1;
+    int n = 0;
+    for (const char *p = s + 4; *p && n < 16;) {
+        if (*p == '-') {
+            p++;
+            continue;
+        }
+        int hi = hexv(p[0]), lo = hexv(p[1]);
+        if (hi < 0 || lo < 0) return -1;
+        out[n++] = (unsigned char)(hi << 4 | lo);
+        p += 2;
+    }
+    return n == 16 ? 0 : -1;
+}
+
+static int set_gpu_key(fake_gpu *g, const char *key, const char *val)
+{
+    char *end;
+    if (strcmp(key, "name") == 0) {
+        snprintf(g->name, sizeof(g->name), "%s", val);
+    } else if (strcmp(key, "uuid") == 0) {
+        if (parse_uuid(val, g->uuid_bytes) != 0) return -1;
+        snprintf(g->uuid, sizeof(g->uuid), "%s", val);
+    } else if (strcmp(key, "memory_bytes") == 0) {
+        g->memory_bytes = strtoull(val, &end, 10);
+        if (*end || g->memory_bytes == 0) return -1;
+    } else if (strcmp(key, "compute_capability") == 0) {
+        if (sscanf(val, "%d.%d", &g->cc_major, &g->cc_minor) != 2) return -1;
+    } else if (strcmp(key, "multiprocessors") == 0) {
+        g->multiprocessors = (int)strtol(val, &end, 10);
+        if (*end) return -1;
+    } else if (strcmp(key, "pci_bus_id") == 0) {
+        if (sscanf(val, "%x:%x:%x.0", &g->pci_domain, &g->pci_bus, &g->pci_device) != 3) return -1;
+    } else if (strcmp(key, "pci_device_id") == 0) {
+        g->pci_device_id = (unsigned)strtoul(val, &end, 16);
+        if (*end) return -1;
+    } else if (strcmp(key, "minor") == 0) {
+        g->minor = (unsigned)strtoul(val, &end, 10);
+        if (*end) return -1;
+    } else if (strcmp(key, "serial") == 0) {
+        snprintf(g->serial, sizeof(g->serial), "%s", val);
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_config(fake_system *s, FILE *f)
+{
+    char line[512];
+    int lineno = 0;
+    while (fgets(line, sizeof(line), f)) {
+        lineno++;
+        size_t n = strlen(line);
+        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        if (n == 0 || line[0] == '#') continue;
+        char *eq = strchr(line, '=');
+        if (!eq) goto bad;
+        *eq = '\0';
+        const char *key = line, *val = eq + 1;
+        if (strcmp(key, "version") == 0) {
+            if (strcmp(val, "1") != 0) goto bad;
+        } else if (strcmp(key, "driver_version") == 0) {
+            snprintf(s->driver_version, sizeof(s->driver_version), "%s", val);
+        } else if (strcmp(key, "cuda_driver_version") == 0) {
+            s->cuda_driver_version = atoi(val);
+        } else if (strncmp(key, "gpu.", 4) == 0) {
+            char *dot;
+            long idx = strtol(key + 4, &dot, 10);
+            if (*dot != '.' || idx < 0 || idx >= FAKE_MAX_GPUS) goto bad;
+            if (idx >= s->count) s->count = (int)idx + 1;
+            if (set_gpu_key(&s->gpus[idx], dot + 1, val) != 0) goto bad;
+        } else {
+            goto bad;
+        }
+    }
+    for (int i = 0; i < s->count; i++) {
+        if (s->gpus[i].name[0] == '\0' || s->gpus[i].uuid[0] == '\0' || s->gpus[i].memory_bytes == 0) {
+            fprintf(stderr, "fake NVIDIA driver: %s: gpu.%d needs name, uuid and memory_bytes\n", s->config_path, i);
+            return -1;
+        }
+    }
+    if (s->count == 0 || s->driver_version[0] == '\0' || s->cuda_driver_version == 0) {
+        fprintf(stderr, "fake NVIDIA driver: %s: needs driver_version, cuda_driver_version and gpu.0.*\n",
+                s->config_path);
+        return -1;
+    }
+    return 0;
+bad:
+    fprintf(stderr, "fake NVIDIA driver: %s line %d: unknown or malformed entry\n", s->config_path, lineno);
+    return -1;
+}
+
+static int init_mutex(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    int rc = pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+    return rc;
+}
+
+static fake_dev_state *map_state(const char *dir, int idx)
+{
+    char path[4400];
+    snprintf(path, sizeof(path), "%s/gpu%d.bin", dir, idx);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return NULL;
+    flock(fd, LOCK_EX);
+    struct stat st;
+    fstat(fd, &st);
+    if (st.st_size < (off_t)sizeof(fake_dev_state) && ftruncate(fd, sizeof(fake_dev_state)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    fake_dev_state *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (s == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    /* A state file from a build with another layout starts over (it only holds test state). */
+    if (memcmp(s->magic, "FAKEGPU1", 8) != 0 || s->version != 1 || s->pad != (uint32_t)sizeof(*s)) {
+        memset(s, 0, sizeof(*s));
+        init_mutex(&s->lock);
+        s->version = 1;
+        s->pad = (uint32_t)sizeof(*s);
+        memcpy(s->magic, "FAKEGPU1", 8);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    return s;
+}
+
+static void load_once(void)
+{
+    fake_system *s = &sys_state;
+    const char *path = getenv(FAKE_ENV);
+    if (path == NULL || *path == '\0') {
+        fprintf(stderr, "fake NVIDIA driver: %s is not set; no GPUs\n", FAKE_ENV);
+        return;
+    }
+    snprintf(s->config_path, sizeof(s->config_path), "%s", path);
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        fprintf(stderr, "fake NVIDIA driver: cannot open %s: %s\n", path, strerror(errno));
+        return;
+    }
+    int rc = parse_config(s, f);
+    fclose(f);
+    if (rc != 0) return;
+    char dir[4200];
+    snprintf(dir, sizeof(dir), "%s.state", path);
+    mkdir(dir, 0777);
+    for (int i = 0; i < s->count; i++) {
+        s->state[i] = map_state(dir, i);
+        if (!s->state[i]) {
+            fprintf(stderr, "fake NVIDIA driver: cannot map state in %s: %s\n", dir, strerror(errno));
+            return;
+        }
+    }
+    s->loaded = 1;
+}
+
+fake_system *fake_system_get(void)
+{
+    pthread_once(&sys_once, load_once);
+    return sys_state.loaded ? &sys_state : NULL;
+}
+
+void fake_lock(fake_dev_state *s)
+{
+    if (pthread_mutex_lock(&s->lock) == EOWNERDEAD) pthread_mutex_consistent(&s->lock);
+}
+
+void fake_unlock(fake_dev_state *s)
+{
+    pthread_mutex_unlock(&s->lock);
+}
+
+static __thread fake_proc *self_slots[FAKE_MAX_GPUS];
+static __thread int self_pid;
+
+fake_proc *fake_self_slot(fake_dev_state *s)
+{
+    int idx = -1;
+    for (int i = 0; i < FAKE_MAX_GPUS; i++)
+        if (sys_state.state[i] == s) idx = i;
+    int pid = (int)getpid();
+    if (self_pid != pid) {
+        memset(self_slots, 0, sizeof(self_slots));
+        self_pid = pid;
+    }
+    if (idx >= 0 && self_slots[idx]) return self_slots[idx];
+    uint64_t st = fake_start_time(pid);
+    fake_proc *found = NULL;
+    fake_lock(s);
+    for (int i = 0; i < FAKE_MAX_PROCS && !found; i++)
+        if (s->procs[i].pid == pid && s->procs[i].start_time == st) found = &s->procs[i];
+    for (int i = 0; i < FAKE_MAX_PROCS && !found; i++) {
+        fake_proc *p = &s->procs[i];
+        if (p->pid == 0 || !fake_proc_alive(p)) {
+            atomic_fetch_sub(&s->used_total, atomic_exchange(&p->used, 0));
+            p->pid = pid;
+            p->start_time = st;
+            atomic_store(&p->used, 0);
+            found = p;
+        }
+    }
+    fake_unlock(s);
+    if (idx >= 0) self_slots[idx] = found;
+    return found;
+}
+
+uint64_t fake_used_locked(fake_dev_state *s)
+{
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        fake_proc *p = &s->procs[i];
+        if (p->pid == 0 || fake_proc_alive(p)) continue;
+        /* the driver frees a dead process's memory */
+        atomic_fetch_sub(&s->used_total, atomic_exchange(&p->used, 0));
+        p->pid = 0;
+    }
+    return atomic_load(&s->used_total);
+}
+
+uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns)
+{
+    if (duration_ns == 0) return fake_now_ns(); /* an empty kernel keeps nothing busy */
+    int32_t pid = (int32_t)getpid();
+    fake_lock(s);
+    uint64_t now = fake_now_ns();
+    uint64_t start = atomic_load(&s->busy_until_ns);
+    if (start < now) start = now;
+    uint64_t end = start + duration_ns;
+    atomic_store(&s->busy_until_ns, end);
+    uint64_t head = atomic_load(&s->ring_head);
+    fake_busy *last = head ? &s->ring[(head - 1) % FAKE_RING] : NULL;
+    if (last && last->pid == pid && last->end_ns == start) {
+        last->end_ns = end; /* back-to-back kernels of one process form one busy interval */
+    } else {
+        fake_busy *b = &s->ring[head % FAKE_RING];
+        b->pid = pid;
+        b->start_ns = start;
+        b->end_ns = end;
+        atomic_store(&s->ring_head, head + 1);
+    }
+    fake_unlock(s);
+    return end;
+}
+
+uint64_t fake_busy_between(fake_dev_state *s, int32_t pid, uint64_t from_ns, uint64_t to_ns)
+{
+    uint64_t busy = 0;
+    fake_lock(s);
+    uint64_t head = atomic_load(&s->ring_head);
+    uint64_t n = head < FAKE_RING ? head : FAKE_RING;
+    for (uint64_t k = 0; k < n; k++) {
+        fake_busy *b = &s->ring[(head - 1 - k) % FAKE_RING];
+        if (b->end_ns <= from_ns) break; /* intervals are serialized: all older ones end earlier */
+        if (pid && b->pid != pid) continue;
+        uint64_t a = b->start_ns > from_ns ? b->start_ns : from_ns;
+        uint64_t e = b->end_ns < to_ns ? b->end_ns : to_ns;
+        if (e > a) busy += e - a;
+    }
+    fake_unlock(s);
+    return busy;
+}

@@ -1,0 +1,90 @@
+/*
+ * The GPU-less NVIDIA driver test double: state shared by libcuda.so.1 and libnvidia-ml.so.1.
+ *
+ * GPUs are described by the file named in GPUSLICE_FAKE_GPU_CONFIG (a test fixture, so the
+ * environment is fine here). Cross-process state (per-process memory, the busy timeline that
+ * utilization is computed from) lives in "<config>.state/gpu<N>.bin" next to the config.
+ */
+#ifndef FAKE_COMMON_H
+#define FAKE_COMMON_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define FAKE_ENV "GPUSLICE_FAKE_GPU_CONFIG"
+#define FAKE_MAX_GPUS 16
+#define FAKE_MAX_PROCS 256
+#define FAKE_RING 8192
+#define FAKE_EXPORT __attribute__((visibility("default")))
+
+typedef struct {
+    char name[96];
+    char uuid[48];
+    unsigned char uuid_bytes[16];
+    uint64_t memory_bytes;
+    int cc_major, cc_minor;
+    int multiprocessors;
+    unsigned pci_domain, pci_bus, pci_device;
+    unsigned pci_device_id;
+    unsigned minor;
+    char serial[32];
+} fake_gpu;
+
+typedef struct {
+    int32_t pid;
+    uint32_t pad;
+    uint64_t start_time;
+    _Atomic uint64_t used;
+} fake_proc;
+
+typedef struct {
+    int32_t pid;
+    uint32_t pad;
+    uint64_t start_ns, end_ns; /* CLOCK_MONOTONIC */
+} fake_busy;
+
+/* One per GPU, shared by every process using the double. */
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    uint32_t pad;
+    pthread_mutex_t lock; /* robust, process-shared */
+    _Atomic uint64_t busy_until_ns;
+    _Atomic uint64_t ring_head;
+    _Atomic uint64_t used_total; /* sum of live processes' used, maintained on alloc/free/reclaim */
+    fake_proc procs[FAKE_MAX_PROCS];
+    fake_busy ring[FAKE_RING];
+} fake_dev_state;
+
+typedef struct {
+    int loaded;
+    int count;
+    fake_gpu gpus[FAKE_MAX_GPUS];
+    char driver_version[32];
+    int cuda_driver_version;
+    char config_path[4096];
+    fake_dev_state *state[FAKE_MAX_GPUS];
+} fake_system;
+
+/* Loads the config and maps the state (once per process). NULL with a message on stderr if unusable. */
+fake_system *fake_system_get(void);
+
+uint64_t fake_now_ns(void);
+void fake_lock(fake_dev_state *s);
+void fake_unlock(fake_dev_state *s);
+
+/* This process's slot on a device (created on first use); dead processes' slots are reclaimed. */
+fake_proc *fake_self_slot(fake_dev_state *s);
+/* Bytes used on the device by live processes (caller holds the lock). */
+uint64_t fake_used_locked(fake_dev_state *s);
+int fake_proc_alive(const fake_proc *p);
+
+/* Records [start, end) as busy for this process and returns the end (launch queue semantics). */
+uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns);
+/* Busy nanoseconds of `pid` (0: all processes) within [from_ns, to_ns). */
+uint64_t fake_busy_between(fake_dev_state *s, int32_t pid, uint64_t from_ns, uint64_t to_ns);
+
+uint64_t fake_start_time(int pid);
+
+#endif

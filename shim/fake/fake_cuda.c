@@ -1,0 +1,1368 @@
+/*
+ * Fake libcuda.so.1: the subset of the CUDA driver API the shim, the tests and the benchmark use,
+ * over host memory. Device memory is anonymous host memory mapped per allocation (MAP_NORESERVE: pages
+ * exist only once touched); exporting it for IPC moves it onto a memfd at the same address, so another
+ * process can open the handle like on a real GPU. Kernels are
+ * not executed: a module's "PTX" may say `// gpuslice-fake: duration_us=N`, and each launch of its
+ * functions occupies the device for N microseconds on a timeline shared by all processes (that is
+ * what NVML utilization reports). Error codes are the driver's.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_common.h"
+
+#define PAGE_ALIGN 4096ull
+#define QUEUE_AHEAD_NS 20000000ull /* a launch blocks when the device is booked this far ahead */
+
+static _Atomic int initialized;
+
+enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3 };
+
+typedef struct alloc {
+    uint64_t ptr, size;
+    int dev, kind;
+    int shared_fd; /* memfd backing the range once exported for IPC, else -1 */
+    struct alloc *next;
+} alloc;
+
+#define NBUCKETS 4096
+static alloc *buckets[NBUCKETS];
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct CUctx_st {
+    int magic;
+    CUdevice dev;
+    int primary;
+    int refcount;
+};
+#define CTX_MAGIC 0x43545831
+static struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
+static __thread CUcontext current_ctx;
+
+struct CUstream_st {
+    CUcontext ctx;
+};
+struct CUmod_st {
+    uint64_t duration_ns;
+};
+struct CUfunc_st {
+    int magic;
+    uint64_t duration_ns;
+    CUdevice dev;
+};
+#define FUNC_MAGIC 0x46554e43
+struct CUmemPoolHandle_st {
+    CUmemLocationType type;
+    int id;
+};
+struct CUarray_st {
+    uint64_t size;
+    int dev;
+};
+struct CUmipmappedArray_st {
+    uint64_t size;
+    int dev;
+};
+struct CUgraph_st {
+    uint64_t duration_ns;
+};
+struct CUgraphExec_st {
+    uint64_t duration_ns;
+    CUdevice dev;
+};
+struct CUgraphNode_st {
+    int unused;
+};
+struct CUevent_st {
+    uint64_t t_ns; /* where the device timeline reaches the event; 0 until recorded */
+    CUdevice dev;
+};
+typedef struct {
+    uint64_t size;
+    int dev;
+} vmm_alloc;
+
+#define CHECK_INIT()                                                                                     \
+    do {                                                                                                 \
+        if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;                               \
+    } while (0)
+
+static fake_system *sys(void)
+{
+    return fake_system_get();
+}
+
+static int valid_dev(CUdevice d)
+{
+    return d >= 0 && d < sys()->count;
+}
+
+/* ---------------------------------------------------------------- memory accounting of the card */
+
+/* Lock-free unless the card looks full; then dead processes' memory is reclaimed and it is retried. */
+static CUresult charge(int dev, uint64_t size)
+{
+    fake_dev_state *s = sys()->state[dev];
+    fake_proc *me = fake_self_slot(s);
+    if (!me) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t cap = sys()->gpus[dev].memory_bytes;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint64_t used = atomic_load(&s->used_total);
+        while (used + size <= cap) {
+            if (atomic_compare_exchange_weak(&s->used_total, &used, used + size)) {
+                atomic_fetch_add(&me->used, size);
+                return CUDA_SUCCESS;
+            }
+        }
+        fake_lock(s);
+        (void)fake_used_locked(s);
+        fake_unlock(s);
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static void uncharge(int dev, uint64_t size)
+{
+    fake_dev_state *s = sys()->state[dev];
+    fake_proc *me = fake_self_slot(s);
+    if (me) atomic_fetch_sub(&me->used, size);
+    atomic_fetch_sub(&s->used_total, size);
+}
+
+static void track(uint64_t ptr, uint64_t size, int dev, int kind)
+{
+    alloc *a = malloc(sizeof(*a));
+    if (!a) abort();
+    *a = (alloc){ptr, size, dev, kind, -1, NULL};
+    pthread_mutex_lock(&alloc_lock);
+    unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
+    a->next = buckets[b];
+    buckets[b] = a;
+    pthread_mutex_unlock(&alloc_lock);
+}
+
+static alloc *untrack(uint64_t ptr)
+{
+    pthread_mutex_lock(&alloc_lock);
+    unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
+    for (alloc **pp = &buckets[b]; *pp; pp = &(*pp)->next) {
+        if ((*pp)->ptr == ptr) {
+            alloc *a = *pp;
+            *pp = a->next;
+            pthread_mutex_unlock(&alloc_lock);
+            return a;
+        }
+    }
+    pthread_mutex_unlock(&alloc_lock);
+    return NULL;
+}
+
+static int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
+{
+    int found = 0;
+    pthread_mutex_lock(&alloc_lock);
+    for (unsigned b = 0; b < NBUCKETS && !found; b++)
+        for (alloc *a = buckets[b]; a; a = a->next)
+            if (ptr >= a->ptr && ptr < a->ptr + a->size) {
+                *base = a->ptr;
+                *size = a->size;
+                found = 1;
+                break;
+            }
+    pthread_mutex_unlock(&alloc_lock);
+    return found;
+}
+
+static CUresult current_dev(CUdevice *dev)
+{
+    if (current_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = current_ctx->dev;
+    return CUDA_SUCCESS;
+}
+
+static uint64_t rounded(uint64_t size)
+{
+    return (size + PAGE_ALIGN - 1) & ~(PAGE_ALIGN - 1);
+}
+
+static CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
+{
+    CUresult rc = charge(dev, size);
+    if (rc != CUDA_SUCCESS) return rc;
+    void *p = mmap(NULL, rounded(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        uncharge(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = (uint64_t)(uintptr_t)p;
+    track(*out, size, dev, K_LINEAR);
+    return CUDA_SUCCESS;
+}
+
+static void device_free(alloc *a)
+{
+    munmap((void *)(uintptr_t)a->ptr, rounded(a->size));
+    if (a->shared_fd >= 0) close(a->shared_fd);
+    if (a->kind == K_LINEAR) uncharge(a->dev, a->size);
+    free(a);
+}
+
+/* ---------------------------------------------------------------- init, version, devices */
+
+FAKE_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    fake_system *s = sys();
+    if (s == NULL) return CUDA_ERROR_NO_DEVICE;
+    for (int i = 0; i < s->count; i++) primary_ctx[i] = (struct CUctx_st){CTX_MAGIC, i, 1, 0};
+    atomic_store(&initialized, 1);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    fake_system *s = sys();
+    *v = s ? s->cuda_driver_version : 12020;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    CHECK_INIT();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = sys()->count;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    CHECK_INIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "%s", sys()->gpus[dev].name);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, sys()->gpus[dev].uuid_bytes, 16);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return cuDeviceGetUuid_v2(uuid, dev);
+}
+
+FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = sys()->gpus[dev].memory_bytes;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t b = 0;
+    CUresult rc = cuDeviceTotalMem_v2(&b, dev);
+    if (rc == CUDA_SUCCESS) *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    const fake_gpu *g = &sys()->gpus[dev];
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = g->cc_major; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = g->cc_minor; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = g->multiprocessors; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = (int)g->pci_bus; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = (int)g->pci_device; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = (int)g->pci_domain; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *pi = 1; break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    const fake_gpu *g = &sys()->gpus[dev];
+    snprintf(pciBusId, (size_t)len, "%04x:%02x:%02x.0", g->pci_domain, g->pci_bus, g->pci_device);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- contexts */
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    __atomic_add_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST);
+    *pctx = &primary_ctx[dev];
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CHECK_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (__atomic_load_n(&primary_ctx[dev].refcount, __ATOMIC_SEQ_CST) <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+    __atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    struct CUctx_st *c = calloc(1, sizeof(*c));
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1};
+    current_ctx = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+FAKE_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+FAKE_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags, CUdevice dev)
+{
+    (void)p;
+    (void)n;
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+FAKE_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev)
+{
+    (void)p;
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CHECK_INIT();
+    if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    if (current_ctx == ctx) current_ctx = NULL;
+    ctx->magic = 0;
+    free(ctx);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    CHECK_INIT();
+    if (ctx && ctx->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    current_ctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current_ctx;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    return cuCtxSetCurrent(ctx);
+}
+
+FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CHECK_INIT();
+    if (pctx) *pctx = current_ctx;
+    current_ctx = NULL;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    CHECK_INIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    return current_dev(dev);
+}
+
+static void wait_device_idle(CUdevice dev)
+{
+    uint64_t until = atomic_load(&sys()->state[dev]->busy_until_ns);
+    uint64_t now = fake_now_ns();
+    if (until > now) {
+        struct timespec ts = {.tv_sec = (time_t)((until - now) / 1000000000ull),
+                              .tv_nsec = (long)((until - now) % 1000000000ull)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+}
+
+FAKE_EXPORT CUresult cuCtxSynchronize(void)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult rc = current_dev(&dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    wait_device_idle(dev);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult rc = current_dev(&dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!free_b || !total_b) return CUDA_ERROR_INVALID_VALUE;
+    fake_dev_state *s = sys()->state[dev];
+    fake_lock(s);
+    uint64_t used = fake_used_locked(s);
+    fake_unlock(s);
+    uint64_t total = sys()->gpus[dev].memory_bytes;
+    *total_b = total;
+    *free_b = used < total ? total - used : 0;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b)
+{
+    size_t f = 0, t = 0;
+    CUresult rc = cuMemGetInfo_v2(&f, &t);
+    if (rc == CUDA_SUCCESS) {
+        *free_b = f > 0xffffffffu ? 0xffffffffu : (unsigned int)f;
+        *total_b = t > 0xffffffffu ? 0xffffffffu : (unsigned int)t;
+    }
+    return rc;
+}
+
+static CUresult alloc_current(CUdeviceptr *dptr, size_t size)
+{
+    CHECK_INIT();
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUdevice dev;
+    CUresult rc = current_dev(&dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t p;
+    rc = device_alloc(&p, size, dev);
+    if (rc == CUDA_SUCCESS) *dptr = (CUdeviceptr)p;
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return alloc_current(dptr, bytesize);
+}
+
+FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    /* 32-bit device pointers cannot address the heap above 4 GiB: legacy callers get an error. */
+    (void)dptr;
+    (void)bytesize;
+    CHECK_INIT();
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+    return alloc_current(dptr, bytesize);
+}
+
+FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
+                                        unsigned int elem)
+{
+    CHECK_INIT();
+    if (!pPitch || width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (width + 511) & ~(size_t)511;
+    CUresult rc = alloc_current(dptr, pitch * height);
+    if (rc == CUDA_SUCCESS) *pPitch = pitch;
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int w, unsigned int h,
+                                     unsigned int e)
+{
+    (void)dptr;
+    (void)pPitch;
+    (void)w;
+    (void)h;
+    (void)e;
+    CHECK_INIT();
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static CUresult free_ptr(CUdeviceptr dptr, int want_kind_linear)
+{
+    CHECK_INIT();
+    if (dptr == 0) return CUDA_SUCCESS;
+    alloc *a = untrack(dptr);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    if (want_kind_linear && a->kind == K_IPC) {
+        track(a->ptr, a->size, a->dev, a->kind);
+        free(a);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    device_free(a);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return free_ptr(dptr, 1);
+}
+
+FAKE_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    return free_ptr(dptr, 1);
+}
+
+FAKE_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    uint64_t base, size;
+    if (!find_range(dptr, &base, &size)) return CUDA_ERROR_NOT_FOUND;
+    if (pbase) *pbase = base;
+    if (psize) *psize = size;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    CHECK_INIT();
+    uint64_t base, size;
+    if (!find_range(dst, &base, &size) || dst + n > base + size) return CUDA_ERROR_INVALID_VALUE;
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    CHECK_INIT();
+    uint64_t base, size;
+    if (!find_range(src, &base, &size) || src + n > base + size) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dst, (void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
+{
+    CHECK_INIT();
+    uint64_t base, size;
+    if (!find_range(dst, &base, &size) || dst + n > base + size) return CUDA_ERROR_INVALID_VALUE;
+    memset((void *)(uintptr_t)dst, v, n);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- streams, pools, async */
+
+FAKE_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!ph) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUstream_st *s = calloc(1, sizeof(*s));
+    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+    s->ctx = current_ctx;
+    *ph = s;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
+{
+    CHECK_INIT();
+    if (!h) return CUDA_ERROR_INVALID_HANDLE;
+    free(h);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    if (h) dev = h->ctx->dev;
+    else if (current_dev(&dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    wait_device_idle(dev);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_dev(CUstream s, CUdevice *dev)
+{
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) {
+        *dev = s->ctx->dev;
+        return CUDA_SUCCESS;
+    }
+    return current_dev(dev);
+}
+
+FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    CHECK_INIT();
+    if (!dptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUdevice dev;
+    CUresult rc = stream_dev(s, &dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t p;
+    rc = device_alloc(&p, size, dev);
+    if (rc == CUDA_SUCCESS) *dptr = (CUdeviceptr)p;
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s)
+{
+    return cuMemAllocAsync(dptr, size, s);
+}
+
+FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+    (void)s;
+    return free_ptr(dptr, 1);
+}
+
+FAKE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+    return cuMemFreeAsync(dptr, s);
+}
+
+FAKE_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    CHECK_INIT();
+    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !valid_dev(props->location.id))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE && props->location.type != CU_MEM_LOCATION_TYPE_HOST &&
+        props->location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof(*p));
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->type = props->location.type;
+    p->id = props->location.id;
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    CHECK_INIT();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    free(pool);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+{
+    (void)s;
+    CHECK_INIT();
+    if (!dptr || !pool || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (pool->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        uint64_t p;
+        CUresult rc = device_alloc(&p, size, pool->id);
+        if (rc == CUDA_SUCCESS) *dptr = (CUdeviceptr)p;
+        return rc;
+    }
+    void *p = mmap(NULL, rounded(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    track(*dptr, size, 0, K_HOST_POOL);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+{
+    return cuMemAllocFromPoolAsync(dptr, size, pool, s);
+}
+
+/* ---------------------------------------------------------------- VMM */
+
+FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                                   CUmemAllocationGranularity_flags option)
+{
+    (void)option;
+    CHECK_INIT();
+    if (!g || !prop) return CUDA_ERROR_INVALID_VALUE;
+    *g = 2u << 20;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                 unsigned long long flags)
+{
+    CHECK_INIT();
+    if (!handle || !prop || flags != 0 || size == 0 || size % (2u << 20) != 0) return CUDA_ERROR_INVALID_VALUE;
+    vmm_alloc *v = calloc(1, sizeof(*v));
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    v->size = size;
+    v->dev = -1;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (!valid_dev(prop->location.id)) {
+            free(v);
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        CUresult rc = charge(prop->location.id, size);
+        if (rc != CUDA_SUCCESS) {
+            free(v);
+            return rc;
+        }
+        v->dev = prop->location.id;
+    }
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CHECK_INIT();
+    vmm_alloc *v = (vmm_alloc *)(uintptr_t)handle;
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (v->dev >= 0) uncharge(v->dev, v->size);
+    free(v);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- arrays */
+
+static uint64_t fmt_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    default: return 4;
+    }
+}
+
+static uint64_t nz(size_t v)
+{
+    return v ? v : 1;
+}
+
+static CUresult array_new(uint64_t size, void **out, size_t objsize)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult rc = current_dev(&dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = charge(dev, size);
+    if (rc != CUDA_SUCCESS) return rc;
+    struct CUarray_st *a = calloc(1, objsize);
+    if (!a) {
+        uncharge(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->size = size;
+    a->dev = dev;
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    if (!ph || !d || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(nz(d->Width) * nz(d->Height) * fmt_bytes(d->Format) * d->NumChannels, (void **)ph,
+                     sizeof(struct CUarray_st));
+}
+
+static uint64_t a3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    uint64_t depth = nz(d->Depth);
+    if ((d->Flags & CUDA_ARRAY3D_CUBEMAP) && !(d->Flags & CUDA_ARRAY3D_LAYERED)) depth = 6;
+    return nz(d->Width) * nz(d->Height) * depth * fmt_bytes(d->Format) * nz(d->NumChannels);
+}
+
+FAKE_EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    if (!ph || !d || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(a3d_bytes(d), (void **)ph, sizeof(struct CUarray_st));
+}
+
+FAKE_EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY_DESCRIPTOR v2 = {d->Width, d->Height, d->Format, d->NumChannels};
+    return cuArrayCreate_v2(ph, &v2);
+}
+
+FAKE_EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR v2 = {d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
+    return cuArray3DCreate_v2(ph, &v2);
+}
+
+FAKE_EXPORT CUresult cuArrayDestroy(CUarray h)
+{
+    CHECK_INIT();
+    if (!h) return CUDA_ERROR_INVALID_HANDLE;
+    uncharge(h->dev, h->size);
+    free(h);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    if (!ph || !d || d->Width == 0 || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR l = *d;
+    uint64_t total = 0;
+    for (unsigned int i = 0; i < levels; i++) {
+        total += a3d_bytes(&l);
+        l.Width = l.Width > 1 ? l.Width / 2 : l.Width;
+        l.Height = l.Height > 1 ? l.Height / 2 : l.Height;
+        if (!(l.Flags & CUDA_ARRAY3D_LAYERED)) l.Depth = l.Depth > 1 ? l.Depth / 2 : l.Depth;
+    }
+    return array_new(total, (void **)ph, sizeof(struct CUmipmappedArray_st));
+}
+
+FAKE_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
+{
+    CHECK_INIT();
+    if (!h) return CUDA_ERROR_INVALID_HANDLE;
+    uncharge(h->dev, h->size);
+    free(h);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- IPC */
+
+typedef struct {
+    char magic[8];
+    int32_t pid;
+    int32_t fd;
+    uint64_t offset, size;
+    int32_t dev;
+} ipc_wire;
+
+/* Moves an allocation onto a memfd at the same address (copying the pages that exist), so that
+ * another process can map it. Caller holds alloc_lock. */
+static int share_locked(alloc *a)
+{
+    if (a->shared_fd >= 0) return 0;
+    uint64_t len = rounded(a->size);
+    int fd = memfd_create("fake-gpu-ipc", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        return -1;
+    }
+    void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (tmp == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    unsigned char vec[256];
+    for (uint64_t off = 0; off < len; off += sizeof(vec) * PAGE_ALIGN) {
+        uint64_t n = len - off < sizeof(vec) * PAGE_ALIGN ? len - off : sizeof(vec) * PAGE_ALIGN;
+        if (mincore((void *)(uintptr_t)(a->ptr + off), n, vec) != 0) continue;
+        for (uint64_t pg = 0; pg < n / PAGE_ALIGN; pg++)
+            if (vec[pg] & 1)
+                memcpy((char *)tmp + off + pg * PAGE_ALIGN, (void *)(uintptr_t)(a->ptr + off + pg * PAGE_ALIGN),
+                       PAGE_ALIGN);
+    }
+    munmap(tmp, len);
+    if (mmap((void *)(uintptr_t)a->ptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    a->shared_fd = fd;
+    return 0;
+}
+
+FAKE_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    ipc_wire w = {{'F', 'A', 'K', 'E', 'I', 'P', 'C', '1'}, (int32_t)getpid(), -1, 0, 0, 0};
+    pthread_mutex_lock(&alloc_lock);
+    unsigned b = (unsigned)((dptr >> 12) % NBUCKETS);
+    alloc *a = buckets[b];
+    while (a && a->ptr != dptr) a = a->next;
+    if (a && a->kind == K_LINEAR && share_locked(a) == 0) {
+        w.fd = a->shared_fd;
+        w.size = a->size;
+        w.dev = a->dev;
+    }
+    pthread_mutex_unlock(&alloc_lock);
+    if (w.fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    memset(handle, 0, sizeof(*handle));
+    memcpy(handle->reserved, &w, sizeof(w));
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+    CHECK_INIT();
+    if (!pdptr || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
+    ipc_wire w;
+    memcpy(&w, handle.reserved, sizeof(w));
+    if (memcmp(w.magic, "FAKEIPC1", 8) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (w.pid == (int32_t)getpid()) return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: not in the exporter */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", w.pid, w.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    void *p = mmap(NULL, rounded(w.size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)w.offset);
+    close(fd);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *pdptr = (CUdeviceptr)(uintptr_t)p;
+    track(*pdptr, w.size, w.dev, K_IPC);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+    return cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+}
+
+FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    CHECK_INIT();
+    alloc *a = untrack(dptr);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    if (a->kind != K_IPC) {
+        track(a->ptr, a->size, a->dev, a->kind);
+        free(a);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    device_free(a);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- modules and launches */
+
+FAKE_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CHECK_INIT();
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUmod_st *m = calloc(1, sizeof(*m));
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    m->duration_ns = 10000;
+    const char *tag = strstr((const char *)image, "gpuslice-fake: duration_us=");
+    if (tag) m->duration_ns = strtoull(tag + strlen("gpuslice-fake: duration_us="), NULL, 10) * 1000ull;
+    *module = m;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    CHECK_INIT();
+    if (!m) return CUDA_ERROR_INVALID_HANDLE;
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    CHECK_INIT();
+    if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *fn = calloc(1, sizeof(*fn));
+    if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
+    fn->magic = FUNC_MAGIC;
+    fn->duration_ns = m->duration_ns;
+    fn->dev = current_ctx ? current_ctx->dev : 0;
+    *f = fn;
+    return CUDA_SUCCESS;
+}
+
+static CUresult occupy(CUdevice dev, uint64_t duration_ns)
+{
+    uint64_t end = fake_record_busy(sys()->state[dev], duration_ns);
+    uint64_t now = fake_now_ns();
+    if (end > now + QUEUE_AHEAD_NS) { /* the launch queue is full: block like the driver */
+        uint64_t wait = end - now - QUEUE_AHEAD_NS;
+        struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
+{
+    CHECK_INIT();
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!f || f->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    return occupy(current_ctx->dev, f->duration_ns);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
+                                    void **extra)
+{
+    (void)shmem;
+    (void)s;
+    (void)params;
+    (void)extra;
+    return launch(f, gx, gy, gz, bx, by, bz);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                         CUstream s, void **params, void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    (void)params;
+    (void)extra;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                               CUstream s, void **params)
+{
+    (void)shmem;
+    (void)s;
+    (void)params;
+    return launch(f, gx, gy, gz, bx, by, bz);
+}
+
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                    unsigned int bx, unsigned int by, unsigned int bz,
+                                                    unsigned int shmem, CUstream s, void **params)
+{
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+FAKE_EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+    CHECK_INIT();
+    if (!g || flags) return CUDA_ERROR_INVALID_VALUE;
+    *g = calloc(1, sizeof(struct CUgraph_st));
+    return *g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static struct CUgraphNode_st graph_node;
+
+FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                             const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)ndeps;
+    CHECK_INIT();
+    if (!node || !g || !p || !p->func || p->func->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    g->duration_ns += p->func->duration_ns;
+    *node = &graph_node;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!e || !g) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUgraphExec_st *x = calloc(1, sizeof(*x));
+    if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+    x->duration_ns = g->duration_ns;
+    x->dev = current_ctx->dev;
+    *e = x;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+    (void)s;
+    CHECK_INIT();
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    return occupy(e->dev, e->duration_ns);
+}
+
+FAKE_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
+{
+    return cuGraphLaunch(e, s);
+}
+
+FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    CHECK_INIT();
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    CHECK_INIT();
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- events */
+
+FAKE_EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!ph) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    *ph = calloc(1, sizeof(struct CUevent_st));
+    return *ph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    CHECK_INIT();
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    CUdevice dev;
+    CUresult rc = stream_dev(s, &dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t now = fake_now_ns(), until = atomic_load(&sys()->state[dev]->busy_until_ns);
+    e->t_ns = until > now ? until : now;
+    e->dev = dev;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+    CHECK_INIT();
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = fake_now_ns();
+    if (e->t_ns > now) {
+        uint64_t wait = e->t_ns - now;
+        struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    CHECK_INIT();
+    if (!ms || !start || !end) return CUDA_ERROR_INVALID_HANDLE;
+    if (start->t_ns == 0 || end->t_ns == 0) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = fake_now_ns();
+    if (start->t_ns > now || end->t_ns > now) return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)((int64_t)end->t_ns - (int64_t)start->t_ns) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent e)
+{
+    CHECK_INIT();
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- errors */
+
+typedef struct {
+    CUresult code;
+    const char *name, *text;
+} err_entry;
+
+static const err_entry errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+};
+
+FAKE_EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+        if (errors[i].code == e) {
+            *s = errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+FAKE_EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+        if (errors[i].code == e) {
+            *s = errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---------------------------------------------------------------- cuGetProcAddress */
+
+typedef struct {
+    const char *base;
+    int since; /* first CUDA version (1000*major + 10*minor) this variant serves */
+    void *fn, *ptsz;
+} proc_entry;
+
+#define P(base, since, fn, ptsz) {base, since, (void *)(fn), (void *)(ptsz)}
+static const proc_entry procs[] = {
+    P("cuInit", 2000, cuInit, NULL),
+    P("cuDriverGetVersion", 2020, cuDriverGetVersion, NULL),
+    P("cuDeviceGet", 2000, cuDeviceGet, NULL),
+    P("cuDeviceGetCount", 2000, cuDeviceGetCount, NULL),
+    P("cuDeviceGetName", 2000, cuDeviceGetName, NULL),
+    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid, NULL),
+    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2, NULL),
+    P("cuDeviceTotalMem", 2000, cuDeviceTotalMem, NULL),
+    P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2, NULL),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute, NULL),
+    P("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId, NULL),
+    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain, NULL),
+    P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease, NULL),
+    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2, NULL),
+    P("cuCtxCreate", 2000, cuCtxCreate, NULL),
+    P("cuCtxCreate", 3020, cuCtxCreate_v2, NULL),
+    P("cuCtxCreate", 11040, cuCtxCreate_v3, NULL),
+    P("cuCtxCreate", 12050, cuCtxCreate_v4, NULL),
+    P("cuCtxDestroy", 4000, cuCtxDestroy_v2, NULL),
+    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent, NULL),
+    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent, NULL),
+    P("cuCtxGetDevice", 2000, cuCtxGetDevice, NULL),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize, NULL),
+    P("cuMemGetInfo", 2000, cuMemGetInfo, NULL),
+    P("cuMemGetInfo", 3020, cuMemGetInfo_v2, NULL),
+    P("cuMemAlloc", 2000, cuMemAlloc, NULL),
+    P("cuMemAlloc", 3020, cuMemAlloc_v2, NULL),
+    P("cuMemAllocPitch", 2000, cuMemAllocPitch, NULL),
+    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2, NULL),
+    P("cuMemAllocManaged", 6000, cuMemAllocManaged, NULL),
+    P("cuMemFree", 2000, cuMemFree, NULL),
+    P("cuMemFree", 3020, cuMemFree_v2, NULL),
+    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2, NULL),
+    P("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
+    P("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
+    P("cuMemPoolCreate", 11020, cuMemPoolCreate, NULL),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy, NULL),
+    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
+    P("cuMemCreate", 10020, cuMemCreate, NULL),
+    P("cuMemRelease", 10020, cuMemRelease, NULL),
+    P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity, NULL),
+    P("cuArrayCreate", 2000, cuArrayCreate, NULL),
+    P("cuArrayCreate", 3020, cuArrayCreate_v2, NULL),
+    P("cuArray3DCreate", 2000, cuArray3DCreate, NULL),
+    P("cuArray3DCreate", 3020, cuArray3DCreate_v2, NULL),
+    P("cuArrayDestroy", 2000, cuArrayDestroy, NULL),
+    P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate, NULL),
+    P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy, NULL),
+    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle, NULL),
+    P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle, NULL),
+    P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2, NULL),
+    P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle, NULL),
+    P("cuModuleLoadData", 2000, cuModuleLoadData, NULL),
+    P("cuModuleGetFunction", 2000, cuModuleGetFunction, NULL),
+    P("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz),
+    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz),
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz),
+    P("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
+    P("cuStreamCreate", 2000, cuStreamCreate, NULL),
+    P("cuEventCreate", 2000, cuEventCreate, NULL),
+    P("cuEventRecord", 2000, cuEventRecord, NULL),
+    P("cuEventSynchronize", 2000, cuEventSynchronize, NULL),
+    P("cuEventElapsedTime", 2000, cuEventElapsedTime, NULL),
+    P("cuEventDestroy", 4000, cuEventDestroy_v2, NULL),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize, NULL),
+    P("cuGetErrorName", 6000, cuGetErrorName, NULL),
+    P("cuGetErrorString", 6000, cuGetErrorString, NULL),
+    P("cuGetProcAddress", 11030, cuGetProcAddress, NULL),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2, NULL),
+};
+
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *status)
+{
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    const proc_entry *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+        if (strcmp(procs[i].base, symbol) != 0) continue;
+        known = 1;
+        if (procs[i].since <= cudaVersion && (!best || procs[i].since > best->since)) best = &procs[i];
+    }
+    *pfn = NULL;
+    if (!best) {
+        if (status) *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
+    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

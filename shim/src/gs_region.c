@@ -1,0 +1,314 @@
+#define _GNU_SOURCE
+#include "gs_region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static off_t entry_offset(unsigned idx)
+{
+    return (off_t)GS_REGION_HEADER_SIZE + (off_t)idx * GS_REGION_ENTRY_SIZE;
+}
+
+uint64_t gs_process_start_time(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    /* The command name may contain spaces and parentheses: field 3 starts after the last ") ". */
+    char *p = strrchr(buf, ')');
+    if (p == NULL) return 0;
+    p++;
+    for (int field = 3; field < 22 && p != NULL; field++) p = strchr(p + 1, ' ');
+    if (p == NULL) return 0;
+    unsigned long long v = 0;
+    if (sscanf(p + 1, "%llu", &v) != 1) return 0;
+    return (uint64_t)v;
+}
+
+static int init_mutex(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t attr;
+    if (pthread_mutexattr_init(&attr) != 0) return -1;
+    int rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    if (rc == 0) rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    if (rc == 0) rc = pthread_mutex_init(m, &attr);
+    pthread_mutexattr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
+}
+
+int gs_region_open(gs_region *r, const gs_config *cfg, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof(*r));
+    r->fd = -1;
+    atomic_store(&r->self, -1);
+    r->limit = cfg->memory_bytes;
+    if ((size_t)snprintf(r->path, sizeof(r->path), "%s/%s", cfg->usage_dir, GS_REGION_FILE) >= sizeof(r->path)) {
+        snprintf(err, errlen, "usage_dir is too long");
+        return -1;
+    }
+    int fd = open(r->path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open usage region %s: %s", r->path, strerror(errno));
+        return -1;
+    }
+    /* flock serializes initialization between processes starting together; the kernel drops it
+     * if the initializer dies, and it is never taken again after the region is set up. */
+    if (flock(fd, LOCK_EX) != 0) {
+        snprintf(err, errlen, "cannot lock usage region %s: %s", r->path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "cannot stat usage region %s: %s", r->path, strerror(errno));
+        goto fail;
+    }
+    int fresh = st.st_size == 0;
+    if (st.st_size != 0 && st.st_size < (off_t)GS_REGION_SIZE) {
+        snprintf(err, errlen, "usage region %s has size %lld, expected %u: not written by this shim",
+                 r->path, (long long)st.st_size, GS_REGION_SIZE);
+        goto fail;
+    }
+    if (fresh) {
+        (void)fchmod(fd, 0666); /* every uid of the slice's containers shares it */
+        if (ftruncate(fd, GS_REGION_SIZE) != 0) {
+            snprintf(err, errlen, "cannot size usage region %s: %s", r->path, strerror(errno));
+            goto fail;
+        }
+    }
+    void *base = mmap(NULL, GS_REGION_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map usage region %s: %s", r->path, strerror(errno));
+        goto fail;
+    }
+    r->base = base;
+    r->hdr = base;
+    r->entries = (gs_region_entry *)(r->base + GS_REGION_HEADER_SIZE);
+    gs_region_header *h = r->hdr;
+    if (fresh || memcmp(h->magic, "\0\0\0\0\0\0\0\0", 8) == 0) {
+        memset(r->base, 0, GS_REGION_SIZE);
+        h->version = GS_REGION_VERSION;
+        h->header_size = GS_REGION_HEADER_SIZE;
+        h->entry_size = GS_REGION_ENTRY_SIZE;
+        h->max_entries = GS_REGION_MAX_ENTRIES;
+        if (init_mutex(&h->lock) != 0) {
+            snprintf(err, errlen, "cannot initialize the usage region lock");
+            goto fail_unmap;
+        }
+        atomic_thread_fence(memory_order_release);
+        memcpy(h->magic, GS_REGION_MAGIC, 8);
+    } else if (memcmp(h->magic, GS_REGION_MAGIC, 8) != 0 || h->version != GS_REGION_VERSION ||
+               h->header_size != GS_REGION_HEADER_SIZE || h->entry_size != GS_REGION_ENTRY_SIZE ||
+               h->max_entries != GS_REGION_MAX_ENTRIES) {
+        snprintf(err, errlen, "usage region %s has an unknown format (magic/version %u); this shim speaks version %u",
+                 r->path, h->version, GS_REGION_VERSION);
+        goto fail_unmap;
+    }
+    /* The limit and share are informational copies for readers; the shim enforces its own config. */
+    h->memory_limit_bytes = cfg->memory_bytes;
+    h->compute_share = (uint32_t)cfg->compute_share;
+    flock(fd, LOCK_UN);
+    r->fd = fd;
+    return 0;
+fail_unmap:
+    munmap(r->base, GS_REGION_SIZE);
+    r->base = NULL;
+fail:
+    flock(fd, LOCK_UN);
+    close(fd);
+    return -1;
+}
+
+void gs_region_lock(gs_region *r)
+{
+    int rc = pthread_mutex_lock(&r->hdr->lock);
+    if (rc == EOWNERDEAD) {
+        /* A holder died inside a critical section. Every field it may have touched is updated
+         * atomically and in an order that can only leave capacity unused, never over-granted,
+         * so the state is consistent as it is. */
+        pthread_mutex_consistent(&r->hdr->lock);
+        atomic_fetch_add(&r->hdr->lock_recoveries_total, 1);
+    }
+}
+
+void gs_region_unlock(gs_region *r)
+{
+    pthread_mutex_unlock(&r->hdr->lock);
+}
+
+/* An entry is live while its owner holds the OFD lock on its first byte. */
+static int entry_owner_alive(gs_region *r, unsigned idx)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = entry_offset(idx), .l_len = 1};
+    if (fcntl(r->fd, F_OFD_GETLK, &fl) != 0) return 1; /* unknown: keep it */
+    return fl.l_type != F_UNLCK;
+}
+
+static unsigned high_water(gs_region *r)
+{
+    unsigned n = atomic_load(&r->hdr->entries_high_water);
+    return n < GS_REGION_MAX_ENTRIES ? n : GS_REGION_MAX_ENTRIES;
+}
+
+static void reclaim_dead_locked(gs_region *r)
+{
+    int self = atomic_load(&r->self);
+    for (unsigned i = 0, n = high_water(r); i < n; i++) {
+        gs_region_entry *e = &r->entries[i];
+        if ((int)i == self || atomic_load(&e->state) != 1) continue;
+        if (entry_owner_alive(r, i)) continue;
+        /* The driver freed everything a dead process held; its grant returns to the slice. */
+        atomic_store(&e->quota, 0);
+        atomic_store(&e->avail, 0);
+        atomic_store(&e->used, 0);
+        atomic_store(&e->state, 0);
+    }
+}
+
+static void reopen_after_fork_locked(gs_region *r)
+{
+    if (!r->need_reopen) return;
+    int fd = open(r->path, O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+        int old = r->fd;
+        r->fd = fd;
+        close(old);
+    }
+    r->need_reopen = 0;
+}
+
+static int claim_locked(gs_region *r)
+{
+    reopen_after_fork_locked(r);
+    reclaim_dead_locked(r);
+    for (unsigned i = 0; i < GS_REGION_MAX_ENTRIES; i++) {
+        gs_region_entry *e = &r->entries[i];
+        if (atomic_load(&e->state) != 0) continue;
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = entry_offset(i), .l_len = 1};
+        if (fcntl(r->fd, F_OFD_SETLK, &fl) != 0) continue;
+        int pid = (int)getpid();
+        e->pid = pid;
+        e->start_time = gs_process_start_time(pid);
+        atomic_store(&e->used, 0);
+        atomic_store(&e->avail, 0);
+        atomic_store(&e->quota, 0);
+        atomic_store(&e->peak, 0);
+        atomic_store(&e->refused, 0);
+        atomic_store(&e->throttled_ns, 0);
+        atomic_store(&e->context_bytes, 0);
+        atomic_store(&e->state, 1);
+        if (atomic_load(&r->hdr->entries_high_water) < i + 1) atomic_store(&r->hdr->entries_high_water, i + 1);
+        atomic_store_explicit(&r->self, (int)i, memory_order_release);
+        return 0;
+    }
+    return -1;
+}
+
+static int try_take_avail(gs_region_entry *e, uint64_t size)
+{
+    uint64_t a = atomic_load(&e->avail);
+    while (a >= size) {
+        if (atomic_compare_exchange_weak(&e->avail, &a, a - size)) return 0;
+    }
+    return -1;
+}
+
+int gs_region_reserve_slow(gs_region *r, uint64_t size)
+{
+    gs_region_lock(r);
+    if (atomic_load(&r->self) < 0 && claim_locked(r) != 0) {
+        gs_region_unlock(r);
+        static const char msg[] = "gpuslice: usage region is full (1024 live processes); refusing allocation\n";
+        (void)!write(2, msg, sizeof(msg) - 1);
+        atomic_fetch_add(&r->hdr->refused_allocations_total, 1);
+        return -1;
+    }
+    int self = atomic_load(&r->self);
+    gs_region_entry *me = &r->entries[self];
+    if (r->limit == GS_UNLIMITED) {
+        gs_region_unlock(r);
+        return gs_region_reserve(r, size);
+    }
+    int stolen = 0;
+    for (;;) {
+        if (try_take_avail(me, size) == 0) break;
+        reclaim_dead_locked(r);
+        uint64_t committed = 0;
+        for (unsigned i = 0, n = high_water(r); i < n; i++)
+            if (atomic_load(&r->entries[i].state) == 1) committed += atomic_load(&r->entries[i].quota);
+        uint64_t headroom = r->limit > committed ? r->limit - committed : 0;
+        uint64_t mine = atomic_load(&me->avail);
+        if (mine + headroom < size && !stolen) {
+            /* Take back what other processes were granted but have not allocated. Exchange first,
+             * then lower the quota: dying in between leaves capacity unused, never over-granted. */
+            for (unsigned i = 0, n = high_water(r); i < n; i++) {
+                gs_region_entry *o = &r->entries[i];
+                if ((int)i == self || atomic_load(&o->state) != 1) continue;
+                uint64_t x = atomic_exchange(&o->avail, 0);
+                atomic_fetch_sub(&o->quota, x);
+            }
+            stolen = 1;
+            continue;
+        }
+        if (mine + headroom < size) {
+            gs_region_unlock(r);
+            gs_region_count_refused(r);
+            return -1;
+        }
+        uint64_t chunk = r->limit / 8 > GS_REGION_CHUNK ? r->limit / 8 : GS_REGION_CHUNK;
+        uint64_t want = size > chunk ? size : chunk;
+        uint64_t grant = headroom < want ? headroom : want;
+        atomic_fetch_add(&me->quota, grant);
+        atomic_fetch_add(&me->avail, grant);
+    }
+    gs_region_unlock(r);
+    uint64_t used = atomic_fetch_add(&me->used, size) + size;
+    uint64_t peak = atomic_load(&me->peak);
+    while (used > peak && !atomic_compare_exchange_weak(&me->peak, &peak, used)) {
+    }
+    return 0;
+}
+
+void gs_region_count_refused(gs_region *r)
+{
+    atomic_fetch_add(&r->hdr->refused_allocations_total, 1);
+    int self = atomic_load(&r->self);
+    if (self >= 0) atomic_fetch_add(&r->entries[self].refused, 1);
+}
+
+uint64_t gs_region_used_total(gs_region *r)
+{
+    gs_region_lock(r);
+    reclaim_dead_locked(r);
+    uint64_t total = 0;
+    for (unsigned i = 0, n = high_water(r); i < n; i++)
+        if (atomic_load(&r->entries[i].state) == 1) total += atomic_load(&r->entries[i].used);
+    gs_region_unlock(r);
+    return total;
+}
+
+int gs_region_live_pids(gs_region *r, int32_t *pids, int max)
+{
+    int n = 0;
+    for (unsigned i = 0, hw = high_water(r); i < hw && n < max; i++)
+        if (atomic_load(&r->entries[i].state) == 1) pids[n++] = r->entries[i].pid;
+    return n;
+}
+
+void gs_region_after_fork_child(gs_region *r)
+{
+    if (r->base == NULL) return;
+    atomic_store(&r->self, -1);
+    r->need_reopen = 1;
+}

@@ -1,0 +1,53 @@
+/* State shared by the shim's translation units. Everything here is process-local. */
+#ifndef GS_SHIM_H
+#define GS_SHIM_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "gs_config.h"
+#include "gs_region.h"
+
+#define GS_EXPORT __attribute__((visibility("default")))
+#define GS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define GS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+enum gs_mode { GS_MODE_UNINIT = 0, GS_MODE_ACTIVE = 1, GS_MODE_FAIL_CLOSED = 2 };
+
+extern _Atomic int gs_mode;
+extern gs_config gs_cfg;
+extern gs_region gs_reg;
+
+void gs_init_slow(void);
+
+static inline int gs_ensure_init(void)
+{
+    int m = atomic_load_explicit(&gs_mode, memory_order_acquire);
+    if (GS_UNLIKELY(m == GS_MODE_UNINIT)) {
+        gs_init_slow();
+        m = atomic_load_explicit(&gs_mode, memory_order_acquire);
+    }
+    return m;
+}
+
+/* Writes one line to stderr without stdio (safe from any context). */
+void gs_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* --- throttle (gs_throttle.c) --- */
+extern _Atomic uint64_t gs_throttle_delay_ns;
+extern _Atomic int gs_throttle_started;
+void gs_throttle_start(void);
+void gs_throttle_sleep(uint64_t ns);
+void gs_throttle_after_fork_child(void);
+
+static inline void gs_throttle_before_launch(void)
+{
+    if (GS_UNLIKELY(!atomic_load_explicit(&gs_throttle_started, memory_order_relaxed))) gs_throttle_start();
+    uint64_t d = atomic_load_explicit(&gs_throttle_delay_ns, memory_order_relaxed);
+    if (GS_UNLIKELY(d != 0)) gs_throttle_sleep(d);
+}
+
+/* Real NVML entry points the throttle uses to measure utilization (NULL when NVML is absent). */
+void *gs_real_nvml(const char *name);
+
+#endif

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The shim's C test suite against the driver test double: `make test`, `make asan`, `make tsan`.
+#   tests/run.sh BUILD_DIR        (GS_SANITIZER=address|thread: the build has the config path
+#                                  BUILD_DIR/slice.conf compiled in and a sanitizer runtime to preload)
+# Ends with a "N passed, N failed" line; exits non-zero if anything failed.
+set -uo pipefail
+build=${1:?usage: run.sh BUILD_DIR}
+here=$(cd "$(dirname "$0")" && pwd)
+san=${GS_SANITIZER:-}
+work=$(mktemp -d /tmp/gpuslice-ctest.XXXXXX)
+trap 'rm -rf "$work"; [[ -f "$build/slice.conf" && -n "$san" ]] && rm -f "$build/slice.conf"' EXIT
+passed=0
+failed=0
+limit=$((8 << 30))
+
+"$here/write_fake_config.sh" "$work/fake.conf" 1
+uuid=$(sed -n 's/^gpu.0.uuid=//p' "$work/fake.conf")
+export GPUSLICE_FAKE_GPU_CONFIG="$work/fake.conf"
+export LD_LIBRARY_PATH="$build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [[ -n "$san" ]]; then
+    conf="$build/slice.conf"
+    shim="$build/libgpuslice.so"
+    case "$san" in
+    address) runtime=$(${CC:-gcc} -print-file-name=libasan.so) ;;
+    thread) runtime=$(${CC:-gcc} -print-file-name=libtsan.so) ;;
+    *) echo "GS_SANITIZER must be address or thread" >&2; exit 2 ;;
+    esac
+    preload="$runtime $shim"
+    export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:exitcode=66"
+    export TSAN_OPTIONS="exitcode=66:report_signal_unsafe=0:second_deadlock_stack=1"
+else
+    conf="$work/slice.conf"
+    shim="$work/libgpuslice.so"
+    "$here/patch_shim.sh" "$build/libgpuslice.so" "$conf" "$shim"
+    preload="$shim"
+fi
+
+slice() { # slice MEMORY SHARE: write the limits file the shim reads
+    rm -rf "$work/usage"
+    mkdir -p "$work/usage"
+    printf 'version=1\nmemory_bytes=%s\ncompute_share=%s\ngpu_uuid=%s\nusage_dir=%s\n' "$1" "$2" "$uuid" \
+        "$work/usage" > "$conf"
+}
+
+check() { # check NAME COMMAND...: run under the shim; pass when it exits 0
+    local name=$1
+    shift
+    if out=$(LD_PRELOAD="$preload" timeout 120 "$@" 2>&1); then
+        passed=$((passed + 1))
+        echo "PASS $name"
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name"
+        echo "$out" | tail -20 | sed 's/^/    /'
+    fi
+}
+
+expect_output() { # expect_output NAME PATTERN COMMAND...: pass when the output matches PATTERN
+    local name=$1 pattern=$2
+    shift 2
+    local out
+    out=$(LD_PRELOAD="$preload" timeout 120 "$@" 2>&1)
+    if grep -Eq -- "$pattern" <<<"$out" && ! grep -q "ERROR: .*Sanitizer" <<<"$out"; then
+        passed=$((passed + 1))
+        echo "PASS $name"
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name (wanted /$pattern/)"
+        echo "$out" | tail -20 | sed 's/^/    /'
+    fi
+}
+
+slice "$limit" 100
+expect_output "reports the slice" "meminfo_total=$limit" "$build/tests/cuda_probe" info
+check "OOM exactly at the limit" "$build/tests/cuda_probe" limit "$limit"
+check "every allocation path counted" "$build/tests/cuda_probe" paths "$limit"
+check "dlsym and cuGetProcAddress" "$build/tests/dl_probe" "$limit"
+
+iters=4000
+[[ "$san" == thread ]] && iters=600
+rm -f "$work/counter"
+pids=()
+for _ in 1 2 3; do
+    LD_PRELOAD="$preload" timeout 300 "$build/tests/cuda_probe" stress "$limit" 4 "$iters" "$work/counter" \
+        > "$work/stress.$_" 2>&1 &
+    pids+=($!)
+done
+stress_ok=1
+for p in "${pids[@]}"; do wait "$p" || stress_ok=0; done
+if ((stress_ok)) && ! grep -q "Sanitizer" "$work"/stress.*; then
+    passed=$((passed + 1))
+    echo "PASS concurrency stress (3 processes x 4 threads)"
+else
+    failed=$((failed + 1))
+    echo "FAIL concurrency stress"
+    tail -20 "$work"/stress.* | sed 's/^/    /'
+fi
+
+# IPC: an opened handle counts against the importer's slice.
+slice "$limit" 100
+mkfifo "$work/ipc.in"
+LD_PRELOAD="$preload" "$build/tests/cuda_probe" ipc-export $((limit / 2)) < "$work/ipc.in" > "$work/ipc.out" 2>&1 &
+exporter=$!
+exec 7> "$work/ipc.in"
+for _ in $(seq 100); do grep -q handle= "$work/ipc.out" && break; sleep 0.05; done
+handle=$(sed -n 's/^handle=//p' "$work/ipc.out")
+expect_output "IPC open counted" "free_after=0" "$build/tests/cuda_probe" ipc-open "$handle"
+exec 7>&-
+wait "$exporter"
+
+# A process SIGKILLed while holding the region lock does not block the others.
+slice "$limit" 100
+"$build/tests/lock_holder" "$work/usage" "$limit" $((limit / 2)) > "$work/holder.out" 2>&1 &
+holder=$!
+for _ in $(seq 100); do grep -q locked "$work/holder.out" && break; sleep 0.05; done
+kill -9 "$holder"
+wait "$holder" 2>/dev/null
+expect_output "SIGKILL holding the lock: no deadlock, memory returned" "^rc=0" "$build/tests/cuda_probe" alloc "$limit"
+
+# Missing or garbled config fails closed.
+rm -f "$conf"
+expect_output "missing config fails closed" "rc=2" "$build/tests/cuda_probe" alloc 1
+printf 'version=1\nmemory_bytes=lots\n' > "$conf"
+expect_output "garbled config fails closed" "memory_bytes must be.*fail closed" "$build/tests/cuda_probe" alloc 1
+
+# The throttle thread runs alongside launches (timing is checked by the pytest suite).
+slice "$limit" 50
+check "throttled launches" "$build/tests/cuda_probe" launch 1.5 500 kernel
+check "throttled graph launches" "$build/tests/cuda_probe" launch 1 500 graph
+
+echo "$passed passed, $failed failed"
+((failed == 0))

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Real-GPU check of libgpuslice.so: builds the shim, runs driver-API programs (PTX loaded with
+# cuModuleLoadData, so no nvcc) under an 8 GiB / 25 % slice and prints the OOM boundary, the NVML
+# memory total, the achieved compute share against the target and the launch-overhead ratio.
+#
+# Needs: an NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1), gcc, make, python3. Headers: carry
+# shim/build/include from a machine that built the shim, or let `make -C shim headers` fetch them from
+# PyPI, or have cuda.h/nvml.h under /usr/local/cuda*/include.
+#   tests/gpu/run.sh [GPU_INDEX]           exit status: number of failed checks
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+shim_dir=$repo/shim
+build=$shim_dir/build
+gpu=${1:-0}
+limit=$((8 << 30))
+share=25
+work=$(mktemp -d /tmp/gpuslice-gpu.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+failed=0
+passed=0
+say() { printf '%s\n' "$*"; }
+result() { # result NAME OK(0/1) DETAIL
+    if [[ $2 == 0 ]]; then passed=$((passed + 1)); say "PASS $1: $3"; else failed=$((failed + 1)); say "FAIL $1: $3"; fi
+}
+
+say "== gpuslice real-GPU check ($(date -u +%FT%TZ), $(uname -n))"
+unset LD_PRELOAD GPUSLICE_FAKE_GPU_CONFIG
+# Never pick up the test double: only the system's libcuda.so.1 may be loaded here.
+export LD_LIBRARY_PATH=$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | grep -v "shim/build" | paste -sd: -)
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+
+# --- build -------------------------------------------------------------------------------------------
+if [[ ! -f $build/include/.stamp ]]; then
+    if ! make -C "$shim_dir" headers >"$work/headers.log" 2>&1; then
+        for d in /usr/local/cuda/include /usr/local/cuda-*/include /usr/include; do
+            if [[ -f $d/cuda.h && -f $d/nvml.h ]]; then
+                mkdir -p "$build/include" && cp "$d/cuda.h" "$d/nvml.h" "$build/include/" && touch "$build/include/.stamp"
+                say "headers: from $d (PyPI not reachable)"
+                break
+            fi
+        done
+    fi
+fi
+if ! make -C "$shim_dir" all >"$work/build.log" 2>&1; then
+    say "FAIL build: make -C shim all"
+    tail -30 "$work/build.log"
+    exit 1
+fi
+probe=$build/tests/cuda_probe
+say "build: ok ($(ldd "$probe" | awk '/libcuda.so.1/ {print $3}'))"
+
+# --- the card, without the shim -----------------------------------------------------------------------
+"$probe" info >"$work/info.raw" 2>&1 || { say "FAIL cuda_probe info without shim:"; cat "$work/info.raw"; exit 1; }
+if [[ $gpu != 0 ]]; then export CUDA_VISIBLE_DEVICES=$gpu; "$probe" info >"$work/info.raw" 2>&1; fi
+uuid=$(sed -n 's/^uuid=//p' "$work/info.raw")
+physical=$(sed -n 's/^total_mem=//p' "$work/info.raw")
+say "gpu: $(sed -n 's/^name=//p' "$work/info.raw"), $uuid, physical total $physical bytes"
+
+mkdir -p "$work/usage"
+conf=$work/slice.conf
+write_conf() {
+    printf 'version=1\nmemory_bytes=%s\ncompute_share=%s\ngpu_uuid=%s\nusage_dir=%s\n' "$1" "$2" "$uuid" "$work/usage" >"$conf"
+}
+write_conf "$limit" "$share"
+"$shim_dir/tests/patch_shim.sh" "$build/libgpuslice.so" "$conf" "$work/libgpuslice.so"
+under() { LD_PRELOAD="$work/libgpuslice.so" "$@"; }
+
+# --- memory: OOM boundary and reporting ---------------------------------------------------------------
+under "$probe" boundary $((2 * limit)) >"$work/boundary" 2>&1
+largest=$(sed -n 's/^largest_alloc=//p' "$work/boundary")
+plus=$(sed -n 's/^largest_plus_one_rc=//p' "$work/boundary")
+result "OOM boundary" "$([[ $largest == "$limit" && $plus == 2 ]] && echo 0 || echo 1)" \
+    "largest single cuMemAlloc $largest bytes (slice $limit), one byte more -> rc $plus"
+under "$probe" limit "$limit" >"$work/limit" 2>&1
+result "limit scenario" $? "$(tail -1 "$work/limit")"
+under "$probe" paths "$limit" >"$work/paths" 2>&1
+result "allocation paths" $? "$(grep -c '^path ' "$work/paths") paths; $(tail -1 "$work/paths")"
+under "$build/tests/dl_probe" "$limit" >"$work/dl" 2>&1
+result "dlsym / cuGetProcAddress" $? "$(tail -1 "$work/dl")"
+under "$probe" info >"$work/info.shim" 2>&1
+say "cuMemGetInfo total under the shim: $(sed -n 's/^meminfo_total=//p' "$work/info.shim") bytes"
+if command -v nvidia-smi >/dev/null; then
+    smi=$(under nvidia-smi -i "$gpu" --query-gpu=name,memory.total --format=csv,noheader 2>&1)
+    result "nvidia-smi memory.total" "$([[ $smi == *"8192 MiB"* ]] && echo 0 || echo 1)" "$smi (expected 8192 MiB)"
+fi
+if python3 -c "import pynvml" 2>/dev/null; then
+    nv=$(under python3 -c "
+import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByUUID('$uuid')
+print(pynvml.nvmlDeviceGetMemoryInfo(h).total, pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).total)")
+    result "NVML memory total (pynvml v1 v2)" "$([[ $nv == "$limit $limit" ]] && echo 0 || echo 1)" "$nv (expected $limit $limit)"
+fi
+write_conf unlimited 100
+nolimit=$(under "$probe" info | sed -n 's/^total_mem=//p')
+result "no limit reports the card" "$([[ $nolimit == "$physical" ]] && echo 0 || echo 1)" "$nolimit bytes"
+
+# --- compute share ------------------------------------------------------------------------------------
+write_conf "$limit" 100
+base=$(under "$probe" launch 6 2000 kernel | sed -n 's/^busy_fraction=//p')
+write_conf "$limit" "$share"
+got=$(under "$probe" launch 12 2000 kernel | sed -n 's/^busy_fraction=//p')
+gotg=$(under "$probe" launch 8 2000 graph | sed -n 's/^busy_fraction=//p')
+ok=$(awk -v g="$got" -v s="$share" 'BEGIN { print (g >= s / 100 * 0.6 && g <= s / 100 * 1.4) ? 0 : 1 }')
+result "compute share" "$ok" "target $share %, achieved $(awk -v g="$got" 'BEGIN{printf "%.1f", g*100}') % \
+(cuLaunchKernel), $(awk -v g="$gotg" 'BEGIN{printf "%.1f", g*100}') % (cuGraphLaunch); unthrottled $(awk -v g="$base" 'BEGIN{printf "%.1f", g*100}') %"
+python3 - "$work/usage" <<'PY' 2>/dev/null || true
+import struct, sys
+d = open(sys.argv[1] + "/usage.bin", "rb").read(96)
+f = struct.unpack_from("<8sIIIIQII6Q", d)
+print(f"usage region: refused={f[8]} throttled={f[9] / 1e9:.1f}s delay={f[12] / 1e3:.0f}us lock_recoveries={f[13]}")
+PY
+
+# --- launch overhead ----------------------------------------------------------------------------------
+write_conf "$limit" 100
+say "launch / alloc overhead against the real driver (best of 7):"
+GPUSLICE_BENCH_REAL_DRIVER=1 GPUSLICE_BENCH_GPU_UUID=$uuid "$shim_dir/tests/bench.sh" "$build" 20000 | tee "$work/bench"
+ratio=$(awk '$1 == "cuLaunchKernel" {print $5}' "$work/bench")
+result "launch overhead" "$(awk -v r="$ratio" 'BEGIN { print (r != "" && r < 1.10) ? 0 : 1 }')" "cuLaunchKernel ratio $ratio (shim / driver)"
+
+say "$passed passed, $failed failed"
+exit "$failed"
