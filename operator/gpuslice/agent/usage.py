@@ -151,6 +151,16 @@ def nvml_processes(gpu_uuids: Sequence[str]) -> list[GpuProcess]:
     """Compute processes of the given GPUs through NVML (nvmlInit must have run)."""
     import pynvml
 
+    if not gpu_uuids:
+        return []
+    pynvml.nvmlInit()  # reference-counted: cheap when discovery's init is still open
+    try:
+        return _query_processes(pynvml, gpu_uuids)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _query_processes(pynvml: Any, gpu_uuids: Sequence[str]) -> list[GpuProcess]:
     out: list[GpuProcess] = []
     for uuid in gpu_uuids:
         try:
@@ -161,7 +171,7 @@ def nvml_processes(gpu_uuids: Sequence[str]) -> list[GpuProcess]:
             continue
         for p in procs:
             used = p.usedGpuMemory
-            if used is None or used == pynvml.NVML_VALUE_NOT_AVAILABLE:
+            if used is None or used == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
                 continue
             out.append(GpuProcess(uuid, int(p.pid), int(used)))
     return out
@@ -275,8 +285,11 @@ class UsageReporter:
         try:
             await client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
                 constants.API_GROUP, constants.API_VERSION, namespace, constants.SLICE_PLURAL, name,
-                {"status": {"usage": usage}},  # a dict body goes as a JSON merge patch
-            )  # fmt: skip
+                {"status": {"usage": usage}},
+                # A merge patch leaves the operator's status fields alone; the client's stubs omit
+                # this (documented) option, and its default for a dict body is a JSON patch.
+                _content_type="application/merge-patch+json",
+            )  # type: ignore[call-arg]  # fmt: skip
         except ApiException as exc:
             if exc.status != 404:  # the slice is being deleted: nothing to report
                 log.warning("could not write usage", slice=key, status=exc.status, reason=exc.reason)
@@ -334,4 +347,7 @@ class UsageReporter:
                 log.warning(
                     "usage report failed; retrying next interval", status=exc.status, reason=exc.reason
                 )
+            except Exception:
+                # Reporting is auxiliary: a bad reading must not take the node's plugin down with it.
+                log.exception("usage report failed; retrying next interval")
             await asyncio.sleep(self.interval)

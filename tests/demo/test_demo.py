@@ -1,0 +1,41 @@
+"""`gpuslice demo`, the README's first command, plays the whole field report end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuslice.devcluster.cluster import DevCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) -> None:
+    d = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuslice", "demo", "--dir", str(d)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout
+    try:
+        assert proc.returncode == 0, f"demo failed:\n{out[-3000:]}\n{proc.stderr[-3000:]}"
+        # Lesson 1 and 2: rejections that say what to do instead.
+        assert "a container may not request nvidia.com/gpu" in out
+        assert "Create a GpuSlice instead" in out
+        # Allocation by kube-scheduler, and the slice as the workload sees it through the shim.
+        assert "Tesla V100-PCIE-32GB, 8192 MiB" in out
+        assert "cuMemAlloc(2 GiB) -> 2 CUDA_ERROR_OUT_OF_MEMORY" in out
+        # A slice beyond capacity waits with a reason, then starts by itself.
+        assert "team-b/big-1: Pending (" in out
+        assert "team-b/big-1 started by itself: InUse" in out
+        assert "status.usage: 3.0 GiB of 8 GiB used" in out
+        assert f"export KUBECONFIG={d.resolve() / 'kubeconfig'}" in out
+        status = DevCluster(d).status()
+        assert status.get("operator") and status.get("kube-apiserver")
+    finally:
+        DevCluster(d).down()
