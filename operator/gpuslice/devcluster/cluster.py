@@ -172,7 +172,7 @@ class DevCluster:
             self._write_kubeconfigs(st)
             self._start_controllers(st, bins)
             self._ensure_nodes(st, nodes)
-            self._wait_default_service_account(st)
+            self.wait_default_service_account("default")
         except BaseException:
             self.progress(f"start failed; logs are in {self.dir / 'logs'}")
             self.down()
@@ -243,26 +243,13 @@ class DevCluster:
         return list(st.nodes) if st else []
 
     def apply(self, manifest: str | Path, *, kubeconfig: Path | None = None) -> None:
-        """Server-side apply a file, a directory of YAML, or YAML text."""
-        if isinstance(manifest, Path):
-            self.kubectl(
-                "apply",
-                "--server-side",
-                "--field-manager=gpuslice-devcluster",
-                "-f",
-                str(manifest),
-                kubeconfig=kubeconfig,
-            )
-        else:
-            self.kubectl(
-                "apply",
-                "--server-side",
-                "--field-manager=gpuslice-devcluster",
-                "-f",
-                "-",
-                input=manifest,
-                kubeconfig=kubeconfig,
-            )
+        """Server-side apply a file, a directory of YAML, or YAML text (the dev tool owns what it applies)."""
+        source = ["-f", str(manifest)] if isinstance(manifest, Path) else ["-f", "-"]
+        text = None if isinstance(manifest, Path) else manifest
+        self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "--field-manager=gpuslice-devcluster", *source,
+            input=text, kubeconfig=kubeconfig,
+        )  # fmt: skip
 
     def apply_crds(self, crd_dir: Path | None = None) -> None:
         """Apply gpuslice's CRDs and wait until the API server serves them."""
@@ -276,12 +263,17 @@ class DevCluster:
         """Create (or update) a namespace and wait for its default service account, so pods can be created."""
         doc = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
         self.apply(yaml.safe_dump(doc))
-        deadline = time.monotonic() + 60
+        self.wait_default_service_account(name)
+        return name
+
+    def wait_default_service_account(self, namespace: str, timeout: float = 60) -> None:
+        """Pods are rejected until kube-controller-manager has created the namespace's `default`."""
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0:
-                return name
+            if self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0:
+                return
             time.sleep(0.2)
-        raise DevClusterError(f"namespace {name}: default service account did not appear in 60s")
+        raise DevClusterError(f"namespace {namespace}: no default service account after {timeout:.0f}s")
 
     # --- internals --------------------------------------------------------------------------------
     def _require_state(self) -> State:
@@ -484,28 +476,11 @@ class DevCluster:
     def _ensure_nodes(self, st: State, count: int) -> None:
         names = [f"kwok-node-{i}" for i in range(count)]
         if names:
-            docs = [node_manifest(n) for n in names]
-            self.kubectl(
-                "apply",
-                "--server-side",
-                "--field-manager=gpuslice-devcluster",
-                "-f",
-                "-",
-                input=yaml.safe_dump_all(docs),
-            )
+            self.apply(yaml.safe_dump_all([node_manifest(n) for n in names]))
             self.kubectl("wait", "--for=condition=Ready", "--timeout=60s", *[f"node/{n}" for n in names])
         st.nodes = sorted(set(st.nodes) | set(names), key=lambda n: int(n.rsplit("-", 1)[1]))
         st.save()
         self.progress(f"{len(st.nodes)} kwok node(s) Ready")
-
-    def _wait_default_service_account(self, st: State) -> None:
-        # Pods are rejected until the serviceaccount controller has created `default`.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0:
-                return
-            time.sleep(0.3)
-        raise DevClusterError("kube-controller-manager did not create the default service account in 60s")
 
 
 def node_manifest(name: str, cpu: str = "32", memory: str = "256Gi") -> dict[str, object]:
