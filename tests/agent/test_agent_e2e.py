@@ -37,7 +37,7 @@ from gpuslice.agent.proto import dra_v1_pb2 as dra
 from gpuslice.agent.proto import dra_v1_pb2_grpc as dra_grpc
 from gpuslice.agent.proto import pluginregistration_v1_pb2 as reg
 from gpuslice.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
-from gpuslice.devcluster.agents import start_agents
+from gpuslice.devcluster.agents import start_agents, stop_agents
 from gpuslice.devcluster.cluster import DevCluster, node_manifest
 from gpuslice.shim.config import SliceConfig
 from helpers import get_json, wait_for
@@ -60,7 +60,7 @@ def offers(cluster: DevCluster, node: str, package: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def agents(cluster: DevCluster) -> list[str]:
+def agents(cluster: DevCluster) -> Iterator[list[str]]:
     cluster.apply_crds()
     start_agents(cluster, SPEC)
     for node in cluster.nodes:
@@ -69,7 +69,9 @@ def agents(cluster: DevCluster) -> list[str]:
             timeout=90,
             what=f"the agent of {node} to publish its GPUs",
         )
-    return cluster.nodes
+    yield cluster.nodes
+    # Other test modules share the session cluster: leave no agent publishing GPUs behind.
+    stop_agents(cluster)
 
 
 @pytest.fixture(scope="module")

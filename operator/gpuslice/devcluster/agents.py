@@ -38,3 +38,8 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
         started.append(node)
         say(f"started agent for {node} ({spec}), log {log}")
     return started
+
+
+def stop_agents(cluster: DevCluster) -> list[str]:
+    """Stop every agent of the cluster (SIGTERM: each withdraws its ResourceSlices first)."""
+    return cluster.stop_processes(lambda name: name.startswith("agent/"))

@@ -203,6 +203,18 @@ class DevCluster:
         st.save()
         return stopped
 
+    def stop_processes(self, which: Callable[[str], bool]) -> list[str]:
+        """Stop the recorded extra processes whose name `which` accepts; returns the names stopped."""
+        st = self.state()
+        if st is None:
+            return []
+        chosen = {n for n in st.processes if which(n) and n not in CORE_COMPONENTS}
+        stopped = [n for n in sorted(chosen) if _stop(st.processes[n])]
+        st = self.state() or st  # re-read: another process may have registered meanwhile
+        st.processes = {n: r for n, r in st.processes.items() if n not in chosen}
+        st.save()
+        return stopped
+
     def register_process(
         self, name: str, proc: subprocess.Popen[bytes], log: Path, argv: Sequence[str]
     ) -> None:
