@@ -1,4 +1,4 @@
-"""The local control plane is real: scheduling, quota, CEL admission, DRA allocation, claim templates, RBAC."""
+"""The local control plane is real: scheduling, quota, CEL admission, DRA allocation, templates, RBAC."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 import yaml
-from helpers import get_json, wait_for
 
 from gpuslice.devcluster.cluster import DevCluster
+from helpers import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -19,20 +19,29 @@ def _pod(name: str, ns: str, claims: list[dict[str, str]] | None = None) -> str:
             {
                 "name": "main",
                 "image": "registry.example/app:1",
-                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}},
+                "resources": {
+                    "requests": {"cpu": "10m", "memory": "16Mi"},
+                    "limits": {"cpu": "10m", "memory": "16Mi"},
+                },
             }
         ]
     }
     if claims:
         spec["resourceClaims"] = claims
         spec["containers"][0]["resources"]["claims"] = [{"name": c["name"]} for c in claims]  # type: ignore[index]
-    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": spec})
+    return yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": spec}
+    )
 
 
 def test_pod_is_scheduled_onto_a_kwok_node_and_runs(cluster: DevCluster, namespace: str) -> None:
     cluster.apply(_pod("hello", namespace))
     pod = wait_for(
-        lambda: (p := get_json(cluster, "pod", "hello", "-n", namespace)) and p["status"].get("phase") == "Running" and p,
+        lambda: (
+            (p := get_json(cluster, "pod", "hello", "-n", namespace))
+            and p["status"].get("phase") == "Running"
+            and p
+        ),
         what="pod hello Running",
     )
     assert pod["spec"]["nodeName"] in cluster.nodes
@@ -48,8 +57,10 @@ def test_resource_quota_rejects_a_second_pod(cluster: DevCluster, namespace: str
     cluster.apply(yaml.safe_dump(quota))
     # kube-controller-manager computes quota status; until it has, admission rejects everything.
     wait_for(
-        lambda: (q := get_json(cluster, "resourcequota", "one-pod", "-n", namespace))
-        and "count/pods" in q.get("status", {}).get("hard", {}),
+        lambda: (
+            (q := get_json(cluster, "resourcequota", "one-pod", "-n", namespace))
+            and "count/pods" in q.get("status", {}).get("hard", {})
+        ),
         what="quota status filled by kube-controller-manager",
     )
     cluster.apply(_pod("first", namespace))
@@ -59,7 +70,9 @@ def test_resource_quota_rejects_a_second_pod(cluster: DevCluster, namespace: str
     assert "count/pods=1" in second.stderr
 
 
-def test_validating_admission_policy_rejects_with_its_cel_message(cluster: DevCluster, namespace: str) -> None:
+def test_validating_admission_policy_rejects_with_its_cel_message(
+    cluster: DevCluster, namespace: str
+) -> None:
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -68,7 +81,12 @@ def test_validating_admission_policy_rejects_with_its_cel_message(cluster: DevCl
             "failurePolicy": "Fail",
             "matchConstraints": {
                 "resourceRules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["configmaps"],
+                    }
                 ]
             },
             "validations": [
@@ -86,12 +104,18 @@ def test_validating_admission_policy_rejects_with_its_cel_message(cluster: DevCl
         "spec": {
             "policyName": f"no-forbidden-key-{namespace}",
             "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
         },
     }
     cluster.apply(yaml.safe_dump_all([policy, binding]))
-    bad = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bad", "namespace": namespace},
-           "data": {"forbidden": "x"}}
+    bad = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "bad", "namespace": namespace},
+        "data": {"forbidden": "x"},
+    }
 
     # Policies reach the admission plugin's informer asynchronously; retry until it is enforced.
     def rejected() -> str | None:
@@ -105,8 +129,12 @@ def test_validating_admission_policy_rejects_with_its_cel_message(cluster: DevCl
     assert "configmaps may not carry the key 'forbidden'; rename it" in message
     good = dict(bad, metadata={"name": "good", "namespace": namespace}, data={"fine": "x"})
     cluster.apply(yaml.safe_dump(good))
-    cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
-                    f"no-forbidden-key-{namespace}", check=False)
+    cluster.kubectl(
+        "delete",
+        "validatingadmissionpolicybinding,validatingadmissionpolicy",
+        f"no-forbidden-key-{namespace}",
+        check=False,
+    )
 
 
 def _dra_fixture(cluster: DevCluster, tag: str, node: str) -> str:
@@ -138,7 +166,9 @@ def _dra_fixture(cluster: DevCluster, tag: str, node: str) -> str:
     return cls
 
 
-def test_kube_scheduler_allocates_a_claim_when_it_schedules_the_pod(cluster: DevCluster, namespace: str) -> None:
+def test_kube_scheduler_allocates_a_claim_when_it_schedules_the_pod(
+    cluster: DevCluster, namespace: str
+) -> None:
     node = cluster.nodes[-1]
     cls = _dra_fixture(cluster, "alloc", node)
     claim = {
@@ -148,12 +178,16 @@ def test_kube_scheduler_allocates_a_claim_when_it_schedules_the_pod(cluster: Dev
         "spec": {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": cls}}]}},
     }
     cluster.apply(yaml.safe_dump(claim))
-    assert "allocation" not in (get_json(cluster, "resourceclaim", "one", "-n", namespace).get("status") or {})
+    assert "allocation" not in (
+        get_json(cluster, "resourceclaim", "one", "-n", namespace).get("status") or {}
+    )
     cluster.apply(_pod("user", namespace, [{"name": "dev", "resourceClaimName": "one"}]))
     allocated = wait_for(
-        lambda: (c := get_json(cluster, "resourceclaim", "one", "-n", namespace))
-        and c.get("status", {}).get("allocation")
-        and c,
+        lambda: (
+            (c := get_json(cluster, "resourceclaim", "one", "-n", namespace))
+            and c.get("status", {}).get("allocation")
+            and c
+        ),
         what="claim allocated",
     )
     results = allocated["status"]["allocation"]["devices"]["results"]
@@ -165,7 +199,9 @@ def test_kube_scheduler_allocates_a_claim_when_it_schedules_the_pod(cluster: Dev
     assert any(r["name"] == "user" for r in allocated["status"]["reservedFor"])
 
 
-def test_claim_template_yields_a_claim_through_the_controller_manager(cluster: DevCluster, namespace: str) -> None:
+def test_claim_template_yields_a_claim_through_the_controller_manager(
+    cluster: DevCluster, namespace: str
+) -> None:
     node = cluster.nodes[0]
     cls = _dra_fixture(cluster, "tmpl", node)
     template = {
@@ -179,7 +215,11 @@ def test_claim_template_yields_a_claim_through_the_controller_manager(cluster: D
 
     def generated() -> dict[str, object] | None:
         claims = get_json(cluster, "resourceclaims", "-n", namespace)["items"]
-        owned = [c for c in claims if any(o["name"] == "templated" for o in c["metadata"].get("ownerReferences", []))]
+        owned = [
+            c
+            for c in claims
+            if any(o["name"] == "templated" for o in c["metadata"].get("ownerReferences", []))
+        ]
         return owned[0] if owned else None
 
     claim = wait_for(generated, what="claim generated from the template")
@@ -203,8 +243,15 @@ def test_tenant_identity_is_subject_to_rbac(cluster: DevCluster, namespace: str)
     }
     cluster.apply(yaml.safe_dump(binding))
     allowed = wait_for(
-        lambda: (p := cluster.kubectl("get", "pods", "-n", namespace, "-o", "json", kubeconfig=tenant, check=False))
-        .returncode == 0 and p,
+        lambda: (
+            (
+                p := cluster.kubectl(
+                    "get", "pods", "-n", namespace, "-o", "json", kubeconfig=tenant, check=False
+                )
+            ).returncode
+            == 0
+            and p
+        ),
         what="tenant allowed after the binding",
     )
     assert json.loads(allowed.stdout)["kind"] == "List"

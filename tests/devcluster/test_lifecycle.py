@@ -1,4 +1,4 @@
-"""`gpuslice devcluster up|status|down` as a user drives it: idempotent up, logs per component, no leftovers."""
+"""`gpuslice devcluster up|status|down`: idempotent up, a log per component, no leftovers."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def test_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
         assert again.returncode == 0, again.stderr
         assert "already running" in again.stderr
         after = json.loads((d / "state.json").read_text())
-        assert {k: v["pid"] for k, v in after["processes"].items()} == {k: v["pid"] for k, v in before.items()}
+        assert {k: v["pid"] for k, v in after["processes"].items()} == {
+            k: v["pid"] for k, v in before.items()
+        }
         assert after["nodes"] == ["kwok-node-0", "kwok-node-1", "kwok-node-2"]
         nodes = DevCluster(d).kubectl("get", "nodes", "-o", "name").stdout.split()
         assert sorted(nodes) == ["node/kwok-node-0", "node/kwok-node-1", "node/kwok-node-2"]

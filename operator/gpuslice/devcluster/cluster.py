@@ -274,7 +274,8 @@ class DevCluster:
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
         """Create (or update) a namespace and wait for its default service account, so pods can be created."""
         doc = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
-        self.apply(yaml.safe_dump(doc))
+        # JSON, not YAML: a label value like "12e456" must stay a string for kubectl's YAML parser.
+        self.apply(json.dumps(doc))
         self.wait_default_service_account(name)
         return name
 

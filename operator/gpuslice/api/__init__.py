@@ -1,0 +1,1 @@
+"""pydantic models of gpuslice's public API (group gpuslice.io, version v1alpha1)."""

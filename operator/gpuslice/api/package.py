@@ -1,0 +1,86 @@
+"""GpuPackage: a product cut from GPUs of one model (cluster-scoped)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _CamelModel(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class LabelSelectorRequirement(_CamelModel):
+    key: str
+    operator: str
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(_CamelModel):
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, alias="matchExpressions")
+
+
+class Entitlement(_CamelModel):
+    """How many slices of this package the namespaces a selector matches may hold together (each)."""
+
+    namespace_selector: LabelSelector = Field(alias="namespaceSelector")
+    slices: int = Field(ge=0)
+
+
+class GpuPackageSpec(_CamelModel):
+    display_name: str | None = Field(default=None, alias="displayName")
+    gpu_model: str = Field(alias="gpuModel", min_length=1)
+    fraction: int = Field(ge=1, le=100, description="percent of one card")
+    compute_share: int | None = Field(default=None, alias="computeShare", ge=1, le=100)
+    entitlements: list[Entitlement] = Field(default_factory=list)
+
+    @property
+    def effective_compute_share(self) -> int:
+        return self.compute_share if self.compute_share is not None else self.fraction
+
+    def memory_bytes(self, card_memory_bytes: int) -> int:
+        """Memory of one slice on a card of the given size: fraction x card memory, rounded down to MiB."""
+        mib = 1024 * 1024
+        return (card_memory_bytes * self.fraction // 100) // mib * mib
+
+    def slices_per_card(self) -> int:
+        return 100 // self.fraction
+
+
+class Condition(_CamelModel):
+    """A Kubernetes-style condition (metav1.Condition fields)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = Field(default=None, alias="lastTransitionTime")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+
+
+class PackageCapacity(_CamelModel):
+    """Capacity of a package right now, counted from ResourceSlices and allocated ResourceClaims."""
+
+    gpus: int = 0
+    slices_total: int = Field(default=0, alias="slicesTotal")
+    slices_allocated: int = Field(default=0, alias="slicesAllocated")
+    slices_free: int = Field(default=0, alias="slicesFree")
+
+
+class Guarantees(_CamelModel):
+    memory: str = "Enforced"
+    compute: str = "Cooperative"
+    quota: str = "Entitlement"
+    summary: str = ""
+
+
+class GpuPackageStatus(_CamelModel):
+    device_class_name: str | None = Field(default=None, alias="deviceClassName")
+    quota_key: str | None = Field(default=None, alias="quotaKey")
+    memory_per_slice: str | None = Field(default=None, alias="memoryPerSlice")
+    slices_per_gpu: int | None = Field(default=None, alias="slicesPerGpu")
+    capacity: PackageCapacity | None = None
+    entitled_namespaces: int | None = Field(default=None, alias="entitledNamespaces")
+    guarantees: Guarantees | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")

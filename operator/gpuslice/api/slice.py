@@ -1,0 +1,60 @@
+"""GpuSlice: a tenant's request for one slice of a GpuPackage (namespaced)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuslice.api.package import Condition
+
+
+class _CamelModel(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class GpuSliceSpec(_CamelModel):
+    package: str = Field(min_length=1)
+    #: False: one ResourceClaim named like the slice. True: a ResourceClaimTemplate named like the slice,
+    #: so every pod (every Deployment replica) that references it gets its own slice.
+    template: bool = False
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    ALLOCATED = "Allocated"
+    IN_USE = "InUse"
+    RELEASED = "Released"
+    FAILED = "Failed"
+
+
+class SliceAllocation(_CamelModel):
+    """Where kube-scheduler put one claim of the slice, read from the claim's status.allocation."""
+
+    claim: str
+    node: str | None = None
+    gpu_uuid: str | None = Field(default=None, alias="gpuUUID")
+    device: str | None = None
+    pool: str | None = None
+    pod: str | None = None
+
+
+class QuotaUsage(_CamelModel):
+    used: int
+    hard: int
+    quota: str
+
+
+class GpuSliceStatus(_CamelModel):
+    phase: Phase = Phase.PENDING
+    reason: str = ""
+    message: str = ""
+    claim_name: str | None = Field(default=None, alias="claimName")
+    claim_template_name: str | None = Field(default=None, alias="claimTemplateName")
+    node: str | None = None
+    gpu_uuid: str | None = Field(default=None, alias="gpuUUID")
+    device: str | None = None
+    allocations: list[SliceAllocation] = Field(default_factory=list)
+    quota: QuotaUsage | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")

@@ -1,0 +1,97 @@
+"""GpuSlice -> ResourceClaim (or ResourceClaimTemplate) of the documented form.
+
+The documented form, the only one admission accepts for a gpuslice DeviceClass:
+
+    spec:
+      devices:
+        requests:
+        - name: gpu
+          exactly:
+            deviceClassName: <package>.gpuslice.io
+            allocationMode: ExactCount
+            count: 1
+
+with label `gpuslice.io/package: <package>` on the claim (for a template: on `spec.metadata`), and
+nothing else in `devices`: no selectors, capacity, adminAccess, tolerations, constraints or config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from gpuslice import constants as c
+from gpuslice.domain.ownership import managed_labels, owner_reference
+
+
+def documented_claim_spec(package: str) -> dict[str, Any]:
+    return {
+        "devices": {
+            "requests": [
+                {
+                    "name": c.CLAIM_REQUEST_NAME,
+                    "exactly": {
+                        "deviceClassName": c.device_class_name(package),
+                        "allocationMode": "ExactCount",
+                        "count": 1,
+                    },
+                }
+            ]
+        }
+    }
+
+
+def documented_form_text(package: str = "<package>", *, one_line: bool = False) -> str:
+    """The form as YAML, for docs; `one_line` gives flow style, as admission messages take no line breaks."""
+    doc = {
+        "metadata": {"labels": {c.LABEL_PACKAGE: package}},
+        "spec": documented_claim_spec(package),
+    }
+    if one_line:
+        return yaml.safe_dump(doc, sort_keys=False, default_flow_style=True, width=10_000).strip()
+    return yaml.safe_dump(doc, sort_keys=False).strip()
+
+
+def slice_claim(namespace: str, name: str, uid: str, package: str) -> dict[str, Any]:
+    """The ResourceClaim of a GpuSlice: same name, same namespace, owned by the slice (GC deletes it)."""
+    return {
+        "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": managed_labels(package=package, slice=name),
+            "ownerReferences": [owner_reference(c.SLICE_KIND, name, uid)],
+        },
+        "spec": documented_claim_spec(package),
+    }
+
+
+def slice_claim_template(namespace: str, name: str, uid: str, package: str) -> dict[str, Any]:
+    """The ResourceClaimTemplate of a template GpuSlice: every pod referencing it gets its own claim.
+
+    The claims kube-controller-manager makes from it carry the labels of `spec.metadata`, so the
+    operator finds them by `gpuslice.io/slice-template=<name>` and quota counts them like any claim.
+    """
+    claim_labels = managed_labels(package=package, slice_template=name)
+    return {
+        "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": managed_labels(package=package, slice_template=name),
+            "ownerReferences": [owner_reference(c.SLICE_KIND, name, uid)],
+        },
+        "spec": {"metadata": {"labels": claim_labels}, "spec": documented_claim_spec(package)},
+    }
+
+
+def pod_claim_snippet(slice_name: str, template: bool) -> str:
+    """What a pod writes to use a slice, for status messages and docs."""
+    ref = "resourceClaimTemplateName" if template else "resourceClaimName"
+    return (
+        f"spec.resourceClaims: [{{name: gpu, {ref}: {slice_name}}}] and, in the container, "
+        "resources.claims: [{name: gpu}]"
+    )

@@ -1,0 +1,26 @@
+"""Labels and owner references that mark an object as gpuslice's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice import constants as c
+
+
+def managed_labels(**extra: str) -> dict[str, str]:
+    """`app.kubernetes.io/managed-by: gpuslice` plus gpuslice.io/<key> labels (underscores -> dashes)."""
+    labels = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
+    for key, value in extra.items():
+        labels[c.LABEL_PREFIX + key.replace("_", "-")] = value
+    return labels
+
+
+def owner_reference(kind: str, name: str, uid: str, *, controller: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": controller,
+        "blockOwnerDeletion": False,
+    }

@@ -1,0 +1,343 @@
+"""GpuSlice status from the cluster's own objects: phase, conditions and why a slice waits.
+
+Inputs are the views in `views` plus package capacity; the result is the complete status. The
+operator writes it only when it differs from what the object already shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuslice import constants as c
+from gpuslice.api.package import Condition
+from gpuslice.api.slice import GpuSliceStatus, Phase, QuotaUsage, SliceAllocation
+from gpuslice.domain.capacity import Capacity
+from gpuslice.domain.claims import pod_claim_snippet
+from gpuslice.domain.conditions import stamp
+from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
+
+
+class Reason:
+    PACKAGE_NOT_FOUND = "PackageNotFound"
+    CLAIM_REJECTED = "ClaimRejected"
+    CREATING_CLAIM = "CreatingClaim"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    NOT_ENTITLED = "NotEntitled"
+    WAITING_FOR_POD = "WaitingForPod"
+    NO_MATCHING_GPU = "NoMatchingGpu"
+    GPUS_FULL = "AllGpusFull"
+    UNSCHEDULABLE = "Unschedulable"
+    SCHEDULING = "Scheduling"
+    POD_BLOCKED_BY_QUOTA = "PodBlockedByQuota"
+    POD_CREATE_FAILED = "PodCreateFailed"
+    ALLOCATED = "Allocated"
+    IN_USE = "InUse"
+    RELEASED = "Released"
+
+
+@dataclass(frozen=True)
+class SliceFacts:
+    namespace: str
+    name: str
+    package: str
+    template: bool
+    generation: int | None
+    package_found: bool
+    gpu_model: str | None
+    #: Direct form: the claim named like the slice (if it exists). Template form: generated claims.
+    claims: Sequence[ClaimView]
+    #: Pods that reference the claim (direct) or the template (template form).
+    pods: Sequence[PodView]
+    quotas: Sequence[QuotaView]
+    workloads: Sequence[WorkloadView]
+    capacity: Capacity | None
+    #: The message of the operator's last failed attempt to create the claim or template.
+    create_error: str | None = None
+    uuids: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    previous: GpuSliceStatus | None = None
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    phase: Phase
+    reason: str
+    message: str
+
+
+def quota_usage(facts: SliceFacts) -> QuotaUsage | None:
+    """x of y for the package's quota key; the tightest quota in the namespace wins."""
+    key = c.quota_key(facts.package)
+    best: QuotaUsage | None = None
+    for q in facts.quotas:
+        u = q.usage(key)
+        if u is None:
+            continue
+        cand = QuotaUsage(used=u[0], hard=u[1], quota=q.name)
+        if best is None or (cand.hard - cand.used) < (best.hard - best.used):
+            best = cand
+    return best
+
+
+def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | None:
+    if usage is None:
+        return None
+    if usage.hard == 0:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.NOT_ENTITLED,
+            f"namespace {facts.namespace} holds no entitlement to package {facts.package} "
+            f"(ResourceQuota {usage.quota}: 0 slices); ask the platform team for an entitlement "
+            "that selects this namespace, or use a package you are entitled to",
+        )
+    if usage.used >= usage.hard:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.QUOTA_EXCEEDED,
+            f"quota used up: namespace {facts.namespace} holds {usage.used} of {usage.hard} "
+            f"{facts.package} slices (ResourceQuota {usage.quota}); delete a GpuSlice or workload you "
+            "no longer need, or ask the platform team for a larger entitlement",
+        )
+    return None
+
+
+def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
+    cap = facts.capacity
+    model = facts.gpu_model or "?"
+    if cap is not None and cap.total == 0:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.NO_MATCHING_GPU,
+            f"pod {pod.name} waits: no node publishes a GPU of model {model!r} for package "
+            f"{facts.package}; it starts once a node with such a GPU runs the gpuslice agent",
+        )
+    if cap is not None and cap.free == 0:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.GPUS_FULL,
+            f"pod {pod.name} waits: all {cap.total} {facts.package} slices on {cap.gpus} GPU(s) of "
+            f"model {model!r} are taken ({cap.allocated} allocated to this package, the rest used by "
+            "other packages on the same cards); quota is an entitlement, not a reservation, so the pod "
+            "starts when a slice frees",
+        )
+    return _Verdict(
+        Phase.PENDING,
+        Reason.UNSCHEDULABLE,
+        f"pod {pod.name} is not scheduled: {pod.unschedulable}",
+    )
+
+
+def _workload_verdict(facts: SliceFacts) -> _Verdict | None:
+    for w in facts.workloads:
+        if not w.failure:
+            continue
+        if "exceeded quota" in w.failure:
+            return _Verdict(
+                Phase.PENDING,
+                Reason.POD_BLOCKED_BY_QUOTA,
+                f"{w.kind} {w.name} cannot create its pod, blocked by the namespace's quota for host "
+                f"resources: {w.failure}; free CPU/memory quota in {facts.namespace} or lower the pod's "
+                "requests",
+            )
+        return _Verdict(
+            Phase.PENDING,
+            Reason.POD_CREATE_FAILED,
+            f"{w.kind} {w.name} cannot create its pod: {w.failure}",
+        )
+    return None
+
+
+def _pod_running(pod: PodView | None) -> bool:
+    return pod is not None and pod.phase == "Running" and not pod.deleting
+
+
+def _waiting_verdict(facts: SliceFacts) -> _Verdict:
+    blocked = _workload_verdict(facts)
+    if blocked:
+        return blocked
+    return _Verdict(
+        Phase.PENDING,
+        Reason.WAITING_FOR_POD,
+        f"ready to use; kube-scheduler allocates the slice when a pod uses it: "
+        f"{pod_claim_snippet(facts.name, facts.template)}",
+    )
+
+
+def _claim_verdict(facts: SliceFacts, claim: ClaimView, pods: Sequence[PodView]) -> _Verdict:
+    """One claim and the pods that use it."""
+    if claim.allocated:
+        users = [p for p in pods if p.name in claim.reserved_for]
+        running = [p for p in users if _pod_running(p)]
+        where = f"node {claim.node}" if claim.node else "a node"
+        if running:
+            return _Verdict(Phase.IN_USE, Reason.IN_USE, f"used by pod {running[0].name} on {where}")
+        if users:
+            return _Verdict(
+                Phase.ALLOCATED, Reason.ALLOCATED, f"allocated on {where}; pod {users[0].name} is starting"
+            )
+        return _Verdict(Phase.ALLOCATED, Reason.ALLOCATED, f"allocated on {where}")
+    waiting = [p for p in pods if not p.deleting]
+    for pod in waiting:
+        if pod.unschedulable:
+            return _unschedulable_verdict(facts, pod)
+    if waiting:
+        return _Verdict(Phase.PENDING, Reason.SCHEDULING, f"pod {waiting[0].name} is being scheduled")
+    return _waiting_verdict(facts)
+
+
+def _direct(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
+    claim = next((cl for cl in facts.claims if cl.name == facts.name), None)
+    if claim is None:
+        if facts.create_error:
+            by_quota = "exceeded quota" in facts.create_error
+            return (_quota_verdict(facts, usage) if by_quota else None) or _Verdict(
+                Phase.PENDING if by_quota else Phase.FAILED,
+                Reason.QUOTA_EXCEEDED if by_quota else Reason.CLAIM_REJECTED,
+                f"the ResourceClaim could not be created: {facts.create_error}",
+            )
+        return _Verdict(Phase.PENDING, Reason.CREATING_CLAIM, f"creating ResourceClaim {facts.name}")
+    verdict = _claim_verdict(facts, claim, facts.pods)
+    was_allocated = facts.previous is not None and facts.previous.phase in (
+        Phase.ALLOCATED,
+        Phase.IN_USE,
+        Phase.RELEASED,
+    )
+    if verdict.reason == Reason.WAITING_FOR_POD and was_allocated:
+        return _Verdict(
+            Phase.RELEASED,
+            Reason.RELEASED,
+            "the pod that used this slice is gone and the slice was released; a new pod that uses "
+            f"claim {facts.name} gets a slice again",
+        )
+    return verdict
+
+
+def _template(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
+    if facts.create_error and not facts.claims and not facts.pods:
+        return _Verdict(
+            Phase.FAILED,
+            Reason.CLAIM_REJECTED,
+            f"the ResourceClaimTemplate could not be created: {facts.create_error}",
+        )
+    pods = [p for p in facts.pods if not p.deleting]
+    if not pods:
+        return _waiting_verdict(facts)
+    claims = {cl.name: cl for cl in facts.claims}
+    verdicts: list[_Verdict] = []
+    for pod in sorted(pods, key=lambda p: p.name):
+        names = [n for pc, n in pod.claims.items() if pc in pod.templates and pod.templates[pc] == facts.name]
+        claim = claims.get(names[0]) if names and names[0] else None
+        if claim is None:
+            quota = _quota_verdict(facts, usage) if pod.waiting else None
+            verdicts.append(
+                quota
+                or _Verdict(
+                    Phase.PENDING,
+                    Reason.CREATING_CLAIM,
+                    f"pod {pod.name} waits for kube-controller-manager to create its claim"
+                    + (f": {pod.unschedulable}" if pod.unschedulable else ""),
+                )
+            )
+            continue
+        verdicts.append(_claim_verdict(facts, claim, [pod]))
+    waiting = [v for v in verdicts if v.phase == Phase.PENDING]
+    if waiting:
+        first = waiting[0]
+        prefix = f"{len(waiting)} of {len(verdicts)} pods wait; " if len(verdicts) > 1 else ""
+        return _Verdict(Phase.PENDING, first.reason, prefix + first.message)
+    in_use = [v for v in verdicts if v.phase == Phase.IN_USE]
+    if len(in_use) == len(verdicts):
+        return _Verdict(Phase.IN_USE, Reason.IN_USE, f"{len(in_use)} pod(s) hold a slice each")
+    return _Verdict(
+        Phase.ALLOCATED, Reason.ALLOCATED, f"{len(verdicts)} slice(s) allocated, {len(in_use)} in use"
+    )
+
+
+def _allocations(facts: SliceFacts, pods: Sequence[PodView]) -> list[SliceAllocation]:
+    out = []
+    for claim in sorted(facts.claims, key=lambda cl: cl.name):
+        if not claim.allocated or claim.deleting:
+            continue
+        pool, device = claim.devices[0] if claim.devices else (None, None)
+        users = [p.name for p in pods if p.name in claim.reserved_for]
+        out.append(
+            SliceAllocation(
+                claim=claim.name,
+                node=claim.node,
+                gpuUUID=facts.uuids.get((pool, device)) if pool and device else None,
+                device=device,
+                pool=pool,
+                pod=users[0] if users else None,
+            )
+        )
+    return out
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> Condition:
+    return Condition(
+        type=type_,
+        status="True" if ok else "False",
+        reason=reason,
+        message=message,
+        observedGeneration=generation,
+    )
+
+
+def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
+    usage = quota_usage(facts)
+    if not facts.package_found:
+        verdict = _Verdict(
+            Phase.FAILED,
+            Reason.PACKAGE_NOT_FOUND,
+            f"package {facts.package!r} does not exist; `kubectl get gpupackages` lists the products, "
+            "set spec.package to one of them (delete and re-create the GpuSlice)",
+        )
+    elif facts.template:
+        verdict = _template(facts, usage)
+    else:
+        verdict = _direct(facts, usage)
+    allocations = _allocations(facts, facts.pods)
+    first = allocations[0] if allocations else None
+    exists = bool(facts.claims) if not facts.template else (facts.package_found and not facts.create_error)
+    claim_reason = "ClaimCreated" if exists else verdict.reason
+    conditions = [
+        _condition(
+            "ClaimReady",
+            exists,
+            claim_reason,
+            (f"{'ResourceClaimTemplate' if facts.template else 'ResourceClaim'} {facts.name} exists")
+            if exists
+            else verdict.message,
+            facts.generation,
+        ),
+        _condition(
+            "Allocated",
+            bool(allocations),
+            Reason.ALLOCATED if allocations else verdict.reason,
+            f"{len(allocations)} slice(s) allocated" if allocations else verdict.message,
+            facts.generation,
+        ),
+        _condition(
+            "InUse",
+            verdict.phase == Phase.IN_USE,
+            verdict.reason,
+            verdict.message,
+            facts.generation,
+        ),
+    ]
+    return GpuSliceStatus(
+        phase=verdict.phase,
+        reason=verdict.reason,
+        message=verdict.message,
+        claimName=None if facts.template else facts.name,
+        claimTemplateName=facts.name if facts.template else None,
+        node=first.node if first else None,
+        gpuUUID=first.gpu_uuid if first else None,
+        device=first.device if first else None,
+        allocations=allocations,
+        # Only a slice that waits for quota shows it: live usage in every slice's status would rewrite
+        # all of a namespace's slices whenever one claim comes or goes.
+        quota=usage if verdict.reason in (Reason.QUOTA_EXCEEDED, Reason.NOT_ENTITLED) else None,
+        conditions=stamp(conditions, facts.previous.conditions if facts.previous else [], now),
+        observedGeneration=facts.generation,
+    )

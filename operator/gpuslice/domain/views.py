@@ -1,0 +1,188 @@
+"""Small, immutable views of cluster objects: what status decisions need, nothing more.
+
+The operator's indexes hold these instead of whole objects, which keeps memory flat at 5,000
+slices; every function here is pure and takes the object as the API server returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice import constants as c
+from gpuslice.agent.quantity import parse_int_quantity
+from gpuslice.domain.capacity import allocated_devices
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    namespace: str
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    allocated: bool = False
+    node: str | None = None
+    devices: tuple[tuple[str, str], ...] = ()
+    reserved_for: tuple[str, ...] = ()
+    deleting: bool = False
+
+
+def _node_of(allocation: Mapping[str, Any]) -> str | None:
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for req in (term.get("matchFields") or []) + (term.get("matchExpressions") or []):
+            if req.get("key") in ("metadata.name", "kubernetes.io/hostname") and req.get("values"):
+                return str(req["values"][0])
+    return None
+
+
+def claim_view(obj: Mapping[str, Any]) -> ClaimView:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    allocation = status.get("allocation")
+    devices = tuple(allocated_devices(obj))
+    node = _node_of(allocation) if allocation else None
+    if allocation and node is None and devices:
+        node = devices[0][0]  # the agent names each pool after its node
+    return ClaimView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        allocated=allocation is not None,
+        node=node,
+        devices=devices,
+        reserved_for=tuple(
+            r.get("name", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"
+        ),
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def uses_gpuslice(obj: Mapping[str, Any]) -> bool:
+    """A claim that asks for a gpuslice DeviceClass or holds a gpuslice.io device."""
+    requests = ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for r in requests:
+        classes = [(r.get("exactly") or {}).get("deviceClassName", "")]
+        classes += [s.get("deviceClassName", "") for s in r.get("firstAvailable") or []]
+        if any(cls.endswith(c.DEVICE_CLASS_SUFFIX) for cls in classes):
+            return True
+    return bool(allocated_devices(obj))
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    phase: str
+    node: str | None
+    #: pod claim name -> ResourceClaim name (direct reference, or the one generated from a template).
+    claims: Mapping[str, str | None]
+    #: pod claim name -> ResourceClaimTemplate name, for template references.
+    templates: Mapping[str, str]
+    unschedulable: str | None = None
+    deleting: bool = False
+
+    @property
+    def waiting(self) -> bool:
+        return self.phase == "Pending" and not self.node
+
+
+def pod_view(obj: Mapping[str, Any]) -> PodView | None:
+    """None for pods that reference no ResourceClaim."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    refs = spec.get("resourceClaims") or []
+    if not refs:
+        return None
+    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
+    claims: dict[str, str | None] = {}
+    templates: dict[str, str] = {}
+    for ref in refs:
+        name = ref.get("name", "")
+        if ref.get("resourceClaimName"):
+            claims[name] = ref["resourceClaimName"]
+        elif ref.get("resourceClaimTemplateName"):
+            templates[name] = ref["resourceClaimTemplateName"]
+            claims[name] = generated.get(name)
+    unschedulable = None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            unschedulable = cond.get("message") or cond.get("reason") or "not scheduled yet"
+    return PodView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        phase=status.get("phase", "Pending"),
+        node=spec.get("nodeName"),
+        claims=claims,
+        templates=templates,
+        unschedulable=unschedulable,
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
+
+
+@dataclass(frozen=True)
+class QuotaView:
+    namespace: str
+    name: str
+    hard: Mapping[str, str]
+    used: Mapping[str, str]
+    managed: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    spec_hard: Mapping[str, str] = field(default_factory=dict)
+
+    def usage(self, key: str) -> tuple[int, int] | None:
+        """(used, hard) of one key as kube-controller-manager last counted it; None if not limited."""
+        if key not in self.hard and key not in self.spec_hard:
+            return None
+        hard = parse_int_quantity(str(self.hard.get(key, self.spec_hard.get(key, "0"))))
+        return parse_int_quantity(str(self.used.get(key, "0"))), hard
+
+
+def quota_view(obj: Mapping[str, Any]) -> QuotaView:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    labels = dict(meta.get("labels") or {})
+    return QuotaView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        hard=dict(status.get("hard") or {}),
+        used=dict(status.get("used") or {}),
+        managed=labels.get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE,
+        labels=labels,
+        spec_hard={k: str(v) for k, v in ((obj.get("spec") or {}).get("hard") or {}).items()},
+    )
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """A ReplicaSet (or any pod-template owner) that references claims, and why it cannot make pods."""
+
+    namespace: str
+    kind: str
+    name: str
+    claim_names: tuple[str, ...]
+    template_names: tuple[str, ...]
+    failure: str | None
+
+
+def workload_view(obj: Mapping[str, Any]) -> WorkloadView | None:
+    """None for workloads whose pod template references no claim."""
+    meta = obj.get("metadata") or {}
+    pod_spec = (((obj.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    refs = pod_spec.get("resourceClaims") or []
+    if not refs:
+        return None
+    failure = None
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            failure = cond.get("message") or cond.get("reason")
+    return WorkloadView(
+        namespace=meta.get("namespace", ""),
+        kind=obj.get("kind", "ReplicaSet"),
+        name=meta.get("name", ""),
+        claim_names=tuple(r["resourceClaimName"] for r in refs if r.get("resourceClaimName")),
+        template_names=tuple(
+            r["resourceClaimTemplateName"] for r in refs if r.get("resourceClaimTemplateName")
+        ),
+        failure=failure,
+    )

@@ -1,0 +1,94 @@
+"""`gpuslice operator`: run the operator against the current kubeconfig (in-cluster config in a pod)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+
+from kubernetes_asyncio.config.config_exception import ConfigException
+from pydantic import ValidationError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "operator",
+        help="run the gpuslice operator (GpuPackage/GpuSlice -> DeviceClasses, quotas, policies, claims)",
+        description=__doc__,
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: $KUBECONFIG, in-cluster, ~/.kube/config)",
+    )
+    p.add_argument(
+        "--operator-identity",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="a username (e.g. system:serviceaccount:gpuslice-system:gpuslice-operator) allowed to "
+        "write gpuslice-owned objects besides the operator's own identity, which it asks the API server "
+        "for; repeatable",
+    )
+    p.add_argument(
+        "--memory-floor",
+        default=os.environ.get("GPUSLICE_MEMORY_FLOOR", "1Gi"),
+        help="warn at admission when a container holding a slice has a memory limit below this (default 1Gi)",
+    )
+    p.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="Kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--peering", action="store_true", help="use Kopf peering (needs its ClusterKopfPeering CRD) for HA"
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="Kopf peering priority; the replica with the highest is active (default: random per start, "
+        "so two replicas never tie)",
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gpuslice import logs
+    from gpuslice.operator.config import OperatorConfig
+    from gpuslice.operator.run import run
+
+    logs.configure(args.log_level)
+    try:
+        config = OperatorConfig(
+            kubeconfig=args.kubeconfig,
+            operator_identities=tuple(args.operator_identity),
+            memory_floor=args.memory_floor,
+            liveness_endpoint=args.liveness,
+            metrics_port=args.metrics_port,
+            standalone=not args.peering,
+            priority=args.priority if args.priority is not None else secrets.randbelow(1_000_000) + 1,
+        )
+    except ValidationError as exc:
+        for err in exc.errors():
+            print(f"gpuslice operator: {err['msg']}", file=sys.stderr)
+        return 2
+    if config.kubeconfig and not os.path.isfile(config.kubeconfig):
+        print(
+            f"gpuslice operator: kubeconfig {config.kubeconfig} does not exist; pass an existing file",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return run(config)
+    except (ConfigException, OSError) as exc:
+        print(
+            f"gpuslice operator: cannot reach the cluster ({exc}); check --kubeconfig / $KUBECONFIG, "
+            "or run it in a pod with a service account",
+            file=sys.stderr,
+        )
+        return 1

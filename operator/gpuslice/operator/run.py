@@ -1,0 +1,96 @@
+"""Start the operator: Kopf settings under gpuslice's own names, credentials, policies, then handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from gpuslice import constants as c
+from gpuslice import metrics
+from gpuslice.logs import get
+from gpuslice.operator.config import OperatorConfig
+from gpuslice.operator.kube import Kube, load_config
+from gpuslice.operator.state import OperatorState
+
+log = get(__name__)
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """Everything Kopf writes to objects carries gpuslice's names, not kopf.zalando.org."""
+    settings.persistence.finalizer = c.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PROGRESS_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.KOPF_PROGRESS_PREFIX, key=c.KOPF_DIFFBASE_ANNOTATION.split("/", 1)[1]
+    )
+    settings.peering.name = c.PEERING_NAME
+    settings.peering.clusterwide = True
+    settings.peering.mandatory = False
+    # Only warnings become Kubernetes Events automatically; transitions are posted explicitly.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "gpuslice-operator"
+    settings.posting.event_name_prefix = "gpuslice-"
+    settings.watching.server_timeout = 300
+    # "Handler succeeded" for every watch event is noise at 5,000 slices; warnings and errors stay.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # No queueing.worker_limit: Kopf indexes objects inside their workers and holds every handler until
+    # all indexes are filled, so a limit below the number of objects deadlocks the start-up.
+
+
+async def _prepare(config: OperatorConfig) -> OperatorState:
+    api = await load_config(config.kubeconfig)
+    kube = Kube(api)
+    me = await kube.whoami()
+    identities = tuple(dict.fromkeys([me, *config.operator_identities]))
+    state = OperatorState(config=config.model_copy(update={"operator_identities": identities}), kube=kube)
+    return state
+
+
+def _register_startup(state: OperatorState) -> None:
+    from gpuslice.operator import packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
+
+    @kopf.on.startup()
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings)
+        await policies.apply_policies(state)
+
+    @kopf.on.login()
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # Kopf's default login handlers read KUBECONFIG when their client library is imported, which
+        # is too early for --kubeconfig; its own parser reads it now.
+        if state.config.kubeconfig or os.environ.get("KUBECONFIG"):
+            return kopf.login_with_kubeconfig(**kwargs)
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.cleanup()
+    async def cleanup(**_: Any) -> None:
+        await state.kube.close()
+
+
+async def run_async(config: OperatorConfig, stop_flag: asyncio.Event | None = None) -> None:
+    if config.kubeconfig:
+        # Kopf's own login reads KUBECONFIG; both clients must talk to the same cluster.
+        os.environ["KUBECONFIG"] = config.kubeconfig
+    state = await _prepare(config)
+    log.info("operator starting", identities=list(state.config.operator_identities))
+    _register_startup(state)
+    if config.metrics_port is not None:
+        metrics.serve(config.metrics_port, metrics.OPERATOR_REGISTRY)
+    await kopf.operator(
+        clusterwide=True,
+        standalone=config.standalone,
+        priority=config.priority,
+        peering_name=c.PEERING_NAME,
+        liveness_endpoint=config.liveness_endpoint,
+        memo=kopf.Memo(state=state),
+        stop_flag=stop_flag,
+    )
+
+
+def run(config: OperatorConfig) -> int:
+    asyncio.run(run_async(config))
+    return 0

@@ -1,0 +1,300 @@
+"""GpuSlice handlers: make its claim (or template), and keep its status true.
+
+Status is recomputed from indexes whenever something it depends on changes (the slice, its claims,
+pods that reference it, workloads that would create such pods, the namespace's quotas), and on a
+slow resync; it is written only when it differs from what the object shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpuslice import constants as c
+from gpuslice.api.slice import GpuSliceStatus, Phase
+from gpuslice.domain.claims import slice_claim, slice_claim_template
+from gpuslice.domain.conditions import same_status
+from gpuslice.domain.slice_status import SliceFacts, slice_status
+from gpuslice.logs import get
+from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
+from gpuslice.operator.kube import error_message
+from gpuslice.operator.state import OperatorState, now, one, values
+
+log = get(__name__)
+
+Idx = kopf.Index[Any, Any]
+RESYNC_SECONDS = 30.0
+#: How long a claim this process just applied may be missing from the index before it applies again.
+APPLIED_GRACE_SECONDS = 10.0
+
+
+class Indexes:
+    """The indexes a slice's status reads, passed around as one."""
+
+    def __init__(self, kw: dict[str, Any]) -> None:
+        self.packages: Idx = kw["gs_packages"]
+        self.slices: Idx = kw["gs_slices"]
+        self.claims: Idx = kw["gs_claims"]
+        self.templates: Idx = kw["gs_claim_templates"]
+        self.pods: Idx = kw["gs_pods"]
+        self.quotas: Idx = kw["gs_quotas"]
+        self.workloads: Idx = kw["gs_workloads"]
+        self.resource_slices: Idx = kw["gs_resource_slices"]
+        self.namespaces: Idx = kw["gs_namespaces"]
+
+
+def _facts(state: OperatorState, entry: dict[str, Any], idx: Indexes, baseline: dict[str, Any]) -> SliceFacts:
+    ns, name, pkg, template = entry["namespace"], entry["name"], entry["package"], entry["template"]
+    package = one(idx.packages, pkg)
+    if template:
+        claims = values(idx.claims, ("template", ns, name))
+        pods = values(idx.pods, ("template", ns, name))
+        workloads = values(idx.workloads, ("template", ns, name))
+    else:
+        claim = one(idx.claims, ("claim", ns, name))
+        claims = [claim] if claim else []
+        pods = values(idx.pods, ("claim", ns, name))
+        workloads = values(idx.workloads, ("claim", ns, name))
+    snapshot = state.published(idx.resource_slices, idx.claims)
+    found = package is not None and (not package["deleting"] or bool(claims))
+    return SliceFacts(
+        namespace=ns,
+        name=name,
+        package=pkg,
+        template=template,
+        generation=entry["generation"],
+        package_found=found,
+        gpu_model=package["spec"].gpu_model if package else None,
+        claims=claims,
+        pods=pods,
+        quotas=values(idx.quotas, ns),
+        workloads=workloads,
+        capacity=snapshot.capacity(pkg) if package else None,
+        create_error=state.create_errors.get((ns, name)),
+        uuids=snapshot.uuids,
+        previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
+    )
+
+
+async def ensure_claim(state: OperatorState, entry: dict[str, Any], idx: Indexes) -> None:
+    """Create the claim or template when the index lacks it; remember why it failed, if it did."""
+    ns, name, pkg = entry["namespace"], entry["name"], entry["package"]
+    package = one(idx.packages, pkg)
+    if package is None or package["deleting"] or not entry["uid"]:
+        return
+    if entry["template"]:
+        if one(idx.templates, (ns, name)) is not None:
+            return
+        body = slice_claim_template(ns, name, entry["uid"], pkg)
+    else:
+        if one(idx.claims, ("claim", ns, name)) is not None:
+            return
+        body = slice_claim(ns, name, entry["uid"], pkg)
+    key = (ns, name)
+    error = state.create_errors.get(key)
+    if error is None and time.monotonic() - state.applied.get(key, -1e9) < APPLIED_GRACE_SECONDS:
+        return
+    if error is not None and "exceeded quota" in error and _quota_full(idx, ns, pkg):
+        return  # refused for quota, and still no room: retrying now would be refused again
+    state.applied[key] = time.monotonic()
+    try:
+        await state.kube.apply(body)
+    except ApiException as exc:
+        message = error_message(exc)
+        if state.create_errors.get((ns, name)) != message:
+            log.info("claim create refused", namespace=ns, slice=name, reason=message)
+        state.create_errors[(ns, name)] = message
+        return
+    WRITES.labels(body["kind"], "apply").inc()
+    state.create_errors.pop((ns, name), None)
+
+
+def _quota_full(idx: Indexes, ns: str, package: str) -> bool:
+    key = c.quota_key(package)
+    for q in values(idx.quotas, ns):
+        usage = q.usage(key)
+        if usage is not None and usage[0] >= usage[1]:
+            return True
+    return False
+
+
+async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> None:
+    """Recompute one slice's status; write and post an event only if it changed.
+
+    One refresh per slice at a time, compared with what this process last wrote: the watch stream
+    may not have delivered that write yet, and re-deciding from the stale copy would write twice.
+    """
+    key = (ns, name)
+    async with state.lock(key):
+        entry = one(idx.slices, ("slice", ns, name))
+        if entry is None:
+            state.forget(key)
+            return
+        namespace = one(idx.namespaces, ns)
+        if namespace is not None and namespace["terminating"]:
+            return  # it goes with its namespace; nothing can be created there any more, not even Events
+        await ensure_claim(state, entry, idx)
+        mine = state.written.get(key)
+        baseline: dict[str, Any] = (
+            mine[1] if mine and mine[0] == entry["uid"] else dict(entry["status"] or {})
+        )
+        # status.usage belongs to the node agent: neither compared nor cleared here.
+        baseline = {k: v for k, v in baseline.items() if k not in c.AGENT_STATUS_FIELDS}
+        facts = _facts(state, entry, idx, baseline)
+        with RECONCILE_DURATION.labels("GpuSlice").time():
+            new = slice_status(facts, now())
+        desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if same_status(baseline, desired):
+            return
+        try:
+            await state.kube.patch_status(
+                c.GROUP_VERSION, c.SLICE_KIND, name, ns, _with_nulls(baseline, desired)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        state.written[key] = (entry["uid"], desired)
+        STATUS_UPDATES.labels("GpuSlice").inc()
+        if (baseline.get("phase"), baseline.get("reason")) != (desired.get("phase"), desired.get("reason")):
+            _announce(entry, baseline, desired)
+
+
+def _announce(entry: dict[str, Any], before: dict[str, Any], desired: dict[str, Any]) -> None:
+    """A Kubernetes Event on the GpuSlice for every phase/reason transition."""
+    TRANSITIONS.labels(desired["phase"], desired.get("reason", "")).inc()
+    if before.get("phase") in (None, Phase.PENDING.value) and desired["phase"] in (
+        Phase.ALLOCATED.value,
+        Phase.IN_USE.value,
+    ):
+        waited = _seconds_since(entry.get("created"))
+        if waited is not None:
+            SLICE_PENDING.labels(entry["package"]).observe(waited)
+    ref = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.SLICE_KIND,
+        "metadata": {"name": entry["name"], "namespace": entry["namespace"], "uid": entry["uid"]},
+    }
+    kopf.event(
+        cast(kopf.Body, ref),
+        type="Warning" if desired["phase"] == "Failed" else "Normal",
+        reason=desired.get("reason") or desired["phase"],
+        message=f"{desired['phase']}: {desired.get('message', '')}"[:1000],
+    )
+    log.info(
+        "slice transition",
+        namespace=entry["namespace"],
+        slice=entry["name"],
+        phase=desired["phase"],
+        reason=desired.get("reason"),
+    )
+
+
+def _seconds_since(timestamp: str | None) -> float | None:
+    if not timestamp:
+        return None
+    created = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return max(0.0, (datetime.now(UTC) - created).total_seconds())
+
+
+def _with_nulls(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """Merge patch that also clears fields no longer set (a released slice has no node)."""
+    out: dict[str, Any] = dict(desired)
+    for key in current:
+        if key not in desired:
+            out[key] = None
+    return out
+
+
+async def refresh_many(state: OperatorState, targets: Iterable[tuple[str, str]], idx: Indexes) -> None:
+    await asyncio.gather(*(refresh(state, ns, name, idx) for ns, name in set(targets)))
+
+
+# --- triggers -------------------------------------------------------------------------------------
+
+
+@kopf.on.event(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
+async def slice_event(namespace: Any, name: str, type: Any, memo: Any, **kw: Any) -> None:
+    if type == "DELETED":
+        memo.state.forget((namespace, name))
+        return
+    await refresh(memo.state, namespace, name, Indexes(kw))
+
+
+@kopf.timer(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+async def slice_resync(namespace: Any, name: str, memo: Any, **kw: Any) -> None:
+    """Safety net for what no watch event announces (capacity elsewhere, a retry after quota)."""
+    await refresh(memo.state, namespace, name, Indexes(kw))
+
+
+def _slice_of_claim(labels: Any, namespace: Any, name: str) -> tuple[str, str] | None:
+    if labels.get(c.LABEL_SLICE):
+        return (namespace, labels[c.LABEL_SLICE])
+    if labels.get(c.LABEL_SLICE_TEMPLATE):
+        return (namespace, labels[c.LABEL_SLICE_TEMPLATE])
+    return None
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE})
+async def claim_event(namespace: Any, name: str, labels: Any, memo: Any, **kw: Any) -> None:
+    target = _slice_of_claim(labels, namespace, name)
+    if target:
+        await refresh(memo.state, *target, Indexes(kw))
+
+
+@kopf.on.event(
+    c.DRA_GROUP, c.DRA_VERSION, "resourceclaimtemplates", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
+)
+async def claim_template_event(namespace: Any, name: str, type: Any, memo: Any, **kw: Any) -> None:
+    if type == "DELETED":
+        await refresh(memo.state, namespace, name, Indexes(kw))
+
+
+def _refs(spec: Any) -> list[tuple[str, str]]:
+    out = []
+    for ref in spec.get("resourceClaims") or []:
+        if ref.get("resourceClaimName"):
+            out.append(("claim", ref["resourceClaimName"]))
+        if ref.get("resourceClaimTemplateName"):
+            out.append(("template", ref["resourceClaimTemplateName"]))
+    return out
+
+
+@kopf.on.event("", "v1", "pods", when=lambda spec, **_: bool(spec.get("resourceClaims")))
+async def pod_event(namespace: Any, spec: Any, memo: Any, **kw: Any) -> None:
+    idx = Indexes(kw)
+    targets = [(namespace, n) for _, n in _refs(spec) if one(idx.slices, ("slice", namespace, n)) is not None]
+    await refresh_many(memo.state, targets, idx)
+
+
+@kopf.on.event(
+    "apps",
+    "v1",
+    "replicasets",
+    when=lambda spec, **_: bool(((spec.get("template") or {}).get("spec") or {}).get("resourceClaims")),
+)
+async def workload_event(namespace: Any, spec: Any, memo: Any, **kw: Any) -> None:
+    idx = Indexes(kw)
+    pod_spec = (spec.get("template") or {}).get("spec") or {}
+    targets = [
+        (namespace, n) for _, n in _refs(pod_spec) if one(idx.slices, ("slice", namespace, n)) is not None
+    ]
+    await refresh_many(memo.state, targets, idx)
+
+
+@kopf.on.event("", "v1", "resourcequotas")
+async def namespace_quota_event(namespace: Any, memo: Any, **kw: Any) -> None:
+    """Quota usage moved: slices of the namespace that wait (or were refused) may go on now."""
+    idx = Indexes(kw)
+    targets = []
+    for ns, name in values(idx.slices, ("ns", namespace)):
+        entry = one(idx.slices, ("slice", ns, name))
+        if entry and (entry["status"] or {}).get("phase") in (None, "Pending", "Failed"):
+            targets.append((ns, name))
+    await refresh_many(memo.state, targets, idx)

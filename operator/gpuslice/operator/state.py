@@ -1,0 +1,91 @@
+"""What the operator keeps between handler calls (Kopf's memo), and helpers to read indexes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from gpuslice.domain.capacity import Capacity, PublishedSlice, package_capacity
+from gpuslice.operator.config import OperatorConfig
+from gpuslice.operator.kube import Kube
+
+
+def one(index: kopf.Index[Any, Any], key: Any) -> Any:
+    """The single value under `key`, or None."""
+    store = index.get(key)
+    if not store:
+        return None
+    return next(iter(store), None)
+
+
+def values(index: kopf.Index[Any, Any], key: Any) -> list[Any]:
+    store = index.get(key)
+    return list(store) if store else []
+
+
+@dataclass
+class Snapshot:
+    """ResourceSlices and allocations at one moment, shared by status computations for a short while."""
+
+    taken_at: float
+    slices: list[PublishedSlice]
+    allocated: list[tuple[str, str]]
+    uuids: dict[tuple[str, str], str]
+    _capacity: dict[str, Capacity] = field(default_factory=dict)
+
+    def capacity(self, package: str) -> Capacity:
+        if package not in self._capacity:
+            self._capacity[package] = package_capacity(package, self.slices, self.allocated)
+        return self._capacity[package]
+
+
+@dataclass
+class OperatorState:
+    config: OperatorConfig
+    kube: Kube
+    #: (namespace, slice) -> the API server's message from the last failed claim/template create.
+    create_errors: dict[tuple[str, str], str] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+    #: (namespace, slice) -> when this process last applied its claim or template; the watch stream
+    #: delivers the new object a moment later, and until then the index does not show it.
+    applied: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (namespace, slice) -> (uid, status) this process last wrote.
+    written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, key: tuple[str, str]) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """A slice is gone: drop what was kept for it."""
+        self.create_errors.pop(key, None)
+        self.written.pop(key, None)
+        self.applied.pop(key, None)
+        lock = self._locks.get(key)
+        if lock is not None and not lock.locked():
+            del self._locks[key]
+
+    def published(self, resource_slices: kopf.Index[Any, Any], claims: kopf.Index[Any, Any]) -> Snapshot:
+        now = time.monotonic()
+        if self.snapshot and now - self.snapshot.taken_at < self.config.capacity_cache_seconds:
+            return self.snapshot
+        slices: list[PublishedSlice] = [s for pool in resource_slices for s in resource_slices[pool]]
+        allocated: set[tuple[str, str]] = set()
+        for key in claims:
+            if isinstance(key, tuple) and key and key[0] == "pool":
+                for view in claims[key]:
+                    if view.allocated:
+                        allocated.update(view.devices)
+        uuids = {(d.pool, d.name): d.uuid for s in slices for d in s.devices if d.uuid}
+        self.snapshot = Snapshot(now, slices, sorted(allocated), uuids)
+        return self.snapshot
+
+
+def now() -> str:
+    """RFC 3339 in UTC with seconds, as metav1.Time serialises."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,70 @@
+"""The objects a package and a slice turn into."""
+
+from __future__ import annotations
+
+import yaml
+
+from gpuslice import constants as c
+from gpuslice.domain.claims import documented_form_text, slice_claim, slice_claim_template
+from gpuslice.domain.deviceclass import device_class
+
+from .fixtures import package_spec
+
+DOCUMENTED_REQUEST = {
+    "name": "gpu",
+    "exactly": {"deviceClassName": "v100-8g.gpuslice.io", "allocationMode": "ExactCount", "count": 1},
+}
+
+
+def test_slice_claim_has_same_name_documented_form_and_is_owned_by_the_slice() -> None:
+    claim = slice_claim("team-a", "llm", "uid-1", "v100-8g")
+    assert claim["apiVersion"] == "resource.k8s.io/v1" and claim["kind"] == "ResourceClaim"
+    assert (claim["metadata"]["namespace"], claim["metadata"]["name"]) == ("team-a", "llm")
+    assert claim["spec"] == {"devices": {"requests": [DOCUMENTED_REQUEST]}}
+    assert claim["metadata"]["labels"] == {
+        c.LABEL_MANAGED_BY: "gpuslice",
+        c.LABEL_PACKAGE: "v100-8g",
+        c.LABEL_SLICE: "llm",
+    }
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert owner == {
+        "apiVersion": "gpuslice.io/v1alpha1",
+        "kind": "GpuSlice",
+        "name": "llm",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": False,
+    }
+
+
+def test_template_gives_each_generated_claim_the_labels_that_find_its_slice() -> None:
+    tmpl = slice_claim_template("team-a", "workers", "uid-2", "v100-8g")
+    assert tmpl["kind"] == "ResourceClaimTemplate" and tmpl["metadata"]["name"] == "workers"
+    assert tmpl["spec"]["spec"] == {"devices": {"requests": [DOCUMENTED_REQUEST]}}
+    assert tmpl["spec"]["metadata"]["labels"][c.LABEL_SLICE_TEMPLATE] == "workers"
+    assert tmpl["spec"]["metadata"]["labels"][c.LABEL_PACKAGE] == "v100-8g"
+
+
+def test_documented_form_text_is_yaml_of_that_form_in_both_layouts() -> None:
+    for text in (documented_form_text("v100-8g"), documented_form_text("v100-8g", one_line=True)):
+        doc = yaml.safe_load(text)
+        assert doc["spec"]["devices"]["requests"] == [DOCUMENTED_REQUEST]
+        assert doc["metadata"]["labels"] == {c.LABEL_PACKAGE: "v100-8g"}
+    assert "\n" not in documented_form_text(one_line=True)
+
+
+def test_device_class_selects_driver_package_and_model() -> None:
+    dc = device_class("v100-8g", "uid-p", package_spec(25))
+    assert dc["metadata"]["name"] == "v100-8g.gpuslice.io"
+    (selector,) = dc["spec"]["selectors"]
+    assert selector["cel"]["expression"] == (
+        'device.driver == "gpuslice.io" && device.attributes["gpuslice.io"].package == "v100-8g"'
+        ' && device.attributes["gpuslice.io"].productName == "Tesla V100-PCIE-32GB"'
+    )
+    assert dc["metadata"]["ownerReferences"][0]["kind"] == "GpuPackage"
+
+
+def test_device_class_escapes_quotes_in_the_model_name() -> None:
+    spec = package_spec(25).model_copy(update={"gpu_model": 'Odd "GPU" \\ name'})
+    expr = device_class("p", None, spec)["spec"]["selectors"][0]["cel"]["expression"]
+    assert expr.endswith('.productName == "Odd \\"GPU\\" \\\\ name"')

@@ -1,0 +1,70 @@
+"""Status bookkeeping and the shape of the admission objects (their CEL runs on the real API server
+in test_operator_cluster.py)."""
+
+from __future__ import annotations
+
+from gpuslice import constants as c
+from gpuslice.api.package import Condition
+from gpuslice.domain.admission import AdmissionConfig, admission_objects
+from gpuslice.domain.conditions import contains, same_status, stamp
+from gpuslice.domain.package_status import deletion_condition, format_bytes
+
+
+def test_contains_allows_server_defaults_but_not_different_values() -> None:
+    desired = {"spec": {"a": 1, "list": [{"x": 1}]}}
+    assert contains({"spec": {"a": 1, "b": "default", "list": [{"x": 1, "y": 2}]}}, desired)
+    assert not contains({"spec": {"a": 2, "list": [{"x": 1}]}}, desired)
+    assert not contains({"spec": {"a": 1, "list": [{"x": 1}, {"x": 2}]}}, desired)
+    assert not contains({"spec": {"list": [{"x": 1}]}}, desired)
+
+
+def test_same_status_ignores_only_transition_times() -> None:
+    a = {"phase": "Pending", "conditions": [{"type": "A", "status": "True", "lastTransitionTime": "t1"}]}
+    b = {"phase": "Pending", "conditions": [{"type": "A", "status": "True", "lastTransitionTime": "t2"}]}
+    assert same_status(a, b)
+    assert not same_status(a, {**b, "phase": "InUse"})
+
+
+def test_stamp_keeps_time_of_unchanged_conditions() -> None:
+    old = [Condition(type="A", status="True", reason="r", lastTransitionTime="t0")]
+    new = [Condition(type="A", status="True", reason="r2"), Condition(type="B", status="False", reason="r")]
+    assert [x.last_transition_time for x in stamp(new, old, "t1")] == ["t0", "t1"]
+
+
+def test_deletion_condition_names_the_slices_holding_it() -> None:
+    cond = deletion_condition([f"ns/s{i}" for i in range(7)])
+    assert cond.type == "Deleting" and cond.reason == "SlicesStillExist"
+    assert "7 GpuSlice(s)" in cond.message and "ns/s0" in cond.message and "and 2 more" in cond.message
+
+
+def test_format_bytes_uses_the_largest_even_unit() -> None:
+    assert [format_bytes(n) for n in (8 * c.GIB, 512 * c.MIB, 1000)] == ["8Gi", "512Mi", "1000"]
+
+
+def test_every_policy_has_a_binding_with_the_right_action_and_scope() -> None:
+    objs = admission_objects(
+        AdmissionConfig(operator_identities=("system:serviceaccount:gs:op",), memory_floor="2Gi")
+    )
+    policies = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert set(policies) == set(bindings)
+    assert all(b["spec"]["policyName"] == n for n, b in bindings.items())
+    assert bindings["gpuslice-pod-memory"]["spec"]["validationActions"] == ["Warn"]
+    assert all(
+        b["spec"]["validationActions"] == ["Deny"] for n, b in bindings.items() if n != "gpuslice-pod-memory"
+    )
+    tenant = {"matchExpressions": [{"key": c.LABEL_TENANT, "operator": "In", "values": ["true"]}]}
+    for name in ("gpuslice-pods", "gpuslice-pod-memory", "gpuslice-vms"):
+        assert bindings[name]["spec"]["matchResources"]["namespaceSelector"] == tenant
+    assert bindings["gpuslice-protect"]["spec"]["matchResources"]["objectSelector"] == {
+        "matchLabels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
+    }
+    # The operator's identity and the configured floor reach the CEL.
+    assert (
+        '"system:serviceaccount:gs:op"'
+        in policies["gpuslice-protect"]["spec"]["validations"][0]["expression"]
+    )
+    assert 'quantity("2Gi")' in policies["gpuslice-pod-memory"]["spec"]["validations"][0]["expression"]
+    assert "below 2Gi" in policies["gpuslice-pod-memory"]["spec"]["validations"][0]["message"]
+    # Admission messages cannot hold line breaks.
+    assert not [v for p in policies.values() for v in p["spec"]["validations"] if "\n" in v["message"]]

@@ -1,0 +1,245 @@
+"""Why a GpuSlice waits, and what it says when it does not: status from the cluster's own objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice import constants as c
+from gpuslice.api.slice import GpuSliceStatus, Phase
+from gpuslice.domain.capacity import Capacity
+from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
+from gpuslice.domain.views import claim_view, pod_view, quota_view, uses_gpuslice, workload_view
+
+from .fixtures import allocated_claim
+
+NOW = "2026-12-02T12:00:00Z"
+KEY = c.quota_key("v100-8g")
+ROOMY = Capacity(gpus=2, total=8, allocated=1, free=7, memory_per_slice_bytes=8 * c.GIB)
+
+
+def pod(name: str, claim: str | None = None, template: str | None = None, **status: Any) -> dict[str, Any]:
+    ref: dict[str, str] = {"name": "gpu"}
+    if claim:
+        ref["resourceClaimName"] = claim
+    if template:
+        ref["resourceClaimTemplateName"] = template
+    spec: dict[str, Any] = {"resourceClaims": [ref], "containers": [{"name": "c"}]}
+    if status.pop("node", None):
+        spec["nodeName"] = "n0"
+    return {
+        "metadata": {"namespace": "ns", "name": name},
+        "spec": spec,
+        "status": {"phase": "Pending", **status},
+    }
+
+
+def unschedulable(msg: str) -> dict[str, Any]:
+    return {
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg}]
+    }
+
+
+def quota(used: int, hard: int, name: str = "gpuslice") -> Any:
+    return quota_view(
+        {
+            "metadata": {"namespace": "ns", "name": name, "labels": {c.LABEL_MANAGED_BY: "gpuslice"}},
+            "spec": {"hard": {KEY: str(hard)}},
+            "status": {"hard": {KEY: str(hard)}, "used": {KEY: str(used)}},
+        }
+    )
+
+
+def facts(**kw: Any) -> SliceFacts:
+    base: dict[str, Any] = dict(
+        namespace="ns",
+        name="s",
+        package="v100-8g",
+        template=False,
+        generation=1,
+        package_found=True,
+        gpu_model="Tesla V100-PCIE-32GB",
+        claims=[],
+        pods=[],
+        quotas=[quota(1, 2)],
+        workloads=[],
+        capacity=ROOMY,
+    )
+    base.update(kw)
+    return SliceFacts(**base)
+
+
+def unallocated_claim(name: str = "s") -> Any:
+    return claim_view({"metadata": {"namespace": "ns", "name": name}, "spec": {}, "status": {}})
+
+
+def test_missing_package_fails_and_says_how_to_fix_it() -> None:
+    st = slice_status(facts(package_found=False), NOW)
+    assert st.phase == Phase.FAILED and st.reason == Reason.PACKAGE_NOT_FOUND
+    assert "kubectl get gpupackages" in st.message
+
+
+def test_quota_refusal_says_x_of_y() -> None:
+    st = slice_status(
+        facts(
+            quotas=[quota(2, 2)],
+            create_error='resourceclaims "s" is forbidden: exceeded quota: gpuslice, requested: ...=1, '
+            "used: ...=2, limited: ...=2",
+        ),
+        NOW,
+    )
+    assert st.phase == Phase.PENDING and st.reason == Reason.QUOTA_EXCEEDED
+    assert "2 of 2 v100-8g slices" in st.message
+    assert st.quota is not None and (st.quota.used, st.quota.hard, st.quota.quota) == (2, 2, "gpuslice")
+
+
+def test_zero_quota_means_not_entitled() -> None:
+    st = slice_status(facts(quotas=[quota(0, 0)], create_error="exceeded quota: gpuslice"), NOW)
+    assert st.reason == Reason.NOT_ENTITLED and "ask the platform team" in st.message
+
+
+def test_admission_refusal_fails_with_the_api_servers_words() -> None:
+    st = slice_status(facts(create_error="this namespace holds no gpuslice entitlement"), NOW)
+    assert st.phase == Phase.FAILED and st.reason == Reason.CLAIM_REJECTED
+    assert "holds no gpuslice entitlement" in st.message
+
+
+def test_claim_without_pod_waits_for_one_and_shows_how_to_use_it() -> None:
+    st = slice_status(facts(claims=[unallocated_claim()]), NOW)
+    assert st.phase == Phase.PENDING and st.reason == Reason.WAITING_FOR_POD
+    assert "resourceClaimName: s" in st.message
+    assert {c.type: c.status for c in st.conditions} == {
+        "ClaimReady": "True",
+        "Allocated": "False",
+        "InUse": "False",
+    }
+
+
+def test_no_gpu_of_the_model_is_named() -> None:
+    p = pod_view(
+        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
+    )
+    empty = Capacity(gpus=0, total=0, allocated=0, free=0, memory_per_slice_bytes=None)
+    st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=empty), NOW)
+    assert (
+        st.reason == Reason.NO_MATCHING_GPU and "Tesla V100-PCIE-32GB" in st.message and "pod p" in st.message
+    )
+
+
+def test_all_gpus_full_says_entitlement_is_not_a_reservation() -> None:
+    p = pod_view(
+        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
+    )
+    full = Capacity(gpus=2, total=8, allocated=8, free=0, memory_per_slice_bytes=8 * c.GIB)
+    st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=full), NOW)
+    assert st.reason == Reason.GPUS_FULL
+    assert "all 8 v100-8g slices on 2 GPU(s)" in st.message and "not a reservation" in st.message
+
+
+def test_other_scheduling_failures_pass_the_schedulers_message_through() -> None:
+    p = pod_view(pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 Insufficient cpu.")))
+    st = slice_status(facts(claims=[unallocated_claim()], pods=[p]), NOW)
+    assert st.reason == Reason.UNSCHEDULABLE and "3 Insufficient cpu" in st.message
+
+
+def test_pod_blocked_by_the_namespaces_cpu_quota_is_reported() -> None:
+    rs = workload_view(
+        {
+            "kind": "ReplicaSet",
+            "metadata": {"namespace": "ns", "name": "web-1"},
+            "spec": {"template": {"spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "s"}]}}},
+            "status": {
+                "conditions": [
+                    {
+                        "type": "ReplicaFailure",
+                        "status": "True",
+                        "reason": "FailedCreate",
+                        "message": 'pods "web-1-x" is forbidden: exceeded quota: compute, '
+                        "requested: cpu=2, used: cpu=4, limited: cpu=4",
+                    }
+                ]
+            },
+        }
+    )
+    assert rs is not None
+    st = slice_status(facts(claims=[unallocated_claim()], workloads=[rs]), NOW)
+    assert st.phase == Phase.PENDING and st.reason == Reason.POD_BLOCKED_BY_QUOTA
+    assert "ReplicaSet web-1" in st.message and "used: cpu=4, limited: cpu=4" in st.message
+
+
+def test_allocation_then_use_then_release() -> None:
+    claim = claim_view(allocated_claim("ns", "s", "n0", "gpu-0-v100-8g-1", reserved_for=["p"]))
+    uuids = {("n0", "gpu-0-v100-8g-1"): "GPU-abc"}
+    starting = pod_view(pod("p", claim="s", node=True))
+    st = slice_status(facts(claims=[claim], pods=[starting], uuids=uuids), NOW)
+    assert st.phase == Phase.ALLOCATED and (st.node, st.gpu_uuid, st.device) == (
+        "n0",
+        "GPU-abc",
+        "gpu-0-v100-8g-1",
+    )
+    running = pod_view(pod("p", claim="s", node=True, phase="Running"))
+    st2 = slice_status(facts(claims=[claim], pods=[running], uuids=uuids, previous=st), NOW)
+    assert st2.phase == Phase.IN_USE and "pod p on node n0" in st2.message
+    st3 = slice_status(facts(claims=[unallocated_claim()], previous=st2), NOW)
+    assert st3.phase == Phase.RELEASED and st3.node is None
+
+
+def test_condition_times_change_only_on_flips() -> None:
+    first = slice_status(facts(claims=[unallocated_claim()]), "2026-01-01T00:00:00Z")
+    again = slice_status(facts(claims=[unallocated_claim()], previous=first), "2026-01-01T00:05:00Z")
+    assert [c.last_transition_time for c in again.conditions] == ["2026-01-01T00:00:00Z"] * 3
+    claim = claim_view(allocated_claim("ns", "s", "n0", "d", reserved_for=[]))
+    flipped = slice_status(facts(claims=[claim], previous=again), "2026-01-01T00:09:00Z")
+    times = {c.type: c.last_transition_time for c in flipped.conditions}
+    assert times == {
+        "ClaimReady": "2026-01-01T00:00:00Z",
+        "Allocated": "2026-01-01T00:09:00Z",
+        "InUse": "2026-01-01T00:00:00Z",
+    }
+
+
+def test_template_slice_counts_each_pod() -> None:
+    a = claim_view(allocated_claim("ns", "w-a-gpu", "n0", "d0", reserved_for=["w-a"]))
+    pa = pod_view(
+        pod(
+            "w-a",
+            template="w",
+            node=True,
+            phase="Running",
+            resourceClaimStatuses=[{"name": "gpu", "resourceClaimName": "w-a-gpu"}],
+        )
+    )
+    pb = pod_view(pod("w-b", template="w", **unschedulable("waiting for resource claim")))
+    st = slice_status(facts(name="w", template=True, claims=[a], pods=[pa, pb], quotas=[quota(2, 2)]), NOW)
+    assert st.phase == Phase.PENDING and st.reason == Reason.QUOTA_EXCEEDED
+    assert st.message.startswith("1 of 2 pods wait; quota used up")
+    assert st.claim_template_name == "w" and st.claim_name is None
+    assert [x.claim for x in st.allocations] == ["w-a-gpu"]
+    st2 = slice_status(facts(name="w", template=True, claims=[a], pods=[pa]), NOW)
+    assert st2.phase == Phase.IN_USE
+
+
+def test_views_read_what_they_need() -> None:
+    p = pod_view(pod("p", template="w", resourceClaimStatuses=[{"name": "gpu", "resourceClaimName": "gen"}]))
+    assert p is not None and p.claims == {"gpu": "gen"} and p.templates == {"gpu": "w"}
+    assert pod_view({"metadata": {}, "spec": {"containers": []}, "status": {}}) is None
+    assert uses_gpuslice(
+        {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "x", "firstAvailable": [{"deviceClassName": "a.gpuslice.io"}]}]
+                }
+            }
+        }
+    )
+    assert not uses_gpuslice(
+        {"spec": {"devices": {"requests": [{"name": "x", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    )
+    q = quota(3, 4)
+    assert q.usage(KEY) == (3, 4) and q.usage("cpu") is None
+
+
+def test_status_round_trips_through_the_api_shape() -> None:
+    st = slice_status(facts(claims=[unallocated_claim()]), NOW)
+    dumped = st.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert dumped["phase"] == "Pending" and dumped["claimName"] == "s"
+    assert GpuSliceStatus.model_validate(dumped) == st
