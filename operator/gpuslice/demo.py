@@ -96,11 +96,22 @@ class Demo:
             value = check()
             if value:
                 return value
+            self._check_processes()
             if time.monotonic() - last_note > 10:
                 self._progress(f"still waiting for {what} ...")
                 last_note = time.monotonic()
             time.sleep(0.5)
         raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    def _check_processes(self) -> None:
+        """Fail fast, with its last log line, when the operator or an agent died."""
+        state = self.cluster.state()
+        if state is None:
+            return
+        for name, alive in self.cluster.status().items():
+            if not alive and (name == "operator" or name.startswith("agent/")):
+                lines = Path(state.processes[name].log).read_text(errors="replace").strip().splitlines()
+                raise DemoError(f"{name} exited: {lines[-1] if lines else 'no output'}")
 
     def slice_status(self, ns: str, name: str) -> dict[str, Any]:
         obj = self.get(c.SLICE_PLURAL, name, "-n", ns)
@@ -348,14 +359,11 @@ class Demo:
             self.ok(f"team-b/{name}: {st['phase']} on {st.get('node')}")
         st = self.wait_phase("team-b", waiting, ("Pending",))
         st = self.wait(
-            f"a reason on team-b/{waiting}",
-            lambda: (
-                (s := self.slice_status("team-b", waiting)).get("reason")
-                not in (None, "", "CreatingClaim", "Scheduling", "WaitingForPod")
-                and s
-            ),
+            f"the operator to tell why team-b/{waiting} waits",
+            lambda: (s := self.slice_status("team-b", waiting)).get("reason") == "AllGpusFull" and s,
         )
-        self.ok(f"team-b/{waiting}: {st['phase']} ({st.get('reason')}): {st.get('message')}")
+        self.ok(f"team-b/{waiting}: {st['phase']} ({st.get('reason')}):")
+        self.show(textwrap.fill(str(st.get("message")), 100))
         from gpuslice.explain import explain
 
         self.show(

@@ -31,7 +31,7 @@ def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) 
         assert "Tesla V100-PCIE-32GB, 8192 MiB" in out
         assert "cuMemAlloc(2 GiB) -> 2 CUDA_ERROR_OUT_OF_MEMORY" in out
         # A slice beyond capacity waits with a reason, then starts by itself.
-        assert "team-b/big-1: Pending (" in out
+        assert "team-b/big-1: Pending (AllGpusFull)" in out
         assert "team-b/big-1 started by itself: InUse" in out
         assert "status.usage: 3.0 GiB of 8 GiB used" in out
         assert f"export KUBECONFIG={d.resolve() / 'kubeconfig'}" in out

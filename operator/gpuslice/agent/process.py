@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,15 +13,28 @@ if TYPE_CHECKING:
     from gpuslice.devcluster.cluster import DevCluster
 
 
+#: Longest socket directory we accept under the state root; sun_path holds 107 bytes, and the DRA
+#: socket adds "/gpuslice.io/dra.sock".
+_MAX_SOCKET_DIR = 80
+
+
 def agent_dirs(state_root: Path, node: str) -> dict[str, Path]:
-    """The per-node directories an agent under `state_root` uses (kept short: unix socket paths)."""
+    """The per-node directories an agent under `state_root` uses.
+
+    Unix socket paths are limited to 107 bytes: when `state_root` is deep (a pytest tmp dir), the
+    kubelet-facing socket dirs move to a short, stable dir under the system temp dir instead.
+    """
     base = state_root / node
+    sockets = base
+    if len(str(base / "registry")) > _MAX_SOCKET_DIR:
+        digest = hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:12]
+        sockets = Path(tempfile.gettempdir()) / f"gpuslice-{digest}"
     return {
         "state": base / "state",
         "run": base / "run",
         "cdi": base / "cdi",
-        "plugins": base / "plugins",
-        "registry": base / "registry",
+        "plugins": sockets / "plugins",
+        "registry": sockets / "registry",
     }
 
 

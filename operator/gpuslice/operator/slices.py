@@ -30,6 +30,7 @@ log = get(__name__)
 
 Idx = kopf.Index[Any, Any]
 RESYNC_SECONDS = 30.0
+PENDING_RECHECK_SECONDS = 5.0
 #: How long a claim this process just applied may be missing from the index before it applies again.
 APPLIED_GRACE_SECONDS = 10.0
 
@@ -230,6 +231,20 @@ async def slice_event(namespace: Any, name: str, type: Any, memo: Any, **kw: Any
 @kopf.timer(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 async def slice_resync(namespace: Any, name: str, memo: Any, **kw: Any) -> None:
     """Safety net for what no watch event announces (capacity elsewhere, a retry after quota)."""
+    await refresh(memo.state, namespace, name, Indexes(kw))
+
+
+@kopf.timer(
+    c.API_GROUP,
+    c.API_VERSION,
+    c.SLICE_PLURAL,
+    interval=PENDING_RECHECK_SECONDS,
+    initial_delay=PENDING_RECHECK_SECONDS,
+    when=lambda status, **_: (status or {}).get("phase") == "Pending",
+)
+async def pending_recheck(namespace: Any, name: str, memo: Any, **kw: Any) -> None:
+    """A waiting slice's reason depends on capacity elsewhere (which GPUs filled up meanwhile): no
+    event of its own pod or claim announces that, so only Pending slices are re-read this often."""
     await refresh(memo.state, namespace, name, Indexes(kw))
 
 
