@@ -375,7 +375,7 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
     assert st["node"] == world.cluster.nodes[0] and st["gpuUUID"] == f"GPU-{pool}-0"
     assert st["device"].startswith("gpu-0-") and st["allocations"][0]["pod"] == "ollama"
     conds = {x["type"]: x["status"] for x in st["conditions"]}
-    assert conds == {"ClaimReady": "True", "Allocated": "True", "InUse": "True"}
+    assert conds == {"ClaimReady": "True", "Allocated": "True", "InUse": "True", "MemoryIsolated": "True"}
     row = world.cluster.kubectl("get", "gpuslices", "-n", world.namespace).stdout.splitlines()
     assert row[0].split() == ["NAME", "PACKAGE", "PHASE", "NODE", "GPU", "AGE"]
     assert row[1].split()[:5] == ["llm", world.pkg("8g"), "InUse", world.cluster.nodes[0], f"GPU-{pool}-0"]

@@ -194,7 +194,20 @@ def test_condition_times_change_only_on_flips() -> None:
         "ClaimReady": "2026-01-01T00:00:00Z",
         "Allocated": "2026-01-01T00:09:00Z",
         "InUse": "2026-01-01T00:00:00Z",
+        "MemoryIsolated": "2026-01-01T00:09:00Z",
     }
+
+
+def test_a_shim_bypass_the_agent_found_shows_as_a_condition() -> None:
+    claim = claim_view(allocated_claim("ns", "s", "n0", "gpu-0-v100-8g-1", reserved_for=["p"]))
+    running = pod_view(pod("p", claim="s", node=True, phase="Running"))
+    clean = slice_status(facts(claims=[claim], pods=[running]), NOW)
+    assert {c.type: c.status for c in clean.conditions}["MemoryIsolated"] == "True"
+    found = "process 42 holds 20480 MiB on GPU GPU-abc, more than any slice on it allows (8192 MiB)"
+    st = slice_status(facts(claims=[claim], pods=[running], memory_violation=found, previous=clean), NOW)
+    cond = {c.type: c for c in st.conditions}["MemoryIsolated"]
+    assert (cond.status, cond.reason, cond.message) == ("False", "ShimBypassed", found)
+    assert st.phase == Phase.IN_USE
 
 
 def test_template_slice_counts_each_pod() -> None:

@@ -56,6 +56,8 @@ class SliceFacts:
     create_error: str | None = None
     uuids: Mapping[tuple[str, str], str] = field(default_factory=dict)
     previous: GpuSliceStatus | None = None
+    #: What the node agent's NVML cross-check found (status.usage.violation), if anything.
+    memory_violation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -325,6 +327,18 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
             facts.generation,
         ),
     ]
+    if allocations:
+        conditions.append(
+            _condition(
+                "MemoryIsolated",
+                facts.memory_violation is None,
+                "WithinSlices" if facts.memory_violation is None else "ShimBypassed",
+                "no process on the slice's GPU holds more memory than its slices allow (NVML cross-check)"
+                if facts.memory_violation is None
+                else facts.memory_violation,
+                facts.generation,
+            )
+        )
     return GpuSliceStatus(
         phase=verdict.phase,
         reason=verdict.reason,

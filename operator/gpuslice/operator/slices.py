@@ -80,6 +80,7 @@ def _facts(state: OperatorState, entry: dict[str, Any], idx: Indexes, baseline: 
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
+        memory_violation=((entry["status"] or {}).get("usage") or {}).get("violation"),
     )
 
 
