@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -172,6 +173,7 @@ class Demo:
         self.inside_the_container()
         self.capacity_wait(bob)
         self.usage()
+        self.bypass()
         self.tables()
         self.next_steps()
 
@@ -382,8 +384,6 @@ class Demo:
         from gpuslice.devcluster.kubelet import prepare_pod
 
         prepared = prepare_pod(self.cluster, "team-a", "ollama")
-        import os
-
         hold = CUDA_ALLOC + "\nimport time; time.sleep(40)\n"
         proc = subprocess.Popen(
             [sys.executable, "-c", hold, "3"],
@@ -407,6 +407,47 @@ class Demo:
                 f"of {u['memoryLimitBytes'] / c.GIB:.0f} GiB used, "
                 f"{len(u.get('processes') or [])} process(es), read at {u.get('time')}"
             )
+        finally:
+            proc.terminate()
+            proc.wait()
+
+    def bypass(self) -> None:
+        self.step(
+            "Isolation is best-effort: a process that bypasses the shim is caught by the agent's NVML check"
+        )
+        from gpuslice.devcluster.kubelet import prepare_pod
+
+        prepared = prepare_pod(self.cluster, "team-a", "ollama")
+        # Same GPU and driver as the workload, but without libgpuslice.so: nothing limits it.
+        env = {k: v for k, v in prepared.env.items() if k != "LD_PRELOAD"}
+        hold = CUDA_ALLOC + "\nimport time; time.sleep(60)\n"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", hold, "12"],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            cond = self.wait(
+                "the MemoryIsolated condition of team-a/llm to turn False",
+                lambda: next(
+                    (
+                        x
+                        for x in self.slice_status("team-a", "llm").get("conditions") or []
+                        if x["type"] == "MemoryIsolated" and x["status"] == "False"
+                    ),
+                    None,
+                ),
+                timeout=60,
+            )
+            self.ok(f"condition MemoryIsolated=False ({cond['reason']}):")
+            self.show(textwrap.fill(cond["message"], 100))
+            events = self.kubectl(
+                "get", "events", "-n", "team-a", "--field-selector", "reason=SliceMemoryViolation",
+                "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name",
+            )  # fmt: skip
+            self.show(events.stdout)
+            self.ok("gpuslice agent --stop-violators would also have stopped that process")
         finally:
             proc.terminate()
             proc.wait()

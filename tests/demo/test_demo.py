@@ -34,6 +34,9 @@ def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) 
         assert "team-b/big-1: Pending (AllGpusFull)" in out
         assert "team-b/big-1 started by itself: InUse" in out
         assert "status.usage: 3.0 GiB of 8 GiB used" in out
+        # A process that bypasses the shim is caught by the agent's NVML cross-check.
+        assert "condition MemoryIsolated=False (ShimBypassed)" in out
+        assert "SliceMemoryViolation" in out
         assert f"export KUBECONFIG={d.resolve() / 'kubeconfig'}" in out
         status = DevCluster(d).status()
         assert status.get("operator") and status.get("kube-apiserver")
