@@ -123,6 +123,9 @@ def explain(slice_obj: Mapping[str, Any], package: Mapping[str, Any] | None) -> 
             f"of {_fmt_bytes(usage.get('memoryLimitBytes'))}"
             f" GPU memory, {len(usage.get('processes') or [])} process(es), read {usage.get('time', '?')}"
         )
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "MemoryIsolated" and cond.get("status") == "False":
+            lines.append(f"  warning:  {cond.get('message')}")
     advice = ADVICE.get(reason)
     if advice and phase not in ("Allocated", "InUse"):
         lines.append("  what you can do:")

@@ -70,6 +70,7 @@ def test_allocated_slice_says_where_and_gives_no_advice() -> None:
     )
     assert "claim train-1: GPU GPU-abc on node n1, device gpu-0-v100-16g-1, held by pod p" in text
     assert "2 GiB of 16 GiB GPU memory, 1 process(es)" in text
+    assert "warning:  process 7 bypassed" in text
     assert "what you can do" not in text
 
 
