@@ -64,6 +64,9 @@ def test_allocated_slice_says_where_and_gives_no_advice() -> None:
                     "memoryLimitBytes": 16 * 1024**3,
                     "processes": [{}],
                 },
+                "conditions": [
+                    {"type": "MemoryIsolated", "status": "False", "message": "process 7 bypassed"}
+                ],
             }
         ),
         PACKAGE,
