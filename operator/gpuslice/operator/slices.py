@@ -62,7 +62,8 @@ def _facts(state: OperatorState, entry: dict[str, Any], idx: Indexes, baseline: 
         claims = [claim] if claim else []
         pods = values(idx.pods, ("claim", ns, name))
         workloads = values(idx.workloads, ("claim", ns, name))
-    snapshot = state.published(idx.resource_slices, idx.claims)
+    need = [d for claim in claims if claim.allocated for d in claim.devices]
+    snapshot = state.published(idx.resource_slices, idx.claims, need)
     found = package is not None and (not package["deleting"] or bool(claims))
     return SliceFacts(
         namespace=ns,

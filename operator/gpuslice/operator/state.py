@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import kopf
@@ -37,6 +39,10 @@ class Snapshot:
     allocated: list[tuple[str, str]]
     uuids: dict[tuple[str, str], str]
     _capacity: dict[str, Capacity] = field(default_factory=dict)
+
+    @cached_property
+    def allocated_set(self) -> frozenset[tuple[str, str]]:
+        return frozenset(self.allocated)
 
     def capacity(self, package: str) -> Capacity:
         if package not in self._capacity:
@@ -70,10 +76,23 @@ class OperatorState:
         if lock is not None and not lock.locked():
             del self._locks[key]
 
-    def published(self, resource_slices: kopf.Index[Any, Any], claims: kopf.Index[Any, Any]) -> Snapshot:
+    def published(
+        self,
+        resource_slices: kopf.Index[Any, Any],
+        claims: kopf.Index[Any, Any],
+        need: Iterable[tuple[str, str]] = (),
+    ) -> Snapshot:
+        """The cached snapshot, unless it is old or misses an allocated (pool, device) in `need`:
+        a status computed from a snapshot older than its own claim would lack the GPU and stay so
+        until the next event."""
         now = time.monotonic()
-        if self.snapshot and now - self.snapshot.taken_at < self.config.capacity_cache_seconds:
-            return self.snapshot
+        cached = self.snapshot
+        if (
+            cached
+            and now - cached.taken_at < self.config.capacity_cache_seconds
+            and all(d in cached.uuids and d in cached.allocated_set for d in need)
+        ):
+            return cached
         slices: list[PublishedSlice] = [s for pool in resource_slices for s in resource_slices[pool]]
         allocated: set[tuple[str, str]] = set()
         for key in claims:
