@@ -74,3 +74,35 @@ replace (
     ]
     with pytest.raises(RuntimeError, match="lists no staging modules"):
         staging_replaces("module x\n", "v1.37.2")
+
+
+def test_a_port_taken_under_our_feet_is_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process grabs the port picked for kube-apiserver: it is started again on another one."""
+    import socket
+
+    from gpuslice.devcluster import cluster as cluster_mod
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    real_free_port = cluster_mod.free_port
+    handed_out: list[int] = []
+
+    def racy_free_port() -> int:
+        # etcd takes two ports first; the third pick (kube-apiserver's) is the busy one.
+        port = taken if len(handed_out) == 2 else real_free_port()
+        handed_out.append(port)
+        return port
+
+    monkeypatch.setattr(cluster_mod, "free_port", racy_free_port)
+    dc = DevCluster(tmp_path / "dc")
+    try:
+        st = dc.up(nodes=0)
+        assert taken in handed_out
+        assert st.ports["kube-apiserver"] != taken
+        assert dc.status()["kube-apiserver"]
+        assert "address already in use" in (tmp_path / "dc" / "logs" / "kube-apiserver.log").read_text()
+    finally:
+        dc.down()
+        busy.close()
