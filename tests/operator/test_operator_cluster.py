@@ -548,6 +548,27 @@ def test_admission_rejects_bypasses_with_what_to_do_instead(world: World) -> Non
         priv["spec"]["containers"][0]["securityContext"] = {"privileged": True}
         refused(priv, "privileged", "GpuSlice claim")
 
+        for host_ns in ("hostPID", "hostIPC", "hostNetwork"):
+            hns = pod_doc("hostns", ns)
+            hns["spec"][host_ns] = True
+            refused(hns, "may not use hostPID, hostIPC, hostNetwork", "Remove them")
+        cap = pod_doc("cap", ns)
+        cap["spec"]["containers"][0]["securityContext"] = {
+            "capabilities": {"add": ["NET_BIND_SERVICE", "SYS_ADMIN"]}
+        }
+        refused(cap, "may not add the capabilities", "SYS_ADMIN")
+        # The same settings on a pod without a slice are none of gpuslice's business.
+        plain = pod_doc("plain", ns)
+        plain["spec"].pop("resourceClaims")
+        plain["spec"]["containers"][0].pop("resources", None)
+        plain["spec"]["hostNetwork"] = True
+        assert (
+            kubectl_as(
+                world.cluster, bob, "create", "--dry-run=server", "-f", "-", input=json.dumps(plain)
+            ).returncode
+            == 0
+        )
+
         claim: dict[str, Any] = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",

@@ -58,6 +58,11 @@ def _cel_list(values: tuple[str, ...] | list[str]) -> str:
     return "[" + ", ".join(json.dumps(v) for v in values) + "]"
 
 
+#: Pod fields that put a GPU pod into the node's namespaces.
+HOST_NAMESPACES = ("hostPID", "hostIPC", "hostNetwork")
+#: Capabilities that let a container step around the shim (mounts, ptrace of other processes).
+DANGEROUS_CAPABILITIES = ("ALL", "SYS_ADMIN", "SYS_PTRACE", "SYS_RAWIO", "SYS_MODULE")
+
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
@@ -131,6 +136,8 @@ def pods_policy() -> dict[str, Any]:
         "[{name: gpu, resourceClaimName: <slice>}] (or resourceClaimTemplateName for a template GpuSlice) "
         "and resources.claims: [{name: gpu}] in the container"
     )
+    no_claims = "(!has(object.spec.resourceClaims) || size(object.spec.resourceClaims) == 0)"
+    caps = _cel_list(list(DANGEROUS_CAPABILITIES))
     host_path = (
         "has(v.hostPath) && (v.hostPath.path.contains('//') || v.hostPath.path.contains('/./') "
         f"|| {paths}.exists(d, v.hostPath.path.startsWith(d) || (d + '/').startsWith("
@@ -172,6 +179,27 @@ def pods_policy() -> dict[str, Any]:
                 "of a directory above them are not allowed (paths must be in canonical form): the GPU "
                 "reaches the container through its GpuSlice claim; use an emptyDir or a "
                 "PersistentVolumeClaim for data",
+            },
+            {
+                "expression": f"{no_claims} || !("
+                + " || ".join(f"(has(object.spec.{h}) && object.spec.{h})" for h in HOST_NAMESPACES)
+                + ")",
+                "message": "a pod that holds a GPU slice may not use "
+                + ", ".join(HOST_NAMESPACES)
+                + ": in the node's namespaces it could see and signal other tenants' GPU processes or "
+                "reach the node agent. Remove them; the slice needs none",
+            },
+            {
+                "expression": f"{no_claims} || "
+                + _no_container(
+                    "has(ct.securityContext) && has(ct.securityContext.capabilities) && "
+                    "has(ct.securityContext.capabilities.add) && "
+                    f"ct.securityContext.capabilities.add.exists(x, x in {caps})"
+                ),
+                "message": "a container of a pod that holds a GPU slice may not add the capabilities "
+                + ", ".join(DANGEROUS_CAPABILITIES)
+                + ": they allow escaping the slice's limits (mounts, other processes' memory). Remove "
+                "them from securityContext.capabilities.add",
             },
             {
                 "expression": _no_container(
