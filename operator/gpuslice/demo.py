@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -459,14 +460,19 @@ class Demo:
 
     def next_steps(self) -> None:
         dir_flag = "" if self.cluster.dir == _default_dir() else f" --dir {self.cluster.dir}"
+        # Print runnable paths: under `make demo` neither the venv nor the kubectl cache is on PATH.
+        gs = shutil.which("gpuslice") or str(Path(sys.executable).parent / "gpuslice")
+        kubectl = self.cluster.bins.kubectl
         print(
             f"""
 The cluster is still running. Try:
   export KUBECONFIG={self.cluster.kubeconfig}
-  kubectl get gpuslices -A                       # (kubectl: {self.cluster.bins.kubectl})
-  gpuslice explain team-b/big-{self.nodes - 1}
-  gpuslice shim run --memory 8Gi --simulate-gpus "1x {GPU_MODEL}" -- python3 -c 'import pynvml; ...'
-Stop everything with:  gpuslice devcluster down{dir_flag}
+  {kubectl} get gpuslices -A
+  {gs} explain team-b/big-{self.nodes - 1}
+  {gs} shim run --memory 8Gi --simulate-gpus "1x {GPU_MODEL}" -- {sys.executable} -c \\
+      'import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); \\
+       print(pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetMemoryInfo(h).total)'
+Stop everything with:  {gs} devcluster down{dir_flag}
 """,
             flush=True,
         )
