@@ -557,6 +557,13 @@ def test_admission_rejects_bypasses_with_what_to_do_instead(world: World) -> Non
             "capabilities": {"add": ["NET_BIND_SERVICE", "SYS_ADMIN"]}
         }
         refused(cap, "may not add the capabilities", "SYS_ADMIN")
+        block = pod_doc("block", ns)
+        block["spec"]["containers"][0]["volumeDevices"] = [{"name": "raw", "devicePath": "/dev/xvda"}]
+        block["spec"]["volumes"] = [{"name": "raw", "persistentVolumeClaim": {"claimName": "disk"}}]
+        refused(block, "raw block devices", "volumeMounts")
+        pinned = pod_doc("pinned", ns)
+        pinned["spec"]["nodeName"] = world.cluster.nodes[0]
+        refused(pinned, "may not set spec.nodeName", "nodeSelector")
         # The same settings on a pod without a slice are none of gpuslice's business.
         plain = pod_doc("plain", ns)
         plain["spec"].pop("resourceClaims")

@@ -202,6 +202,20 @@ def pods_policy() -> dict[str, Any]:
                 "them from securityContext.capabilities.add",
             },
             {
+                "expression": f"{no_claims} || "
+                + _no_container("has(ct.volumeDevices) && size(ct.volumeDevices) > 0"),
+                "message": "a container of a pod that holds a GPU slice may not attach raw block devices "
+                "(volumeDevices): mount the PersistentVolumeClaim as a filesystem (volumeMounts) instead",
+            },
+            {
+                # Only on create: after binding every update of the pod carries the scheduler's choice.
+                "expression": f"{no_claims} || request.operation != 'CREATE' || !has(object.spec.nodeName) "
+                "|| object.spec.nodeName == ''",
+                "message": "a pod that holds a GPU slice may not set spec.nodeName: kube-scheduler must "
+                "place it, because it allocates the slice on the node it picks. To steer it, use "
+                "nodeSelector or nodeAffinity",
+            },
+            {
                 "expression": _no_container(
                     "has(ct.securityContext) && has(ct.securityContext.privileged) && "
                     "ct.securityContext.privileged"
