@@ -16,6 +16,23 @@ from gpuslice.domain.capacity import summarize_resource_slice
 from gpuslice.domain.views import claim_view, pod_view, quota_view, uses_gpuslice, workload_view
 
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
+Idx = kopf.Index[Any, Any]
+
+
+class Indexes:
+    """Every gpuslice index of a handler call (Kopf passes them as keyword arguments), as one."""
+
+    def __init__(self, kw: dict[str, Any]) -> None:
+        self.packages: Idx = kw["gs_packages"]
+        self.slices: Idx = kw["gs_slices"]
+        self.claims: Idx = kw["gs_claims"]
+        self.templates: Idx = kw["gs_claim_templates"]
+        self.pods: Idx = kw["gs_pods"]
+        self.quotas: Idx = kw["gs_quotas"]
+        self.workloads: Idx = kw["gs_workloads"]
+        self.resource_slices: Idx = kw["gs_resource_slices"]
+        self.namespaces: Idx = kw["gs_namespaces"]
+        self.device_classes: Idx = kw["gs_device_classes"]
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)

@@ -24,9 +24,9 @@ from gpuslice.metrics import (
     WRITES,
     forget_package,
 )
-from gpuslice.operator.indexes import MANAGED
+from gpuslice.operator.indexes import MANAGED, Indexes
 from gpuslice.operator.kube import error_message
-from gpuslice.operator.slices import Indexes, refresh_many
+from gpuslice.operator.slices import refresh_many
 from gpuslice.operator.state import OperatorState, now, one, values
 from gpuslice.operator.tenancy import reconcile_all
 
@@ -52,34 +52,31 @@ async def package_event(
 ) -> None:
     """Level-triggered: every event of a package re-derives its DeviceClass and all tenant quotas;
     only differences are written."""
-    gs_packages: kopf.Index[Any, Any] = kw["gs_packages"]
-    gs_namespaces: kopf.Index[Any, Any] = kw["gs_namespaces"]
-    gs_quotas: kopf.Index[Any, Any] = kw["gs_quotas"]
-    gs_device_classes: kopf.Index[Any, Any] = kw["gs_device_classes"]
+    idx = Indexes(kw)
     state: OperatorState = memo.state
     if type == "DELETED":
-        await reconcile_all(state, gs_packages, gs_namespaces, gs_quotas, exclude=name)
+        await reconcile_all(state, idx, exclude=name)
         return
     meta = body.get("metadata", {})
     if meta.get("deletionTimestamp") is None:
         spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
         # The DeviceClass depends only on name and gpuModel, which cannot change: apply it on first
         # sight (a no-op when it is already right) and whenever the index lacks it.
-        if type in (None, "ADDED") or one(gs_device_classes, c.device_class_name(name)) is None:
+        if type in (None, "ADDED") or one(idx.device_classes, c.device_class_name(name)) is None:
             await ensure_device_class(state, name, meta.get("uid"), spec)
-    await reconcile_all(state, gs_packages, gs_namespaces, gs_quotas)
+    await reconcile_all(state, idx)
     if type == "ADDED":
         # Slices that named this package before it existed were Failed (PackageNotFound): go on now.
-        refs = [tuple(r.split("/", 1)) for r in values(kw["gs_slices"], ("package", name))]
-        await refresh_many(state, [(ns, n) for ns, n in refs], Indexes(kw))
+        refs = [tuple(r.split("/", 1)) for r in values(idx.slices, ("package", name))]
+        await refresh_many(state, [(ns, n) for ns, n in refs], idx)
 
 
 @kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
 async def device_class_event(name: str, type: Any, memo: Any, **kw: Any) -> None:
     """A gpuslice DeviceClass deleted or edited by someone else: put it back while its package lives."""
-    gs_packages: kopf.Index[Any, Any] = kw["gs_packages"]
+    idx = Indexes(kw)
     package = name.removesuffix(c.DEVICE_CLASS_SUFFIX)
-    entry = one(gs_packages, package)
+    entry = one(idx.packages, package)
     if entry is None or entry["deleting"]:
         return
     if type in ("DELETED", "MODIFIED"):
@@ -94,12 +91,9 @@ async def package_deleted(
     **kw: Any,
 ) -> None:
     """Held while GpuSlices use the package, with a condition that names them; then clean up."""
-    gs_slices: kopf.Index[Any, Any] = kw["gs_slices"]
-    gs_packages: kopf.Index[Any, Any] = kw["gs_packages"]
-    gs_namespaces: kopf.Index[Any, Any] = kw["gs_namespaces"]
-    gs_quotas: kopf.Index[Any, Any] = kw["gs_quotas"]
+    idx = Indexes(kw)
     state: OperatorState = memo.state
-    users = sorted(values(gs_slices, ("package", name)))
+    users = sorted(values(idx.slices, ("package", name)))
     if users:
         cond = deletion_condition(users).model_dump(by_alias=True, exclude_none=True)
         conditions = [
@@ -110,7 +104,7 @@ async def package_deleted(
         )
         raise kopf.TemporaryError(cond["message"], delay=max(2.0, min(state.config.resync_seconds, 10.0)))
     await state.kube.delete(DRA_API, "DeviceClass", c.device_class_name(name))
-    await reconcile_all(state, gs_packages, gs_namespaces, gs_quotas, exclude=name)
+    await reconcile_all(state, idx, exclude=name)
     forget_package(name)
     log.info("package deleted", package=name)
 
@@ -124,22 +118,19 @@ async def package_status_timer(
     **kw: Any,
 ) -> None:
     """Capacity and the rest of the status; written only when it changed."""
-    gs_resource_slices: kopf.Index[Any, Any] = kw["gs_resource_slices"]
-    gs_claims: kopf.Index[Any, Any] = kw["gs_claims"]
-    gs_namespaces: kopf.Index[Any, Any] = kw["gs_namespaces"]
-    gs_device_classes: kopf.Index[Any, Any] = kw["gs_device_classes"]
+    idx = Indexes(kw)
     state: OperatorState = memo.state
     if meta.get("deletionTimestamp") is not None:
         return
     spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
-    snapshot = state.published(gs_resource_slices, gs_claims)
-    _export(name, snapshot.capacity(name), kw["gs_slices"])
+    snapshot = state.published(idx.resource_slices, idx.claims)
+    _export(name, snapshot.capacity(name), idx.slices)
     entitled = 0
-    for ns in gs_namespaces:
-        entry = one(gs_namespaces, ns)
+    for ns in idx.namespaces:
+        entry = one(idx.namespaces, ns)
         if entry and not entry["terminating"] and entitled_slices(spec, entry["labels"]) is not None:
             entitled += 1
-    present = one(gs_device_classes, c.device_class_name(name)) is not None
+    present = one(idx.device_classes, c.device_class_name(name)) is not None
     current = dict(body.get("status") or {})
     previous = GpuPackageStatus.model_validate(current).conditions
     new = package_status(
@@ -159,14 +150,14 @@ async def package_status_timer(
     STATUS_UPDATES.labels("GpuPackage").inc()
 
 
-def _export(name: str, capacity: Capacity, gs_slices: kopf.Index[Any, Any]) -> None:
+def _export(name: str, capacity: Capacity, slices: kopf.Index[Any, Any]) -> None:
     """Package gauges: capacity, and slices by phase (from the index, no API call)."""
     PACKAGE_CAPACITY_SLICES.labels(name).set(capacity.total)
     PACKAGE_FREE_SLICES.labels(name).set(capacity.free)
     counts = dict.fromkeys(Phase, 0)
-    for ref in values(gs_slices, ("package", name)):
+    for ref in values(slices, ("package", name)):
         ns, _, slice_name = ref.partition("/")
-        entry = one(gs_slices, ("slice", ns, slice_name))
+        entry = one(slices, ("slice", ns, slice_name))
         phase = ((entry or {}).get("status") or {}).get("phase") or Phase.PENDING.value
         counts[Phase(phase)] += 1
     for phase, n in counts.items():

@@ -23,31 +23,16 @@ from gpuslice.domain.conditions import same_status
 from gpuslice.domain.slice_status import SliceFacts, slice_status
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
+from gpuslice.operator.indexes import Indexes
 from gpuslice.operator.kube import error_message
 from gpuslice.operator.state import OperatorState, now, one, values
 
 log = get(__name__)
 
-Idx = kopf.Index[Any, Any]
 RESYNC_SECONDS = 30.0
 PENDING_RECHECK_SECONDS = 5.0
 #: How long a claim this process just applied may be missing from the index before it applies again.
 APPLIED_GRACE_SECONDS = 10.0
-
-
-class Indexes:
-    """The indexes a slice's status reads, passed around as one."""
-
-    def __init__(self, kw: dict[str, Any]) -> None:
-        self.packages: Idx = kw["gs_packages"]
-        self.slices: Idx = kw["gs_slices"]
-        self.claims: Idx = kw["gs_claims"]
-        self.templates: Idx = kw["gs_claim_templates"]
-        self.pods: Idx = kw["gs_pods"]
-        self.quotas: Idx = kw["gs_quotas"]
-        self.workloads: Idx = kw["gs_workloads"]
-        self.resource_slices: Idx = kw["gs_resource_slices"]
-        self.namespaces: Idx = kw["gs_namespaces"]
 
 
 def _facts(state: OperatorState, entry: dict[str, Any], idx: Indexes, baseline: dict[str, Any]) -> SliceFacts:

@@ -12,18 +12,18 @@ from gpuslice.api.package import GpuPackageSpec
 from gpuslice.domain.tenancy import ObservedTenant, changes, tenant_state
 from gpuslice.logs import get
 from gpuslice.metrics import WRITES
-from gpuslice.operator.indexes import MANAGED
+from gpuslice.operator.indexes import MANAGED, Indexes
 from gpuslice.operator.kube import error_message
 from gpuslice.operator.state import OperatorState, one, values
 
 log = get(__name__)
 
 
-def live_packages(gs_packages: kopf.Index[Any, Any], exclude: str | None = None) -> dict[str, GpuPackageSpec]:
+def live_packages(packages: kopf.Index[Any, Any], exclude: str | None = None) -> dict[str, GpuPackageSpec]:
     """Packages that count for quotas: all but `exclude` (one whose deletion is completing)."""
     out = {}
-    for name in gs_packages:
-        entry = one(gs_packages, name)
+    for name in packages:
+        entry = one(packages, name)
         if entry and name != exclude:
             out[name] = entry["spec"]
     return out
@@ -32,16 +32,14 @@ def live_packages(gs_packages: kopf.Index[Any, Any], exclude: str | None = None)
 async def reconcile_namespace(
     namespace: Any,
     state: OperatorState,
-    gs_packages: kopf.Index[Any, Any],
-    gs_namespaces: kopf.Index[Any, Any],
-    gs_quotas: kopf.Index[Any, Any],
+    idx: Indexes,
     exclude: str | None = None,
 ) -> None:
-    ns = one(gs_namespaces, namespace)
+    ns = one(idx.namespaces, namespace)
     if ns is None or ns["terminating"]:
         return
-    desired = tenant_state(namespace, ns["labels"], live_packages(gs_packages, exclude))
-    ours = next((q for q in values(gs_quotas, namespace) if q.name == c.QUOTA_NAME), None)
+    desired = tenant_state(namespace, ns["labels"], live_packages(idx.packages, exclude))
+    ours = next((q for q in values(idx.quotas, namespace) if q.name == c.QUOTA_NAME), None)
     observed = ObservedTenant(
         labeled=ns["labels"].get(c.LABEL_TENANT) == "true",
         quota_hard=dict(ours.spec_hard) if ours else None,
@@ -67,15 +65,9 @@ async def reconcile_namespace(
         raise kopf.TemporaryError(f"namespace {namespace}: {error_message(exc)}", delay=5) from exc
 
 
-async def reconcile_all(
-    state: OperatorState,
-    gs_packages: kopf.Index[Any, Any],
-    gs_namespaces: kopf.Index[Any, Any],
-    gs_quotas: kopf.Index[Any, Any],
-    exclude: str | None = None,
-) -> None:
-    for namespace in list(gs_namespaces):
-        await reconcile_namespace(namespace, state, gs_packages, gs_namespaces, gs_quotas, exclude)
+async def reconcile_all(state: OperatorState, idx: Indexes, exclude: str | None = None) -> None:
+    for namespace in list(idx.namespaces):
+        await reconcile_namespace(namespace, state, idx, exclude)
 
 
 @kopf.on.event("", "v1", "namespaces")
@@ -85,12 +77,10 @@ async def namespace_event(
     memo: Any,
     **kw: Any,
 ) -> None:
-    gs_packages: kopf.Index[Any, Any] = kw["gs_packages"]
-    gs_namespaces: kopf.Index[Any, Any] = kw["gs_namespaces"]
-    gs_quotas: kopf.Index[Any, Any] = kw["gs_quotas"]
+    idx = Indexes(kw)
     if type == "DELETED":
         return
-    await reconcile_namespace(name, memo.state, gs_packages, gs_namespaces, gs_quotas)
+    await reconcile_namespace(name, memo.state, idx)
 
 
 @kopf.on.event("", "v1", "resourcequotas", labels=MANAGED)
@@ -100,7 +90,5 @@ async def quota_event(
     **kw: Any,
 ) -> None:
     """Someone changed or deleted a gpuslice quota (or it was just created): converge again."""
-    gs_packages: kopf.Index[Any, Any] = kw["gs_packages"]
-    gs_namespaces: kopf.Index[Any, Any] = kw["gs_namespaces"]
-    gs_quotas: kopf.Index[Any, Any] = kw["gs_quotas"]
-    await reconcile_namespace(namespace, memo.state, gs_packages, gs_namespaces, gs_quotas)
+    idx = Indexes(kw)
+    await reconcile_namespace(namespace, memo.state, idx)
