@@ -180,12 +180,16 @@ def _query_processes(pynvml: Any, gpu_uuids: Sequence[str]) -> list[GpuProcess]:
 @dataclass
 class _SliceState:
     key: str | None  # namespace/slice when the claim belongs to a (non-template) GpuSlice
-    package: str
+    #: the slice's series labels (metrics.SLICE_LABELS order); fixed for the claim's life
+    labels: tuple[str, ...]
     last_usage: dict[str, Any] | None = None
     last_write: float | None = None
-    refused_seen: int = 0
-    throttled_seen: float = 0.0
     violation: str | None = None
+
+
+def _report_key(record: ClaimRecord, state: _SliceState) -> str:
+    """namespace/name a claim is reported under: its GpuSlice, or the claim itself (template form)."""
+    return state.key or f"{record.namespace}/{record.name}"
 
 
 @dataclass
@@ -196,6 +200,13 @@ class UsageReporter:
     interval: float = 10.0
     stop_violators: bool = False
     _states: dict[str, _SliceState] = field(default_factory=dict)
+    # The region holds running totals; these turn them into counter increments.
+    _refused: metrics.CounterFromTotal = field(
+        default_factory=lambda: metrics.CounterFromTotal(metrics.SLICE_REFUSED_ALLOCATIONS)
+    )
+    _throttled: metrics.CounterFromTotal = field(
+        default_factory=lambda: metrics.CounterFromTotal(metrics.SLICE_THROTTLED)
+    )
 
     async def _owner(self, record: ClaimRecord) -> _SliceState:
         """Which GpuSlice a claim belongs to (its owner reference), looked up once per claim."""
@@ -218,15 +229,11 @@ class UsageReporter:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        state = _SliceState(key=key, package=package)
+        name = key.split("/", 1)[1] if key else record.name
+        labels = metrics.slice_labels(record.namespace, name, package, self.node, record.devices[0].gpu_uuid)
+        state = _SliceState(key=key, labels=labels)
         self._states[record.uid] = state
         return state
-
-    def _labels(self, record: ClaimRecord, state: _SliceState) -> dict[str, str]:
-        name = state.key.split("/", 1)[1] if state.key else record.name
-        uuid = record.devices[0].gpu_uuid if record.devices else ""
-        return {"namespace": record.namespace, "slice": name, "package": state.package, "node": self.node,
-                "gpu_uuid": uuid}  # fmt: skip
 
     async def tick(self) -> None:
         checkpoint = CheckpointStore(self.paths.state_dir / "checkpoint.json").load()
@@ -237,8 +244,7 @@ class UsageReporter:
         for record in records:
             state = await self._owner(record)
             dev = record.devices[0]
-            slices_on_gpu.append(SliceOnGpu(state.key or f"{record.namespace}/{record.name}", dev.gpu_uuid,
-                                            dev.memory_bytes))  # fmt: skip
+            slices_on_gpu.append(SliceOnGpu(_report_key(record, state), dev.gpu_uuid, dev.memory_bytes))
         violations = find_violations(
             nvml_processes(sorted({s.gpu_uuid for s in slices_on_gpu})), slices_on_gpu
         )
@@ -250,23 +256,14 @@ class UsageReporter:
             except (OSError, RegionFormatError) as exc:
                 log.warning("usage region unreadable", claim=record.name, error=str(exc))
                 continue
-            labels = self._labels(record, state)
+            labels = state.labels
             limit = record.devices[0].memory_bytes
-            metrics.SLICE_MEMORY_USED.labels(**labels).set(snapshot.memory_used_bytes)
-            metrics.SLICE_MEMORY_LIMIT.labels(**labels).set(limit)
+            metrics.SLICE_MEMORY_USED.labels(*labels).set(snapshot.memory_used_bytes)
+            metrics.SLICE_MEMORY_LIMIT.labels(*labels).set(limit)
             if snapshot.shim_utilization_percent is not None:
-                metrics.SLICE_COMPUTE_UTILIZATION.labels(**labels).set(
-                    snapshot.shim_utilization_percent / 100
-                )
-            # The region holds running totals; Prometheus counters only go up by deltas.
-            metrics.SLICE_REFUSED_ALLOCATIONS.labels(**labels).inc(
-                max(0, snapshot.refused_allocations_total - state.refused_seen)
-            )
-            metrics.SLICE_THROTTLED.labels(**labels).inc(
-                max(0.0, snapshot.throttled_seconds_total - state.throttled_seen)
-            )
-            state.refused_seen = snapshot.refused_allocations_total
-            state.throttled_seen = snapshot.throttled_seconds_total
+                metrics.SLICE_COMPUTE_UTILIZATION.labels(*labels).set(snapshot.shim_utilization_percent / 100)
+            self._refused.update(labels, snapshot.refused_allocations_total)
+            self._throttled.update(labels, snapshot.throttled_seconds_total)
             if state.key is None:
                 continue  # template claims: metrics only (several nodes may serve one GpuSlice)
             usage = usage_status(snapshot, limit, now_iso, state.violation)
@@ -276,9 +273,10 @@ class UsageReporter:
         self._forget_unprepared({r.uid for r in checkpoint.claims.values()})
 
     def _forget_unprepared(self, uids: set[str]) -> None:
+        """Unprepared claims: drop their state and their series (dashboards must not keep them)."""
         for uid in list(self._states):
             if uid not in uids:
-                del self._states[uid]
+                metrics.forget_slice(self._states.pop(uid).labels, self._refused, self._throttled)
 
     async def _write_usage(self, key: str, usage: dict[str, Any]) -> None:
         namespace, name = key.split("/", 1)
@@ -310,10 +308,9 @@ class UsageReporter:
                     pass
         for record in records:
             state = self._states[record.uid]
-            key = state.key or f"{record.namespace}/{record.name}"
-            message = flagged.get(key)
+            message = flagged.get(_report_key(record, state))
             if message and message != state.violation:
-                metrics.SLICE_VIOLATIONS.labels(**self._labels(record, state), kind=_OVER).inc()
+                metrics.SLICE_VIOLATIONS.labels(*state.labels, _OVER).inc()
                 if state.key:
                     await self._event(state.key, message)
             state.violation = message
