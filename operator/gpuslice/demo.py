@@ -15,7 +15,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -218,18 +219,12 @@ class Demo:
         self.show("\n".join(line for line in quota.splitlines() if "deviceclass" in line))
 
     def start_operator(self) -> None:
-        state = self.cluster.state()
-        if state and state.processes.get("operator") and self.cluster.status().get("operator"):
+        if self.cluster.status().get("operator"):
             self._progress("operator already running")
             return
-        log = self.cluster.dir / "logs" / "operator.log"
         argv = [sys.executable, "-m", "gpuslice", "operator", "--kubeconfig", str(self.cluster.kubeconfig)]
-        with log.open("ab") as fh:
-            proc = subprocess.Popen(
-                argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        self.cluster.register_process("operator", proc, log, argv)
-        self._progress(f"operator started (pid {proc.pid}), log {log}")
+        rec = self.cluster.start_process("operator", argv)
+        self._progress(f"operator started (pid {rec.pid}), log {rec.log}")
         # Policies are ready once a raw GPU request is denied by them.
         self.wait(
             "the operator's DeviceClasses and admission policies",
@@ -385,14 +380,7 @@ class Demo:
         from gpuslice.devcluster.kubelet import prepare_pod
 
         prepared = prepare_pod(self.cluster, "team-a", "ollama")
-        hold = CUDA_ALLOC + "\nimport time; time.sleep(40)\n"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", hold, "3"],
-            env={**os.environ, **prepared.env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
+        with _holding(prepared.env, gib=3, seconds=40):
             st = self.wait(
                 "the agent to report usage into GpuSlice team-a/llm",
                 lambda: (
@@ -408,9 +396,6 @@ class Demo:
                 f"of {u['memoryLimitBytes'] / c.GIB:.0f} GiB used, "
                 f"{len(u.get('processes') or [])} process(es), read at {u.get('time')}"
             )
-        finally:
-            proc.terminate()
-            proc.wait()
 
     def bypass(self) -> None:
         self.step(
@@ -421,14 +406,7 @@ class Demo:
         prepared = prepare_pod(self.cluster, "team-a", "ollama")
         # Same GPU and driver as the workload, but without libgpuslice.so: nothing limits it.
         env = {k: v for k, v in prepared.env.items() if k != "LD_PRELOAD"}
-        hold = CUDA_ALLOC + "\nimport time; time.sleep(60)\n"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", hold, "12"],
-            env={**os.environ, **env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
+        with _holding(env, gib=12, seconds=60):
             cond = self.wait(
                 "the MemoryIsolated condition of team-a/llm to turn False",
                 lambda: next(
@@ -449,9 +427,6 @@ class Demo:
             )  # fmt: skip
             self.show(events.stdout)
             self.ok("gpuslice agent --stop-violators would also have stopped that process")
-        finally:
-            proc.terminate()
-            proc.wait()
 
     def tables(self) -> None:
         self.step("What tenants and the platform team see")
@@ -476,6 +451,23 @@ Stop everything with:  {gs} devcluster down{dir_flag}
 """,
             flush=True,
         )
+
+
+@contextmanager
+def _holding(env: dict[str, str], gib: float, seconds: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A workload process that allocates `gib` through the CUDA driver API and holds it a while."""
+    hold = CUDA_ALLOC + f"\nimport time; time.sleep({seconds})\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold, str(gib)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def _default_dir() -> Path:

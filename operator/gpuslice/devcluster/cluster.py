@@ -215,6 +215,11 @@ class DevCluster:
         st.save()
         return stopped
 
+    def start_process(self, name: str, argv: list[str]) -> ProcessRecord:
+        """Start an extra process (e.g. the operator) logged and recorded like a component, so
+        `status` shows it and `down` stops it."""
+        return self._spawn(self._require_state(), name, argv)
+
     def register_process(
         self, name: str, proc: subprocess.Popen[bytes], log: Path, argv: Sequence[str]
     ) -> None:
