@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.cluster import DevCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_NODES = int(os.environ.get("GPUSLICE_TEST_NODES", "3"))

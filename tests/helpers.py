@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.cluster import DevCluster
 
 T = TypeVar("T")
 

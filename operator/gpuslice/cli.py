@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from gpuslice import __version__
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "gpuslice.devcluster.cli",
     "gpuslice.operator.cli",
     "gpuslice.agent.cli",
-    "gpuslice.shim.cli",
-    "gpuslice.demo",
     "gpuslice.explain",
+    # Dev tooling (gpuslice.dev): absent from a product install, so skipped when missing.
+    "gpuslice.dev.devcluster.cli",
+    "gpuslice.dev.demo",
+    "gpuslice.dev.gpusim.cli",
 )
 
 

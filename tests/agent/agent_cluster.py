@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from gpuslice import constants
-from gpuslice.agent.quantity import parse_int_quantity
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.api.quantity import parse_int_quantity
+from gpuslice.dev.devcluster.cluster import DevCluster
 
 V100 = "Tesla V100-PCIE-32GB"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from gpuslice import constants
 
@@ -13,8 +14,9 @@ import json, sys
 from pathlib import Path
 from gpuslice import logs
 from gpuslice.agent import gpus
+from gpuslice.dev.gpusim import simulate
 logs.configure()
-gpus.load_simulated_driver(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+simulate.use_fake_driver(simulate.write_node_config(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
 print(json.dumps([g.model_dump() for g in gpus.discover()]))
 """
 
@@ -62,8 +64,18 @@ def test_without_a_driver_the_agent_says_what_to_do(tmp_path: object) -> None:
     assert "NVML initialisation failed" in proc.stderr and "--simulate-gpus" in proc.stderr
 
 
-def test_an_unknown_simulated_model_is_a_clear_error(tmp_path: object) -> None:
-    proc = agent("--node", "n", "--simulate-gpus", "2x Tesla Q900", "--state-dir", f"{tmp_path}/s",
-                 "--plugins-dir", f"{tmp_path}/p", "--registry-dir", f"{tmp_path}/r")  # fmt: skip
+def test_the_product_agent_has_no_simulation_switch(tmp_path: object) -> None:
+    # simulation is dev tooling: the agent a cluster runs cannot be told to use a fake driver
+    proc = agent("--node", "n", "--simulate-gpus", "1x Tesla V100-PCIE-32GB")
+    assert proc.returncode == 2 and "unrecognized arguments: --simulate-gpus" in proc.stderr
+
+
+def test_an_unknown_simulated_model_is_a_clear_error_before_anything_starts(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuslice", "devcluster", "up", "--dir", str(tmp_path / "dc"),
+         "--simulate-gpus", "2x Tesla Q900"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert proc.returncode == 1
     assert "unknown GPU model 'Tesla Q900'" in proc.stderr
+    assert not (tmp_path / "dc" / "state.json").exists(), "nothing was started"

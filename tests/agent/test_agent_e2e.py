@@ -32,13 +32,13 @@ from agent.agent_cluster import (
     published_devices,
 )
 from gpuslice import constants
-from gpuslice.agent.process import agent_dirs, agent_kubeconfig, spawn_agent
 from gpuslice.agent.proto import dra_v1_pb2 as dra
 from gpuslice.agent.proto import dra_v1_pb2_grpc as dra_grpc
 from gpuslice.agent.proto import pluginregistration_v1_pb2 as reg
 from gpuslice.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
-from gpuslice.devcluster.agents import start_agents, stop_agents
-from gpuslice.devcluster.cluster import DevCluster, node_manifest
+from gpuslice.dev.agents import agent_dirs, agent_kubeconfig, spawn_agent
+from gpuslice.dev.devcluster.cluster import DevCluster, node_manifest
+from gpuslice.dev.devcluster.node_agents import start_agents, stop_agents
 from gpuslice.shim.config import SliceConfig
 from helpers import get_json, wait_for
 

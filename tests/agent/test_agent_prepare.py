@@ -12,9 +12,9 @@ from gpuslice import constants
 from gpuslice.agent.checkpoint import CheckpointError, CheckpointStore
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.prepare import NodePaths, PrepareError, Preparer, resolve_claim
-from gpuslice.agent.quantity import parse_int_quantity
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.shim.config import SliceConfig
 
 UID = "6a3c1f0e-1111-2222-3333-444455556666"

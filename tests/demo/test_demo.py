@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.cluster import DevCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.cluster import DevCluster
 from helpers import get_json, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.devcluster.binaries import staging_replaces
-from gpuslice.devcluster.cluster import CORE_COMPONENTS, DevCluster
+from gpuslice.dev.devcluster.binaries import staging_replaces
+from gpuslice.dev.devcluster.cluster import CORE_COMPONENTS, DevCluster
 
 pytestmark = pytest.mark.cluster
 
@@ -80,7 +80,7 @@ def test_a_port_taken_under_our_feet_is_not_fatal(tmp_path: Path, monkeypatch: p
     """Another process grabs the port picked for kube-apiserver: it is started again on another one."""
     import socket
 
-    from gpuslice.devcluster import cluster as cluster_mod
+    from gpuslice.dev.devcluster import cluster as cluster_mod
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from gpuslice import constants
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.cluster import DevCluster
 from helpers import get_json, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -19,7 +19,7 @@ import yaml
 from gpuslice import constants as c
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.cluster import DevCluster
 
 from .fixtures import V100, gpu
 

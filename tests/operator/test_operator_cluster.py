@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gpuslice import constants as c
-from gpuslice.devcluster.cluster import DevCluster, free_port
+from gpuslice.dev.devcluster.cluster import DevCluster, free_port
 
 from .operator_cluster import (
     REPO,

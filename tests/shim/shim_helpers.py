@@ -7,8 +7,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuslice.shim.build import ShimPaths
-from gpuslice.shim.runner import PreparedSlice
+from gpuslice.dev.gpusim.build import ShimPaths
+from gpuslice.dev.gpusim.runner import PreparedSlice
 
 GIB = 1024**3
 V100 = "1x Tesla V100-PCIE-32GB"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.shim.patch import PatchError, config_path_of, write_private_shim
+from gpuslice.dev.gpusim.patch import PatchError, config_path_of, write_private_shim
 from gpuslice.shim.region import RegionFormatError, read_usage
 from shim.shim_helpers import GIB, Holder
 

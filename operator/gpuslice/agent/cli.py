@@ -17,11 +17,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"{constants.DRIVER_NAME} and serve the kubelet DRA plugin.",
     )
     p.add_argument("--node", required=True, help="name of the Node this agent runs on (the pool name)")
-    p.add_argument(
-        "--simulate-gpus",
-        metavar="SPEC",
-        help='use the NVIDIA driver test double with these GPUs, e.g. "2x Tesla V100-PCIE-32GB"',
-    )
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster service account)")
     p.add_argument("--plugins-dir", type=Path, default=Path(constants.KUBELET_PLUGINS_DIR),
                    help="kubelet plugins dir; the DRA socket is <dir>/gpuslice.io/dra.sock")  # fmt: skip
@@ -38,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--shim-library",
         type=Path,
-        help="libgpuslice.so on the host (default: the installed one; the built one when simulating)",
+        help="libgpuslice.so on the host (default: the installed one)",
     )
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
@@ -63,13 +58,10 @@ def _main(args: argparse.Namespace) -> int:
     from gpuslice import logs
     from gpuslice.agent.gpus import DiscoveryError
     from gpuslice.agent.service import AgentError, AgentOptions, run
-    from gpuslice.shim.build import ShimBuildError
-    from gpuslice.shim.simulate import GpuSpecError
 
     logs.configure(args.log_level)
     opts = AgentOptions(
         node=args.node,
-        simulate_gpus=args.simulate_gpus,
         kubeconfig=args.kubeconfig,
         plugins_dir=args.plugins_dir,
         registry_dir=args.registry_dir,
@@ -83,6 +75,6 @@ def _main(args: argparse.Namespace) -> int:
     )
     try:
         return asyncio.run(run(opts))
-    except (AgentError, DiscoveryError, GpuSpecError, ShimBuildError) as exc:
+    except (AgentError, DiscoveryError) as exc:
         logs.get("gpuslice.agent").error(str(exc))
         return 1

@@ -1,14 +1,13 @@
 """GPU discovery through NVML (nvidia-ml-py) and the facts the agent publishes about each card.
 
-The same code path serves real and simulated nodes: with `--simulate-gpus` the NVIDIA driver test
-double is loaded first (see `load_simulated_driver`), so `pynvml.nvmlInit()` binds to it and nothing
-above NVML knows the difference.
+The same code path serves real and simulated nodes: on a simulated node the dev tooling starts the
+agent with the NVIDIA driver test double on its library path (`gpuslice.dev.gpusim.simulate`), so
+`pynvml.nvmlInit()` binds to it and nothing in the agent knows the difference.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -51,7 +50,8 @@ def discover(nvml: ModuleType = pynvml) -> list[GpuInfo]:
     except nvml.NVMLError as exc:
         raise DiscoveryError(
             f"NVML initialisation failed ({exc}); is the NVIDIA driver installed and "
-            "libnvidia-ml.so.1 on the library path? On a machine without GPUs pass --simulate-gpus."
+            "libnvidia-ml.so.1 on the library path? On a machine without GPUs, run the agent through "
+            "`gpuslice devcluster up --simulate-gpus SPEC`, which points it at the driver test double."
         ) from exc
     try:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
@@ -79,23 +79,6 @@ def discover(nvml: ModuleType = pynvml) -> list[GpuInfo]:
         raise DiscoveryError(f"NVML query failed: {exc}") from exc
     finally:
         nvml.nvmlShutdown()
-
-
-def load_simulated_driver(spec: str, node: str, state_dir: Path) -> Path:
-    """Load the NVIDIA driver test double describing `spec` (e.g. "2x Tesla V100-PCIE-32GB").
-
-    Must run before the first `nvmlInit()` of the process. UUIDs are seeded by the node name so
-    every simulated node has distinct, stable GPUs. Returns the written fake-driver config.
-    """
-    from gpuslice.shim import simulate
-
-    gpus = simulate.parse_gpu_spec(spec, seed=node)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    config = state_dir / "fake-gpus.conf"
-    simulate.write_fake_config(gpus, config)
-    simulate.use_fake_driver(config)
-    log.info("simulated NVIDIA driver loaded", spec=spec, gpus=len(gpus), config=str(config))
-    return config
 
 
 _NUMBER = re.compile(r"\d+")

@@ -21,7 +21,7 @@ from gpuslice import constants, logs, metrics
 from gpuslice.agent import cdi
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
 from gpuslice.agent.limits import write_limits
-from gpuslice.agent.quantity import parse_int_quantity
+from gpuslice.api.quantity import parse_int_quantity
 
 log = logs.get(__name__)
 

@@ -24,7 +24,6 @@ MAX_SOCKET_PATH = 107
 @dataclass(frozen=True)
 class AgentOptions:
     node: str
-    simulate_gpus: str | None
     kubeconfig: Path | None
     plugins_dir: Path
     registry_dir: Path
@@ -44,10 +43,6 @@ class AgentError(RuntimeError):
 def _shim_library(opts: AgentOptions) -> Path:
     if opts.shim_library is not None:
         return opts.shim_library
-    if opts.simulate_gpus:
-        from gpuslice.shim.build import ensure_built
-
-        return Path(ensure_built().shim)
     return Path(constants.HOST_SHIM_DIR) / "libgpuslice.so"
 
 
@@ -65,8 +60,6 @@ def check_socket_paths(opts: AgentOptions) -> None:
 
 async def run(opts: AgentOptions) -> int:
     check_socket_paths(opts)
-    if opts.simulate_gpus:
-        gpus_mod.load_simulated_driver(opts.simulate_gpus, opts.node, opts.state_dir / "simulated")
     gpus = gpus_mod.discover()
     log.info(
         "GPUs discovered", node=opts.node, count=len(gpus),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice import constants as c
-from gpuslice.agent.quantity import parse_int_quantity
+from gpuslice.api.quantity import parse_int_quantity
 
 
 @dataclass(frozen=True)

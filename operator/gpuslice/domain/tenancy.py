@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice import constants as c
-from gpuslice.agent.quantity import parse_int_quantity
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.domain.ownership import managed_labels
 from gpuslice.domain.selectors import matches
 

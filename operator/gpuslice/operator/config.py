@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, field_validator
 
-from gpuslice.agent.quantity import parse_int_quantity
+from gpuslice.api.quantity import parse_int_quantity
 
 
 class OperatorConfig(BaseModel):

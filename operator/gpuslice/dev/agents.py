@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuslice.devcluster.cluster import DevCluster
+    from gpuslice.dev.devcluster.cluster import DevCluster
 
 
 #: Longest socket directory we accept under the state root; sun_path holds 107 bytes, and the DRA
@@ -56,17 +57,22 @@ def spawn_agent(
     ResourceSlices and exits) and `proc.wait()`.
     """
     # Build the shim and the driver test double once here, not racing in every child.
-    from gpuslice.shim.build import ensure_built
+    from gpuslice.dev.gpusim import simulate
+    from gpuslice.dev.gpusim.build import ensure_built
 
-    ensure_built()
+    built = ensure_built()
     dirs = agent_dirs(state_root, node)
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
+    # The agent is the product's, unchanged: it finds the driver test double on its library path
+    # as it would find the real libnvidia-ml.so.1.
+    fake_config = simulate.write_node_config(simulate_spec, node, dirs["state"] / "simulated")
+    env = {**os.environ, **simulate.fake_driver_env(fake_config, built.fake_dir)}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "gpuslice", "agent",
         "--node", node,
-        "--simulate-gpus", simulate_spec,
+        "--shim-library", str(built.shim),
         "--kubeconfig", str(kubeconfig),
         "--state-dir", str(dirs["state"]),
         "--run-dir", str(dirs["run"]),
@@ -78,7 +84,12 @@ def spawn_agent(
     with open(log_path, "ab") as log:
         # Own session: a dev-cluster agent outlives `gpuslice devcluster up` and a Ctrl-C in its shell.
         return subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
         )
 
 

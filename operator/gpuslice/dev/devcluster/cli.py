@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpuslice.devcluster.binaries import BuildError, ensure_binaries
-from gpuslice.devcluster.cluster import DevCluster, DevClusterError, default_dir
+from gpuslice.dev.devcluster.binaries import BuildError, ensure_binaries
+from gpuslice.dev.devcluster.cluster import DevCluster, DevClusterError, default_dir
 
 
 def _progress(msg: str) -> None:
@@ -53,11 +53,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.simulate_gpus:
+        from gpuslice.dev.gpusim.simulate import GpuSpecError, parse_gpu_spec
+
+        try:  # a bad spec fails before anything starts
+            parse_gpu_spec(args.simulate_gpus, seed="check")
+        except GpuSpecError as exc:
+            print(f"error: --simulate-gpus: {exc}", file=sys.stderr)
+            return 1
     cluster = DevCluster(args.dir, progress=_progress)
     try:
         cluster.up(nodes=args.nodes)
         if args.simulate_gpus:
-            from gpuslice.devcluster.agents import start_agents
+            from gpuslice.dev.devcluster.node_agents import start_agents
 
             start_agents(cluster, args.simulate_gpus, progress=_progress)
     except (BuildError, DevClusterError) as exc:

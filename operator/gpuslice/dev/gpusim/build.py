@@ -8,8 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-#: operator/gpuslice/shim/build.py -> repository root
-REPO_ROOT = Path(__file__).resolve().parents[3]
+#: operator/gpuslice/dev/gpusim/build.py -> repository root
+REPO_ROOT = Path(__file__).resolve().parents[4]
 SHIM_SOURCE_DIR = REPO_ROOT / "shim"
 BUILD_DIR = SHIM_SOURCE_DIR / "build"
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice.shim import patch, simulate
-from gpuslice.shim.build import ShimPaths, ensure_built
+from gpuslice.dev.gpusim import patch, simulate
+from gpuslice.dev.gpusim.build import ShimPaths, ensure_built
 from gpuslice.shim.config import SliceConfig
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuslice.devcluster.cluster import DevCluster, DevClusterError
+from gpuslice.dev.devcluster.cluster import DevCluster, DevClusterError
 
 
 def agent_process_name(node: str) -> str:
@@ -17,7 +17,7 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
     Each agent runs as its own client-certificate user that may write only its node's
     ResourceSlices. Returns the nodes whose agent was started now.
     """
-    from gpuslice.agent.process import agent_kubeconfig, install_agent_rbac, spawn_agent
+    from gpuslice.dev.agents import agent_kubeconfig, install_agent_rbac, spawn_agent
 
     say = progress or (lambda _m: None)
     st = cluster.state()

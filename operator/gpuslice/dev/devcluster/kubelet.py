@@ -5,7 +5,7 @@ container runtime's part of the allocation path, which kwok does not play.
    gpuslice claims (the agent writes the CDI spec and the slice's limits file).
 2. As a CDI-aware runtime, apply the spec's edits to a host process. There are no mount namespaces
    here, so container paths are translated to their host paths instead of bind-mounted: the shim is a
-   private copy patched to read the host limits file (see gpuslice.shim.patch), whose usage_dir is
+   private copy patched to read the host limits file (see gpuslice.dev.gpusim.patch), whose usage_dir is
    rewritten to the host usage dir; the shim comes in through LD_PRELOAD instead of /etc/ld.so.preload.
    The NVIDIA device is the driver test double with the node's simulated GPUs.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice import constants
-from gpuslice.devcluster.cluster import DevCluster, DevClusterError
+from gpuslice.dev.devcluster.cluster import DevCluster, DevClusterError
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,11 @@ def prepare_pod(cluster: DevCluster, namespace: str, pod_name: str) -> PreparedP
     import grpc
 
     from gpuslice.agent.plugin import dra_socket_path
-    from gpuslice.agent.process import agent_dirs
     from gpuslice.agent.proto import dra_v1_pb2 as dra
     from gpuslice.agent.proto import dra_v1_pb2_grpc as dra_grpc
-    from gpuslice.shim import patch, simulate
-    from gpuslice.shim.build import ensure_built
+    from gpuslice.dev.agents import agent_dirs
+    from gpuslice.dev.gpusim import patch, simulate
+    from gpuslice.dev.gpusim.build import ensure_built
     from gpuslice.shim.config import SliceConfig
 
     pod = _get(cluster, "pod", pod_name, "-n", namespace)

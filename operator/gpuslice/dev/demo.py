@@ -24,7 +24,7 @@ import yaml
 
 from gpuslice import constants as c
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "manifests" / "samples"
 GPU_MODEL = "Tesla V100-PCIE-32GB"
 
@@ -59,7 +59,7 @@ class DemoError(RuntimeError):
 
 class Demo:
     def __init__(self, directory: Path | None, nodes: int, gpus_per_node: int) -> None:
-        from gpuslice.devcluster.cluster import DevCluster
+        from gpuslice.dev.devcluster.cluster import DevCluster
 
         self.cluster = DevCluster(directory, progress=self._progress)
         self.nodes = nodes
@@ -180,7 +180,7 @@ class Demo:
         self.next_steps()
 
     def setup(self) -> None:
-        from gpuslice.devcluster.agents import start_agents
+        from gpuslice.dev.devcluster.node_agents import start_agents
 
         self.step("Platform team: CRDs, the three V100 products, tenants team-a and team-b, operator, agents")
         self.cluster.apply_crds()
@@ -319,7 +319,7 @@ class Demo:
         )
 
     def inside_the_container(self) -> None:
-        from gpuslice.devcluster.kubelet import run_in_pod
+        from gpuslice.dev.devcluster.kubelet import run_in_pod
 
         self.step(
             "Lesson 7: inside the workload, through the shim (kubelet prepare -> CDI -> libgpuslice.so)"
@@ -377,7 +377,7 @@ class Demo:
 
     def usage(self) -> None:
         self.step("Real usage in status: a workload holds 3 GiB of its slice for a while")
-        from gpuslice.devcluster.kubelet import prepare_pod
+        from gpuslice.dev.devcluster.kubelet import prepare_pod
 
         prepared = prepare_pod(self.cluster, "team-a", "ollama")
         with _holding(prepared.env, gib=3, seconds=40):
@@ -401,7 +401,7 @@ class Demo:
         self.step(
             "Isolation is best-effort: a process that bypasses the shim is caught by the agent's NVML check"
         )
-        from gpuslice.devcluster.kubelet import prepare_pod
+        from gpuslice.dev.devcluster.kubelet import prepare_pod
 
         prepared = prepare_pod(self.cluster, "team-a", "ollama")
         # Same GPU and driver as the workload, but without libgpuslice.so: nothing limits it.
@@ -471,7 +471,7 @@ def _holding(env: dict[str, str], gib: float, seconds: int) -> Iterator[subproce
 
 
 def _default_dir() -> Path:
-    from gpuslice.devcluster.cluster import default_dir
+    from gpuslice.dev.devcluster.cluster import default_dir
 
     return default_dir().resolve()
 
@@ -507,8 +507,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuslice.devcluster.binaries import BuildError
-    from gpuslice.devcluster.cluster import DevClusterError
+    from gpuslice.dev.devcluster.binaries import BuildError
+    from gpuslice.dev.devcluster.cluster import DevClusterError
 
     if args.nodes < 1 or args.gpus_per_node < 1:
         print("error: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)

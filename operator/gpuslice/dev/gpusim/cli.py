@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from gpuslice.agent.quantity import parse_int_quantity
+from gpuslice.api.quantity import parse_int_quantity
 
 
 def _memory(value: str) -> int | None:
@@ -67,8 +67,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuslice.shim import runner
-    from gpuslice.shim.build import ShimBuildError
+    from gpuslice.dev.gpusim import runner
+    from gpuslice.dev.gpusim.build import ShimBuildError
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -105,7 +105,7 @@ def _usage(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from gpuslice.shim.build import ShimBuildError, ensure_built
+    from gpuslice.dev.gpusim.build import ShimBuildError, ensure_built
 
     try:
         built = ensure_built()

@@ -173,8 +173,17 @@ def use_fake_driver(config_path: Path | str) -> ctypes.CDLL:
     Call before the process first loads libnvidia-ml.so.1: glibc then resolves pynvml's
     CDLL("libnvidia-ml.so.1") to the already-loaded double by its SONAME.
     """
-    from gpuslice.shim.build import ensure_built
+    from gpuslice.dev.gpusim.build import ensure_built
 
     built = ensure_built()
     os.environ[FAKE_GPU_CONFIG_ENV] = str(config_path)
     return ctypes.CDLL(str(built.fake_nvml), mode=ctypes.RTLD_GLOBAL)
+
+
+def write_node_config(spec: str, node: str, state_dir: Path) -> Path:
+    """Describe `spec` (e.g. "2x Tesla V100-PCIE-32GB") for `node` in `<state_dir>/fake-gpus.conf`.
+
+    UUIDs are seeded by the node name so every simulated node has distinct, stable GPUs.
+    """
+    gpus = parse_gpu_spec(spec, seed=node)
+    return write_fake_config(gpus, state_dir / "fake-gpus.conf")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from gpuslice.devcluster import pki
-from gpuslice.devcluster.binaries import Binaries, ensure_binaries
+from gpuslice.dev.devcluster import pki
+from gpuslice.dev.devcluster.binaries import Binaries, ensure_binaries
 
 Progress = Callable[[str], None]
 
@@ -270,7 +270,7 @@ class DevCluster:
 
     def apply_crds(self, crd_dir: Path | None = None) -> None:
         """Apply gpuslice's CRDs and wait until the API server serves them."""
-        directory = crd_dir or Path(__file__).resolve().parents[3] / "crds"
+        directory = crd_dir or Path(__file__).resolve().parents[4] / "crds"
         if not directory.is_dir():
             raise DevClusterError(f"CRD directory {directory} not found")
         self.apply(directory)
