@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from gpuslice import procfs
 from gpuslice.dev.devcluster.binaries import staging_replaces
 from gpuslice.dev.devcluster.cluster import CORE_COMPONENTS, DevCluster
 
@@ -50,15 +50,8 @@ def test_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
         down = _cli("down", "--dir", str(d))
     assert down.returncode == 0
     pids = [p["pid"] for p in before.values()]
-    assert pids and not [p for p in pids if os.path.exists(f"/proc/{p}") and _not_zombie(p)]
+    assert pids and not [p for p in pids if procfs.alive(p)]
     assert _cli("status", "--dir", str(d)).returncode == 1
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_staging_replaces_come_from_the_kubernetes_go_mod() -> None:

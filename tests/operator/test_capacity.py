@@ -6,7 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslice import constants as c
-from gpuslice.domain.capacity import allocated_devices, package_capacity, summarize_resource_slice
+from gpuslice.api.resourceclaim import allocated_devices
+from gpuslice.api.resourceslice import parse_resource_slice as summarize_resource_slice
+from gpuslice.domain.capacity import package_capacity
 
 from .fixtures import allocated_claim, published
 

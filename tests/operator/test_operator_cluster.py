@@ -42,6 +42,9 @@ from .operator_cluster import (
 
 pytestmark = pytest.mark.cluster
 NS_LABEL = "gpuslice-test/tenant"
+#: The module's operator resyncs every slice this often (the product default is 30 s): the at-rest
+#: test then sees a full resync in less time.
+RESYNC_SECONDS = 10
 
 
 def wait(check: Any, timeout: float = 60, what: str = "") -> Any:
@@ -59,7 +62,7 @@ def wait(check: Any, timeout: float = 60, what: str = "") -> Any:
 def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     cluster.apply_crds()
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(cluster, log, f"--metrics-port={free_port()}")
+    op = OperatorProcess(cluster, log, f"--metrics-port={free_port()}", f"--resync-seconds={RESYNC_SECONDS}")
     op.start()
     try:
         wait(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
@@ -933,7 +936,7 @@ def test_many_slices_cost_a_bounded_number_of_writes_and_none_at_rest(
     writes = _metric_sum(operator, "gpuslice_operator_writes_total")
     statuses_now = _metric_sum(operator, 'gpuslice_operator_status_updates_total{kind="GpuSlice"')
     breakdown = _metric_lines(operator, "gpuslice_operator_writes_total")
-    time.sleep(35)
+    time.sleep(RESYNC_SECONDS + 5)
     assert _metric_sum(operator, "gpuslice_operator_writes_total") == writes, (
         breakdown,
         _metric_lines(operator, "gpuslice_operator_writes_total"),
@@ -970,3 +973,122 @@ def test_killed_mid_work_the_operator_converges_without_duplicates(
     claims = get(world.cluster, "resourceclaims", "-n", world.namespace)["items"]
     assert sorted(x["metadata"]["name"] for x in claims) == sorted(f"k{i}" for i in range(n))
     assert all(len(x["metadata"]["ownerReferences"]) == 1 for x in claims)
+
+
+# --- retries --------------------------------------------------------------------------------------
+
+
+def _refuse(w: World, name: str, resource: str, expression: str) -> list[dict[str, Any]]:
+    """A temporary ValidatingAdmissionPolicy (+ binding) that refuses writes for which `expression` is
+    false, as a webhook outage or a stricter policy would; returned so the test can remove it."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["*"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": [resource],
+                    }
+                ]
+            },
+            "validations": [{"expression": expression, "message": f"refused for the test ({name})"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    apply(w.cluster, [policy, binding])
+    return [policy, binding]
+
+
+def _lift(w: World, name: str, probe: dict[str, Any]) -> float:
+    """Remove the refusal; returns the moment the API server accepts `probe` again (dry run)."""
+    w.cluster.kubectl(
+        "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name, check=False
+    )
+
+    def accepted() -> bool:
+        proc = w.cluster.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
+        )
+        return proc.returncode == 0 or "AlreadyExists" in proc.stderr
+
+    wait(accepted, 30, f"{name} lifted")
+    return time.monotonic()
+
+
+def _settle(w: World, pkg: str) -> None:
+    """Wait until the package's status is written and then longer than its timer's interval: from
+    then on no event of the package (or of anything gpuslice watches) announces the refusal's end."""
+    wait(
+        lambda: (
+            ((get(w.cluster, "gpupackages.gpuslice.io", pkg) or {}).get("status") or {}).get(
+                "entitledNamespaces"
+            )
+            == 1
+        ),
+        30,
+        "package status",
+    )
+    time.sleep(7)
+
+
+def test_a_refused_device_class_write_is_retried_without_another_event(world: World) -> None:
+    pkg = world.pkg("8g")
+    dc_name = c.device_class_name(pkg)
+    probe = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": dc_name}}
+    name = f"optest-{world.token}-refuse-dc"
+    _refuse(world, name, "deviceclasses", f"object.metadata.name != {json.dumps(dc_name)}")
+    wait(
+        lambda: (
+            "refused for the test"
+            in world.cluster.kubectl(
+                "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
+            ).stderr
+        ),
+        30,
+        "the refusal in force",
+    )
+    apply(world.cluster, [package_doc(pkg, 25, {NS_LABEL: world.token})])
+    _settle(world, pkg)
+    assert get(world.cluster, "deviceclass", dc_name) is None
+    lifted = _lift(world, name, probe)
+    wait(lambda: get(world.cluster, "deviceclass", dc_name), 20, "DeviceClass after the refusal ended")
+    assert time.monotonic() - lifted < 15
+
+
+def test_a_refused_quota_write_is_retried_without_another_event(world: World) -> None:
+    pkg = world.pkg("8g")
+    probe = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": c.QUOTA_NAME, "namespace": world.namespace},
+        "spec": {"hard": {c.quota_key(pkg): "2"}},
+    }
+    name = f"optest-{world.token}-refuse-quota"
+    _refuse(world, name, "resourcequotas", f"object.metadata.namespace != {json.dumps(world.namespace)}")
+    wait(
+        lambda: (
+            "refused for the test"
+            in world.cluster.kubectl(
+                "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
+            ).stderr
+        ),
+        30,
+        "the refusal in force",
+    )
+    world.packages({"8g": 25})
+    _settle(world, pkg)
+    assert get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", world.namespace) is None
+    lifted = _lift(world, name, probe)
+    wait(lambda: world.quota_hard(), 20, "quota after the refusal ended")
+    assert time.monotonic() - lifted < 15

@@ -9,7 +9,9 @@ from __future__ import annotations
 import time
 
 from gpuslice import constants as c
-from gpuslice.domain.capacity import allocated_devices, package_capacity, summarize_resource_slice
+from gpuslice.api.resourceclaim import allocated_devices
+from gpuslice.api.resourceslice import parse_resource_slice as summarize_resource_slice
+from gpuslice.domain.capacity import package_capacity
 from gpuslice.domain.slice_status import SliceFacts, slice_status
 from gpuslice.domain.views import claim_view, quota_view
 

@@ -7,11 +7,12 @@ is written, and as `Prepared` once its CDI spec is in place. Every write replace
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
+
+from gpuslice.files import atomic_write
 
 CHECKPOINT_VERSION = 1
 
@@ -66,14 +67,4 @@ class CheckpointStore:
 
     def save(self, checkpoint: Checkpoint) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(checkpoint.model_dump_json(indent=1).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic_write(self.path, checkpoint.model_dump_json(indent=1))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,9 @@ from gpuslice import constants, logs, metrics
 from gpuslice.agent import cdi
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
 from gpuslice.agent.limits import write_limits
-from gpuslice.api.quantity import parse_int_quantity
+from gpuslice.api.resourceclaim import allocation_results
+from gpuslice.api.resourceslice import find_device, parse_resource_slices
+from gpuslice.files import atomic_write
 
 log = logs.get(__name__)
 
@@ -31,20 +32,6 @@ ListSlices = Callable[[], Awaitable[list[dict[str, Any]]]]
 
 class PrepareError(Exception):
     """Preparing one claim failed; the message goes back to kubelet and into the pod's events."""
-
-
-def _find_device(slices: Sequence[dict[str, Any]], pool: str, device: str) -> dict[str, Any] | None:
-    """The device as last published in the pool (highest generation wins, as for the scheduler)."""
-    best: tuple[int, dict[str, Any]] | None = None
-    for s in slices:
-        spec = s.get("spec", {})
-        if spec.get("driver") != constants.DRIVER_NAME or spec.get("pool", {}).get("name") != pool:
-            continue
-        generation = int(spec["pool"].get("generation", 0))
-        for d in spec.get("devices") or []:
-            if d.get("name") == device and (best is None or generation > best[0]):
-                best = (generation, d)
-    return best[1] if best else None
 
 
 def resolve_claim(
@@ -57,10 +44,7 @@ def resolve_claim(
         raise PrepareError(
             f"{where} has uid {meta.get('uid')}, kubelet asked for {uid}: the claim was replaced"
         )
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-        "results"
-    ) or []
-    ours = [r for r in results if r.get("driver") == constants.DRIVER_NAME and r.get("pool") == node]
+    ours = [r for r in allocation_results(claim) if r.pool == node]
     if not ours:
         raise PrepareError(
             f"{where} has no device of driver {constants.DRIVER_NAME} allocated on node {node}"
@@ -71,25 +55,29 @@ def resolve_claim(
             "a gpuslice claim holds exactly one slice "
             f"(one request named {constants.CLAIM_REQUEST_NAME!r}, count 1). Create a GpuSlice per slice."
         )
+    published = parse_resource_slices(slices)
     prepared = []
     for result in ours:
-        device = _find_device(slices, node, result["device"])
+        device = find_device(published, node, result.device)
         if device is None:
             raise PrepareError(
-                f"{where}: device {result['device']} is not in any ResourceSlice of pool {node}; "
+                f"{where}: device {result.device} is not in any ResourceSlice of pool {node}; "
                 "the agent will retry once its slices are published"
             )
-        attrs = device.get("attributes", {})
-        gpu_uuid = attrs["uuid"]["string"]
+        if device.uuid is None or device.memory_bytes is None or device.compute_share is None:
+            raise PrepareError(
+                f"{where}: device {result.device} of pool {node} lacks uuid, memory capacity or "
+                "computeShare; it was not published by this agent version"
+            )
         prepared.append(
             PreparedDevice(
-                request=result.get("request", ""),
+                request=result.request,
                 pool=node,
-                device=result["device"],
-                gpu_uuid=gpu_uuid,
-                memory_bytes=parse_int_quantity(device["capacity"]["memory"]["value"]),
-                compute_share=int(attrs["computeShare"]["int"]),
-                cdi_device_ids=[cdi.cdi_device_id(uid), cdi.nvidia_device_id(gpu_uuid)],
+                device=result.device,
+                gpu_uuid=device.uuid,
+                memory_bytes=device.memory_bytes,
+                compute_share=device.compute_share,
+                cdi_device_ids=[cdi.cdi_device_id(uid), cdi.nvidia_device_id(device.uuid)],
             )
         )
     return prepared
@@ -112,17 +100,6 @@ class NodePaths:
 
     def cdi_spec(self, uid: str) -> Path:
         return self.cdi_dir / cdi.spec_file_name(uid)
-
-
-def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # a read-only leftover of a killed agent
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 class Preparer:
@@ -181,7 +158,7 @@ class Preparer:
         claim_dir = self.paths.claim_dir(record.uid)
         claim_dir.mkdir(parents=True, exist_ok=True)
         preload = claim_dir / "ld.so.preload"
-        _atomic_write(preload, f"{constants.CONTAINER_SHIM_PATH}\n".encode(), 0o444)
+        atomic_write(preload, f"{constants.CONTAINER_SHIM_PATH}\n".encode(), 0o444)
         limits = claim_dir / "slice.conf"
         write_limits(
             limits,
@@ -200,7 +177,7 @@ class Preparer:
             usage_dir=usage,
         )
         self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.paths.cdi_spec(record.uid), json.dumps(spec, indent=1).encode())
+        atomic_write(self.paths.cdi_spec(record.uid), json.dumps(spec, indent=1).encode())
 
     async def unprepare(self, uid: str) -> None:
         async with self._lock:

@@ -21,6 +21,7 @@ from typing import Any, Final
 from gpuslice import constants
 from gpuslice.agent.gpus import GpuInfo, semver
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice.api.resourceslice import parse_resource_slices
 
 #: Per-slice limits from k8s.io/api/resource/v1 (ResourceSliceMaxCounterSets,
 #: ResourceSliceMaxDevicesWithAdvancedFeatures).
@@ -225,7 +226,7 @@ def plan_publish(
     digest = content_hash(desired, node_uid)
     names = {name for name, _ in desired}
     existing_names = {s["metadata"]["name"] for s in existing}
-    generations = {int(s["spec"]["pool"].get("generation", 0)) for s in existing}
+    generations = {s.generation for s in parse_resource_slices(existing)}
     hashes = {s["metadata"].get("annotations", {}).get(ANNOTATION_CONTENT_HASH) for s in existing}
     if existing and existing_names == names and hashes == {digest} and len(generations) == 1:
         return PublishPlan(apply=[], delete=[])

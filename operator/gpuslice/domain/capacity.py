@@ -8,93 +8,10 @@ package may hold the whole card. "Free" therefore counts what kube-scheduler cou
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from gpuslice import constants as c
-from gpuslice.api.quantity import parse_int_quantity
-
-
-@dataclass(frozen=True)
-class PublishedDevice:
-    pool: str
-    name: str
-    package: str | None
-    uuid: str | None
-    product_name: str | None
-    memory_bytes: int | None
-    counter_set: str | None
-    consumes: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PublishedSlice:
-    """The part of one ResourceSlice of driver gpuslice.io that capacity needs."""
-
-    name: str
-    pool: str
-    generation: int
-    node: str | None
-    devices: tuple[PublishedDevice, ...]
-    counter_sets: Mapping[str, Mapping[str, int]]
-
-
-def _attr(attrs: Mapping[str, Any], name: str) -> Any:
-    value = attrs.get(name) or attrs.get(f"{c.DRIVER_NAME}/{name}") or {}
-    for kind in ("string", "int", "version", "bool"):
-        if kind in value:
-            return value[kind]
-    return None
-
-
-def summarize_resource_slice(obj: Mapping[str, Any]) -> PublishedSlice | None:
-    """None for slices of other drivers."""
-    spec = obj.get("spec") or {}
-    if spec.get("driver") != c.DRIVER_NAME:
-        return None
-    pool = spec.get("pool") or {}
-    pool_name = str(pool.get("name", ""))
-    devices = []
-    for dev in spec.get("devices") or []:
-        attrs = dev.get("attributes") or {}
-        consumption = (dev.get("consumesCounters") or [{}])[0]
-        memory = ((dev.get("capacity") or {}).get("memory") or {}).get("value")
-        devices.append(
-            PublishedDevice(
-                pool=pool_name,
-                name=dev["name"],
-                package=_attr(attrs, "package"),
-                uuid=_attr(attrs, "uuid"),
-                product_name=_attr(attrs, "productName"),
-                memory_bytes=parse_int_quantity(memory) if memory is not None else None,
-                counter_set=consumption.get("counterSet"),
-                consumes={
-                    k: parse_int_quantity(v["value"]) for k, v in (consumption.get("counters") or {}).items()
-                },
-            )
-        )
-    counter_sets = {
-        cs["name"]: {k: parse_int_quantity(v["value"]) for k, v in (cs.get("counters") or {}).items()}
-        for cs in spec.get("sharedCounters") or []
-    }
-    return PublishedSlice(
-        name=str((obj.get("metadata") or {}).get("name", "")),
-        pool=pool_name,
-        generation=int(pool.get("generation", 0)),
-        node=spec.get("nodeName"),
-        devices=tuple(devices),
-        counter_sets=counter_sets,
-    )
-
-
-def current(slices: Iterable[PublishedSlice]) -> list[PublishedSlice]:
-    """Only the newest generation of each pool counts, as for kube-scheduler."""
-    slices = list(slices)
-    newest: dict[str, int] = {}
-    for s in slices:
-        newest[s.pool] = max(newest.get(s.pool, s.generation), s.generation)
-    return [s for s in slices if s.generation == newest[s.pool]]
+from gpuslice.api.resourceslice import PublishedDevice, PublishedSlice, newest_generation
 
 
 @dataclass(frozen=True)
@@ -115,7 +32,7 @@ def package_capacity(
 
     `allocated` holds (pool, device) of every device of driver gpuslice.io in an allocated claim.
     """
-    live = current(slices)
+    live = newest_generation(slices)
     taken = set(allocated)
     counters: dict[tuple[str, str], dict[str, int]] = {}
     for s in live:
@@ -160,9 +77,3 @@ def package_capacity(
         free=free,
         memory_per_slice_bytes=memory,
     )
-
-
-def allocated_devices(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(pool, device) of every gpuslice.io device in a claim's allocation."""
-    alloc = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-    return [(r["pool"], r["device"]) for r in alloc.get("results") or [] if r.get("driver") == c.DRIVER_NAME]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
+from gpuslice.api.refusal import is_quota_refusal
 from gpuslice.api.slice import GpuSliceStatus, Phase, QuotaUsage, SliceAllocation
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
@@ -133,7 +134,7 @@ def _workload_verdict(facts: SliceFacts) -> _Verdict | None:
     for w in facts.workloads:
         if not w.failure:
             continue
-        if "exceeded quota" in w.failure:
+        if is_quota_refusal(w.failure):
             return _Verdict(
                 Phase.PENDING,
                 Reason.POD_BLOCKED_BY_QUOTA,
@@ -191,7 +192,7 @@ def _direct(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
     claim = next((cl for cl in facts.claims if cl.name == facts.name), None)
     if claim is None:
         if facts.create_error:
-            by_quota = "exceeded quota" in facts.create_error
+            by_quota = is_quota_refusal(facts.create_error)
             return (_quota_verdict(facts, usage) if by_quota else None) or _Verdict(
                 Phase.PENDING if by_quota else Phase.FAILED,
                 Reason.QUOTA_EXCEEDED if by_quota else Reason.CLAIM_REJECTED,

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice import constants as c
+from gpuslice.api.pod import claim_refs, generated_claims
 from gpuslice.api.quantity import parse_int_quantity
-from gpuslice.domain.capacity import allocated_devices
+from gpuslice.api.resourceclaim import allocated_devices, allocated_node, allocation
 
 
 @dataclass(frozen=True)
@@ -27,27 +28,19 @@ class ClaimView:
     deleting: bool = False
 
 
-def _node_of(allocation: Mapping[str, Any]) -> str | None:
-    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-        for req in (term.get("matchFields") or []) + (term.get("matchExpressions") or []):
-            if req.get("key") in ("metadata.name", "kubernetes.io/hostname") and req.get("values"):
-                return str(req["values"][0])
-    return None
-
-
 def claim_view(obj: Mapping[str, Any]) -> ClaimView:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
-    allocation = status.get("allocation")
+    allocated = allocation(obj) is not None
     devices = tuple(allocated_devices(obj))
-    node = _node_of(allocation) if allocation else None
-    if allocation and node is None and devices:
+    node = allocated_node(obj)
+    if allocated and node is None and devices:
         node = devices[0][0]  # the agent names each pool after its node
     return ClaimView(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
         labels=dict(meta.get("labels") or {}),
-        allocated=allocation is not None,
+        allocated=allocated,
         node=node,
         devices=devices,
         reserved_for=tuple(
@@ -85,25 +78,29 @@ class PodView:
     def waiting(self) -> bool:
         return self.phase == "Pending" and not self.node
 
+    @property
+    def direct_claims(self) -> tuple[str, ...]:
+        """ResourceClaims the pod names itself (not generated from a template)."""
+        return tuple(claim for ref, claim in self.claims.items() if ref not in self.templates and claim)
+
 
 def pod_view(obj: Mapping[str, Any]) -> PodView | None:
     """None for pods that reference no ResourceClaim."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    refs = spec.get("resourceClaims") or []
+    refs = claim_refs(spec)
     if not refs:
         return None
-    generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
+    generated = generated_claims(obj)
     claims: dict[str, str | None] = {}
     templates: dict[str, str] = {}
     for ref in refs:
-        name = ref.get("name", "")
-        if ref.get("resourceClaimName"):
-            claims[name] = ref["resourceClaimName"]
-        elif ref.get("resourceClaimTemplateName"):
-            templates[name] = ref["resourceClaimTemplateName"]
-            claims[name] = generated.get(name)
+        if ref.claim:
+            claims[ref.name] = ref.claim
+        elif ref.template:
+            templates[ref.name] = ref.template
+            claims[ref.name] = generated.get(ref.name)
     unschedulable = None
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
@@ -169,7 +166,7 @@ def workload_view(obj: Mapping[str, Any]) -> WorkloadView | None:
     """None for workloads whose pod template references no claim."""
     meta = obj.get("metadata") or {}
     pod_spec = (((obj.get("spec") or {}).get("template") or {}).get("spec")) or {}
-    refs = pod_spec.get("resourceClaims") or []
+    refs = claim_refs(pod_spec)
     if not refs:
         return None
     failure = None
@@ -180,9 +177,7 @@ def workload_view(obj: Mapping[str, Any]) -> WorkloadView | None:
         namespace=meta.get("namespace", ""),
         kind=obj.get("kind", "ReplicaSet"),
         name=meta.get("name", ""),
-        claim_names=tuple(r["resourceClaimName"] for r in refs if r.get("resourceClaimName")),
-        template_names=tuple(
-            r["resourceClaimTemplateName"] for r in refs if r.get("resourceClaimTemplateName")
-        ),
+        claim_names=tuple(r.claim for r in refs if r.claim),
+        template_names=tuple(r.template for r in refs if r.template),
         failure=failure,
     )

@@ -53,6 +53,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="Kopf peering priority; the replica with the highest is active (default: random per start, "
         "so two replicas never tie)",
     )
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=30.0,
+        help="safety-net resync of every GpuSlice's status (default 30)",
+    )
+    p.add_argument(
+        "--recheck-seconds",
+        type=float,
+        default=5.0,
+        help="re-read of what no event announces (capacity for Pending slices and package status) and "
+        "retry delay of a refused write (default 5)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
 
@@ -68,6 +81,8 @@ def _run(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig,
             operator_identities=tuple(args.operator_identity),
             memory_floor=args.memory_floor,
+            resync_seconds=args.resync_seconds,
+            recheck_seconds=args.recheck_seconds,
             liveness_endpoint=args.liveness,
             metrics_port=args.metrics_port,
             standalone=not args.peering,
@@ -75,7 +90,9 @@ def _run(args: argparse.Namespace) -> int:
         )
     except ValidationError as exc:
         for err in exc.errors():
-            print(f"gpuslice operator: {err['msg']}", file=sys.stderr)
+            flag = "--" + "-".join(str(x) for x in err["loc"]).replace("_", "-")
+            msg = err["msg"] if "--" in err["msg"] else f"{flag}: {err['msg']}"
+            print(f"gpuslice operator: {msg}", file=sys.stderr)
         return 2
     if config.kubeconfig and not os.path.isfile(config.kubeconfig):
         print(

@@ -13,8 +13,12 @@ class OperatorConfig(BaseModel):
     #: SelfSubjectReview) is always added.
     operator_identities: tuple[str, ...] = ()
     memory_floor: str = "1Gi"
-    #: Safety-net resync of every slice and package status; changes normally arrive by watch events.
-    resync_seconds: float = Field(default=60.0, gt=0)
+    #: Safety-net resync of every slice's status; changes normally arrive by watch events.
+    resync_seconds: float = Field(default=30.0, gt=0)
+    #: How often what no watch event announces is re-read (capacity elsewhere, for Pending slices and
+    #: package status; DeviceClasses, policies and quotas whose write was refused) and the delay before
+    #: Kopf retries a refused write.
+    recheck_seconds: float = Field(default=5.0, gt=0)
     #: How long a computed capacity snapshot is reused across status computations.
     capacity_cache_seconds: float = Field(default=1.0, ge=0)
     liveness_endpoint: str | None = None

@@ -1,132 +1,268 @@
 """Kopf indexes: in-memory views of the cluster, kept current by watch streams.
 
 Handlers look objects up here by key instead of listing them, so a change costs a dictionary
-lookup, not a relist. Values are the small frozen views from `gpuslice.domain.views`.
+lookup, not a relist. One index answers one question, with one key shape; values are the small
+frozen views from `gpuslice.domain.views` (or the ones below), never whole bodies.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.domain.capacity import summarize_resource_slice
-from gpuslice.domain.views import claim_view, pod_view, quota_view, uses_gpuslice, workload_view
+from gpuslice.api.resourceclaim import allocated_devices
+from gpuslice.api.resourceslice import PublishedSlice, parse_resource_slice
+from gpuslice.domain.views import (
+    ClaimView,
+    PodView,
+    QuotaView,
+    WorkloadView,
+    claim_view,
+    pod_view,
+    quota_view,
+    uses_gpuslice,
+    workload_view,
+)
 
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
-Idx = kopf.Index[Any, Any]
+
+#: (namespace, name) of a namespaced object.
+Ref = tuple[str, str]
+
+
+def ns_of(namespace: str | None) -> str:
+    """Kopf types every handler's `namespace` as optional; the resources that use this are namespaced."""
+    return namespace or ""
+
+
+@dataclass(frozen=True)
+class PackageView:
+    name: str
+    spec: GpuPackageSpec
+    uid: str | None
+    deleting: bool
+    generation: int | None
+
+
+@dataclass(frozen=True)
+class SliceView:
+    namespace: str
+    name: str
+    uid: str | None
+    generation: int | None
+    created: str | None
+    package: str
+    template: bool
+    #: The status as the API server last showed it: the baseline a refresh compares with.
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> Ref:
+        return (self.namespace, self.name)
+
+    @property
+    def phase(self) -> str | None:
+        return self.status.get("phase")
+
+
+@dataclass(frozen=True)
+class NamespaceView:
+    labels: dict[str, str]
+    terminating: bool
+
+
+@dataclass(frozen=True)
+class AdmissionView:
+    """A gpuslice ValidatingAdmissionPolicy or binding: what `policies` compares with its desired form."""
+
+    labels: dict[str, str]
+    spec: dict[str, Any]
 
 
 class Indexes:
-    """Every gpuslice index of a handler call (Kopf passes them as keyword arguments), as one."""
+    """Every gpuslice index of a handler call (Kopf passes them as keyword arguments), as one typed view."""
 
     def __init__(self, kw: dict[str, Any]) -> None:
-        self.packages: Idx = kw["gs_packages"]
-        self.slices: Idx = kw["gs_slices"]
-        self.claims: Idx = kw["gs_claims"]
-        self.templates: Idx = kw["gs_claim_templates"]
-        self.pods: Idx = kw["gs_pods"]
-        self.quotas: Idx = kw["gs_quotas"]
-        self.workloads: Idx = kw["gs_workloads"]
-        self.resource_slices: Idx = kw["gs_resource_slices"]
-        self.namespaces: Idx = kw["gs_namespaces"]
-        self.device_classes: Idx = kw["gs_device_classes"]
+        self.packages: kopf.Index[str, PackageView] = kw["gs_packages"]
+        self.slices: kopf.Index[Ref, SliceView] = kw["gs_slices"]
+        self.package_slices: kopf.Index[str, Ref] = kw["gs_package_slices"]
+        self.namespace_slices: kopf.Index[str, Ref] = kw["gs_namespace_slices"]
+        self.claims: kopf.Index[Ref, ClaimView] = kw["gs_claims"]
+        #: (namespace, template slice) -> claims made from its template; pool -> claims allocated there.
+        self.template_claims: kopf.Index[Ref, Ref] = kw["gs_template_claims"]
+        self.pool_claims: kopf.Index[str, Ref] = kw["gs_pool_claims"]
+        self.templates: kopf.Index[Ref, bool] = kw["gs_claim_templates"]
+        self.claim_pods: kopf.Index[Ref, PodView] = kw["gs_claim_pods"]
+        self.template_pods: kopf.Index[Ref, PodView] = kw["gs_template_pods"]
+        self.claim_workloads: kopf.Index[Ref, WorkloadView] = kw["gs_claim_workloads"]
+        self.template_workloads: kopf.Index[Ref, WorkloadView] = kw["gs_template_workloads"]
+        self.quotas: kopf.Index[str, QuotaView] = kw["gs_quotas"]
+        self.resource_slices: kopf.Index[str, PublishedSlice] = kw["gs_resource_slices"]
+        self.namespaces: kopf.Index[str, NamespaceView] = kw["gs_namespaces"]
+        #: DeviceClass name -> its selector expression (to tell a changed one from ours).
+        self.device_classes: kopf.Index[str, str] = kw["gs_device_classes"]
+        self.admission_policies: kopf.Index[str, AdmissionView] = kw["gs_admission_policies"]
+        self.admission_bindings: kopf.Index[str, AdmissionView] = kw["gs_admission_bindings"]
+
+
+# --- GpuPackages and GpuSlices ----------------------------------------------------------------------
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
-def gs_packages(name: str, spec: Any, meta: Any, **_: Any) -> dict[str, Any]:
+def gs_packages(name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any) -> dict[str, PackageView]:
     return {
-        name: {
-            "spec": GpuPackageSpec.model_validate(dict(spec)),
-            "uid": meta.get("uid"),
-            "deleting": meta.get("deletionTimestamp") is not None,
-            "generation": meta.get("generation"),
-        }
+        name: PackageView(
+            name=name,
+            spec=GpuPackageSpec.model_validate(dict(spec)),
+            uid=meta.get("uid"),
+            deleting=meta.get("deletionTimestamp") is not None,
+            generation=meta.get("generation"),
+        )
     }
+
+
+def slice_view(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta) -> SliceView:
+    return SliceView(
+        namespace=namespace,
+        name=name,
+        uid=meta.get("uid"),
+        generation=meta.get("generation"),
+        created=meta.get("creationTimestamp"),
+        package=spec.get("package", ""),
+        template=bool(spec.get("template", False)),
+        status=dict(status),
+    )
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
-def gs_slices(namespace: Any, name: str, spec: Any, status: Any, meta: Any, **_: Any) -> dict[Any, Any]:
-    entry = {
-        "namespace": namespace,
-        "name": name,
-        "uid": meta.get("uid"),
-        "generation": meta.get("generation"),
-        "created": meta.get("creationTimestamp"),
-        "package": spec.get("package", ""),
-        "template": bool(spec.get("template", False)),
-        "status": dict(status),
-    }
-    return {
-        ("slice", namespace, name): entry,
-        ("package", spec.get("package", "")): f"{namespace}/{name}",
-        ("ns", namespace): (namespace, name),
-    }
+def gs_slices(
+    namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
+) -> dict[Ref, SliceView]:
+    namespace = ns_of(namespace)
+    return {(namespace, name): slice_view(namespace, name, spec, status, meta)}
+
+
+@kopf.index(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
+def gs_package_slices(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[str, Ref]:
+    """Package name -> the slices that name it."""
+    namespace = ns_of(namespace)
+    return {spec.get("package", ""): (namespace, name)}
+
+
+@kopf.index(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
+def gs_namespace_slices(namespace: str | None, name: str, **_: Any) -> dict[str, Ref]:
+    """Namespace -> its slices."""
+    namespace = ns_of(namespace)
+    return {namespace: (namespace, name)}
+
+
+# --- tenancy ----------------------------------------------------------------------------------------
 
 
 @kopf.index("", "v1", "namespaces")
-def gs_namespaces(name: str, labels: Any, meta: Any, **_: Any) -> dict[str, Any]:
-    return {name: {"labels": dict(labels), "terminating": meta.get("deletionTimestamp") is not None}}
+def gs_namespaces(name: str, labels: kopf.Labels, meta: kopf.Meta, **_: Any) -> dict[str, NamespaceView]:
+    return {name: NamespaceView(labels=dict(labels), terminating=meta.get("deletionTimestamp") is not None)}
 
 
 @kopf.index("", "v1", "resourcequotas")
-def gs_quotas(namespace: Any, body: Any, **_: Any) -> dict[str, Any]:
+def gs_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, QuotaView]:
+    namespace = ns_of(namespace)
     return {namespace: quota_view(body)}
 
 
+@kopf.index(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
+def gs_device_classes(name: str, spec: kopf.Spec, **_: Any) -> dict[str, str]:
+    selectors = spec.get("selectors") or [{}]
+    return {name: str((selectors[0].get("cel") or {}).get("expression", ""))}
+
+
+@kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", labels=MANAGED)
+def gs_admission_policies(
+    name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
+) -> dict[str, AdmissionView]:
+    return {name: AdmissionView(dict(labels), dict(spec))}
+
+
+@kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", labels=MANAGED)
+def gs_admission_bindings(
+    name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
+) -> dict[str, AdmissionView]:
+    return {name: AdmissionView(dict(labels), dict(spec))}
+
+
+# --- claims, pods, workloads ------------------------------------------------------------------------
+
+
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
-def gs_claims(namespace: Any, name: str, body: Any, labels: Any, **_: Any) -> dict[Any, Any] | None:
-    if not uses_gpuslice(body):
-        return None
-    view = claim_view(body)
-    keys: dict[Any, Any] = {("claim", namespace, name): view}
+def gs_claims(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Ref, ClaimView] | None:
+    namespace = ns_of(namespace)
+    return {(namespace, name): claim_view(body)} if uses_gpuslice(body) else None
+
+
+@kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
+def gs_template_claims(
+    namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels, **_: Any
+) -> dict[Ref, Ref] | None:
+    """(namespace, template slice) -> the claims kube-controller-manager made from its template."""
+    namespace = ns_of(namespace)
     template = labels.get(c.LABEL_SLICE_TEMPLATE)
-    if template:
-        keys[("template", namespace, template)] = view
-    for pool, _device in view.devices:
-        keys[("pool", pool)] = view
-    return keys
+    if not template or not uses_gpuslice(body):
+        return None
+    return {(namespace, template): (namespace, name)}
+
+
+@kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
+def gs_pool_claims(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, Ref] | None:
+    """Pool -> the gpuslice claims with a device allocated in it (what capacity subtracts)."""
+    namespace = ns_of(namespace)
+    return {pool: (namespace, name) for pool, _device in allocated_devices(body)} or None
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaimtemplates", labels=MANAGED)
-def gs_claim_templates(namespace: Any, name: str, **_: Any) -> dict[Any, Any]:
+def gs_claim_templates(namespace: str | None, name: str, **_: Any) -> dict[Ref, bool]:
+    namespace = ns_of(namespace)
     return {(namespace, name): True}
 
 
-@kopf.index(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
-def gs_device_classes(name: str, **_: Any) -> dict[str, Any]:
-    return {name: True}
-
-
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceslices")
-def gs_resource_slices(body: Any, **_: Any) -> dict[Any, Any] | None:
-    summary = summarize_resource_slice(body)
-    if summary is None:
-        return None
-    return {summary.pool: summary}
+def gs_resource_slices(body: kopf.Body, **_: Any) -> dict[str, PublishedSlice] | None:
+    summary = parse_resource_slice(body)
+    return {summary.pool: summary} if summary else None
 
 
 @kopf.index("", "v1", "pods")
-def gs_pods(body: Any, **_: Any) -> dict[Any, Any] | None:
+def gs_claim_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
+    """(namespace, claim) -> pods that reference the claim by name."""
     view = pod_view(body)
     if view is None:
         return None
-    keys: dict[Any, Any] = {}
-    for pod_claim, claim in view.claims.items():
-        if pod_claim in view.templates:
-            keys[("template", view.namespace, view.templates[pod_claim])] = view
-        elif claim:
-            keys[("claim", view.namespace, claim)] = view
-    return keys or None
+    return {(view.namespace, claim): view for claim in view.direct_claims} or None
+
+
+@kopf.index("", "v1", "pods")
+def gs_template_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
+    """(namespace, template) -> pods whose claim comes from the template."""
+    view = pod_view(body)
+    if view is None:
+        return None
+    return {(view.namespace, t): view for t in view.templates.values()} or None
 
 
 @kopf.index("apps", "v1", "replicasets")
-def gs_workloads(body: Any, **_: Any) -> dict[Any, Any] | None:
+def gs_claim_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
     view = workload_view(body)
     if view is None:
         return None
-    keys: dict[Any, Any] = {("claim", view.namespace, n): view for n in view.claim_names}
-    keys.update({("template", view.namespace, n): view for n in view.template_names})
-    return keys
+    return {(view.namespace, n): view for n in view.claim_names} or None
+
+
+@kopf.index("apps", "v1", "replicasets")
+def gs_template_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
+    view = workload_view(body)
+    if view is None:
+        return None
+    return {(view.namespace, n): view for n in view.template_names} or None

@@ -1,4 +1,9 @@
-"""GpuPackage handlers: DeviceClass, quotas everywhere it is entitled, capacity status, held deletion."""
+"""GpuPackage handlers: DeviceClass, quotas everywhere it is entitled, capacity status, held deletion.
+
+Watch events apply changes at once (a fast path). The per-package timer is what converges: it runs
+every `recheck_seconds`, writes only what the indexes show missing or different (DeviceClass, quotas
+whose write was refused, admission policies), and Kopf retries it after a refusal.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from gpuslice.api.package import GpuPackageSpec, GpuPackageStatus
 from gpuslice.api.slice import Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import same_status
-from gpuslice.domain.deviceclass import device_class
+from gpuslice.domain.deviceclass import device_class, device_selector_expression
 from gpuslice.domain.package_status import deletion_condition, package_status
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.logs import get
@@ -24,76 +29,74 @@ from gpuslice.metrics import (
     WRITES,
     forget_package,
 )
-from gpuslice.operator.indexes import MANAGED, Indexes
+from gpuslice.operator.config import OperatorConfig
+from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
 from gpuslice.operator.kube import error_message
+from gpuslice.operator.policies import ensure_policies
+from gpuslice.operator.retry import fast_path
 from gpuslice.operator.slices import refresh_many
 from gpuslice.operator.state import OperatorState, now, one, values
-from gpuslice.operator.tenancy import reconcile_all
+from gpuslice.operator.tenancy import reconcile_all, retry_unsynced
 
 log = get(__name__)
 DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
+TIMER = "package_timer"
+
+
+def device_class_current(idx: Indexes, package: str, spec: GpuPackageSpec) -> bool:
+    """The DeviceClass exists and selects what it should (someone may have edited it)."""
+    return one(idx.device_classes, c.device_class_name(package)) == device_selector_expression(package, spec)
 
 
 async def ensure_device_class(state: OperatorState, name: str, uid: str | None, spec: GpuPackageSpec) -> None:
     try:
         await state.kube.apply(device_class(name, uid, spec))
     except ApiException as exc:
-        raise kopf.TemporaryError(f"DeviceClass of {name}: {error_message(exc)}", delay=5) from exc
+        raise kopf.TemporaryError(
+            f"DeviceClass of {name}: {error_message(exc)}", delay=state.config.recheck_seconds
+        ) from exc
     WRITES.labels("DeviceClass", "apply").inc()
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
-async def package_event(
-    name: str,
-    type: Any,
-    body: Any,
-    memo: Any,
-    **kw: Any,
-) -> None:
+async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **kw: Any) -> None:
     """Level-triggered: every event of a package re-derives its DeviceClass and all tenant quotas;
     only differences are written."""
     idx = Indexes(kw)
     state: OperatorState = memo.state
     if type == "DELETED":
-        await reconcile_all(state, idx, exclude=name)
+        await fast_path(reconcile_all(state, idx, exclude=name), TIMER)
         return
     meta = body.get("metadata", {})
     if meta.get("deletionTimestamp") is None:
         spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
         # The DeviceClass depends only on name and gpuModel, which cannot change: apply it on first
         # sight (a no-op when it is already right) and whenever the index lacks it.
-        if type in (None, "ADDED") or one(idx.device_classes, c.device_class_name(name)) is None:
-            await ensure_device_class(state, name, meta.get("uid"), spec)
-    await reconcile_all(state, idx)
+        if type in (None, "ADDED") or not device_class_current(idx, name, spec):
+            await fast_path(ensure_device_class(state, name, meta.get("uid"), spec), TIMER)
+    await fast_path(reconcile_all(state, idx), TIMER)
     if type == "ADDED":
         # Slices that named this package before it existed were Failed (PackageNotFound): go on now.
-        refs = [tuple(r.split("/", 1)) for r in values(idx.slices, ("package", name))]
-        await refresh_many(state, [(ns, n) for ns, n in refs], idx)
+        await refresh_many(state, values(idx.package_slices, name), idx)
 
 
 @kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
-async def device_class_event(name: str, type: Any, memo: Any, **kw: Any) -> None:
+async def device_class_event(name: str, type: str | None, memo: kopf.Memo, **kw: Any) -> None:
     """A gpuslice DeviceClass deleted or edited by someone else: put it back while its package lives."""
     idx = Indexes(kw)
-    package = name.removesuffix(c.DEVICE_CLASS_SUFFIX)
-    entry = one(idx.packages, package)
-    if entry is None or entry["deleting"]:
+    package = one(idx.packages, name.removesuffix(c.DEVICE_CLASS_SUFFIX))
+    if package is None or package.deleting:
         return
     if type in ("DELETED", "MODIFIED"):
-        await ensure_device_class(memo.state, package, entry["uid"], entry["spec"])
+        await fast_path(ensure_device_class(memo.state, package.name, package.uid, package.spec), TIMER)
 
 
 @kopf.on.delete(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
-async def package_deleted(
-    name: str,
-    body: Any,
-    memo: Any,
-    **kw: Any,
-) -> None:
+async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any) -> None:
     """Held while GpuSlices use the package, with a condition that names them; then clean up."""
     idx = Indexes(kw)
     state: OperatorState = memo.state
-    users = sorted(values(idx.slices, ("package", name)))
+    users = sorted(f"{ns}/{n}" for ns, n in values(idx.package_slices, name))
     if users:
         cond = deletion_condition(users).model_dump(by_alias=True, exclude_none=True)
         conditions = [
@@ -109,26 +112,37 @@ async def package_deleted(
     log.info("package deleted", package=name)
 
 
-@kopf.timer(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL, interval=5.0, initial_delay=1.0)
-async def package_status_timer(
-    name: str,
-    body: Any,
-    meta: Any,
-    memo: Any,
-    **kw: Any,
-) -> None:
-    """Capacity and the rest of the status; written only when it changed."""
+async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **kw: Any) -> None:
+    """Capacity and the rest of the status (written only when it changed); then whatever a refused
+    write left undone. A refusal raises TemporaryError, which Kopf retries after its delay."""
     idx = Indexes(kw)
     state: OperatorState = memo.state
     if meta.get("deletionTimestamp") is not None:
         return
     spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
-    snapshot = state.published(idx.resource_slices, idx.claims)
-    _export(name, snapshot.capacity(name), idx.slices)
+    await _write_status(state, name, spec, body, idx)
+    if not device_class_current(idx, name, spec):
+        await ensure_device_class(state, name, meta.get("uid"), spec)
+    await retry_unsynced(state, idx)
+    await ensure_policies(state, idx)
+
+
+def register(config: OperatorConfig) -> None:
+    """The package timer, at the configured interval (called once, before Kopf starts)."""
+    kopf.timer(
+        c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL, interval=config.recheck_seconds, initial_delay=1.0
+    )(package_timer)
+
+
+async def _write_status(
+    state: OperatorState, name: str, spec: GpuPackageSpec, body: kopf.Body, idx: Indexes
+) -> None:
+    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims)
+    _export(name, snapshot.capacity(name), idx)
     entitled = 0
     for ns in idx.namespaces:
         entry = one(idx.namespaces, ns)
-        if entry and not entry["terminating"] and entitled_slices(spec, entry["labels"]) is not None:
+        if entry and not entry.terminating and entitled_slices(spec, entry.labels) is not None:
             entitled += 1
     present = one(idx.device_classes, c.device_class_name(name)) is not None
     current = dict(body.get("status") or {})
@@ -136,7 +150,7 @@ async def package_status_timer(
     new = package_status(
         name,
         spec,
-        meta.get("generation"),
+        body.get("metadata", {}).get("generation"),
         snapshot.capacity(name),
         entitled,
         present,
@@ -150,15 +164,13 @@ async def package_status_timer(
     STATUS_UPDATES.labels("GpuPackage").inc()
 
 
-def _export(name: str, capacity: Capacity, slices: kopf.Index[Any, Any]) -> None:
+def _export(name: str, capacity: Capacity, idx: Indexes) -> None:
     """Package gauges: capacity, and slices by phase (from the index, no API call)."""
     PACKAGE_CAPACITY_SLICES.labels(name).set(capacity.total)
     PACKAGE_FREE_SLICES.labels(name).set(capacity.free)
     counts = dict.fromkeys(Phase, 0)
-    for ref in values(slices, ("package", name)):
-        ns, _, slice_name = ref.partition("/")
-        entry = one(slices, ("slice", ns, slice_name))
-        phase = ((entry or {}).get("status") or {}).get("phase") or Phase.PENDING.value
-        counts[Phase(phase)] += 1
+    for ref in values(idx.package_slices, name):
+        entry: SliceView | None = one(idx.slices, ref)
+        counts[Phase((entry.phase if entry else None) or Phase.PENDING.value)] += 1
     for phase, n in counts.items():
         SLICES.labels(name, phase.value).set(n)

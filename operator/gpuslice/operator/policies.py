@@ -1,17 +1,24 @@
-"""Admission policies and bindings: applied at start-up, restored when someone changes or deletes them."""
+"""Admission policies and bindings: applied at start-up, restored when someone changes or deletes them.
+
+Their watch events restore at once (a fast path); `ensure_policies`, run by the package timers, puts
+back what the indexes show missing or changed after a refused restore, and Kopf retries it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
 from gpuslice.domain.conditions import contains
 from gpuslice.logs import get
 from gpuslice.metrics import WRITES
-from gpuslice.operator.indexes import MANAGED
-from gpuslice.operator.state import OperatorState
+from gpuslice.operator.indexes import MANAGED, AdmissionView, Indexes
+from gpuslice.operator.kube import error_message
+from gpuslice.operator.retry import fast_path
+from gpuslice.operator.state import OperatorState, one
 
 log = get(__name__)
 
@@ -45,22 +52,47 @@ async def apply_policies(state: OperatorState) -> None:
     )
 
 
-async def _restore(kind: str, name: str, type: str | None, body: Any, memo: Any) -> None:
-    if type not in ("MODIFIED", "DELETED"):
-        return
-    obj = desired_objects(memo.state).get((kind, name))
-    if obj is None or (type == "MODIFIED" and _current(dict(body), obj)):
-        return
-    await memo.state.kube.apply(obj)
+async def _apply(state: OperatorState, obj: dict[str, Any]) -> None:
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    try:
+        await state.kube.apply(obj)
+    except ApiException as exc:
+        raise kopf.TemporaryError(
+            f"{kind} {name}: {error_message(exc)}", delay=state.config.recheck_seconds
+        ) from exc
     WRITES.labels(kind, "apply").inc()
     log.info("admission object restored", kind=kind, name=name)
 
 
+async def _restore(kind: str, name: str, type: str | None, body: kopf.Body, state: OperatorState) -> None:
+    if type not in ("MODIFIED", "DELETED"):
+        return
+    obj = desired_objects(state).get((kind, name))
+    if obj is None or (type == "MODIFIED" and _current(dict(body), obj)):
+        return
+    await _apply(state, obj)
+
+
+async def ensure_policies(state: OperatorState, idx: Indexes) -> None:
+    """Apply the policies and bindings the indexes show missing or changed (none, almost always)."""
+    indexes = {
+        "ValidatingAdmissionPolicy": idx.admission_policies,
+        "ValidatingAdmissionPolicyBinding": idx.admission_bindings,
+    }
+    for (kind, name), obj in desired_objects(state).items():
+        seen: AdmissionView | None = one(indexes[kind], name)
+        if seen is None or not _current({"metadata": {"labels": seen.labels}, "spec": seen.spec}, obj):
+            await _apply(state, obj)
+
+
+TIMER = "package_timer"
+
+
 @kopf.on.event("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", labels=MANAGED)
-async def policy_event(name: str, type: Any, body: Any, memo: Any, **_: Any) -> None:
-    await _restore("ValidatingAdmissionPolicy", name, type, body, memo)
+async def policy_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await fast_path(_restore("ValidatingAdmissionPolicy", name, type, body, memo.state), TIMER)
 
 
 @kopf.on.event("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", labels=MANAGED)
-async def binding_event(name: str, type: Any, body: Any, memo: Any, **_: Any) -> None:
-    await _restore("ValidatingAdmissionPolicyBinding", name, type, body, memo)
+async def binding_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await fast_path(_restore("ValidatingAdmissionPolicyBinding", name, type, body, memo.state), TIMER)

@@ -53,6 +53,10 @@ async def _prepare(config: OperatorConfig) -> OperatorState:
 def _register_startup(state: OperatorState) -> None:
     from gpuslice.operator import packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
+    # Timers take their intervals from the configuration, so they are registered now, not at import.
+    slices.register(state.config)
+    packages.register(state.config)
+
     @kopf.on.startup()
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings)

@@ -17,47 +17,50 @@ import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants as c
+from gpuslice.api.pod import claim_refs
+from gpuslice.api.refusal import is_quota_refusal
 from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.slice_status import SliceFacts, slice_status
+from gpuslice.domain.views import ClaimView
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
-from gpuslice.operator.indexes import Indexes
+from gpuslice.operator.config import OperatorConfig
+from gpuslice.operator.indexes import MANAGED, Indexes, Ref, SliceView, ns_of
 from gpuslice.operator.kube import error_message
 from gpuslice.operator.state import OperatorState, now, one, values
 
 log = get(__name__)
 
-RESYNC_SECONDS = 30.0
-PENDING_RECHECK_SECONDS = 5.0
 #: How long a claim this process just applied may be missing from the index before it applies again.
 APPLIED_GRACE_SECONDS = 10.0
 
 
-def _facts(state: OperatorState, entry: dict[str, Any], idx: Indexes, baseline: dict[str, Any]) -> SliceFacts:
-    ns, name, pkg, template = entry["namespace"], entry["name"], entry["package"], entry["template"]
+def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[str, Any]) -> SliceFacts:
+    ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
-    if template:
-        claims = values(idx.claims, ("template", ns, name))
-        pods = values(idx.pods, ("template", ns, name))
-        workloads = values(idx.workloads, ("template", ns, name))
+    claims: list[ClaimView]
+    if entry.template:
+        claims = [v for ref in values(idx.template_claims, entry.ref) if (v := one(idx.claims, ref))]
+        pods = values(idx.template_pods, entry.ref)
+        workloads = values(idx.template_workloads, entry.ref)
     else:
-        claim = one(idx.claims, ("claim", ns, name))
+        claim = one(idx.claims, entry.ref)
         claims = [claim] if claim else []
-        pods = values(idx.pods, ("claim", ns, name))
-        workloads = values(idx.workloads, ("claim", ns, name))
+        pods = values(idx.claim_pods, entry.ref)
+        workloads = values(idx.claim_workloads, entry.ref)
     need = [d for claim in claims if claim.allocated for d in claim.devices]
-    snapshot = state.published(idx.resource_slices, idx.claims, need)
-    found = package is not None and (not package["deleting"] or bool(claims))
+    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, need)
+    found = package is not None and (not package.deleting or bool(claims))
     return SliceFacts(
         namespace=ns,
         name=name,
         package=pkg,
-        template=template,
-        generation=entry["generation"],
+        template=entry.template,
+        generation=entry.generation,
         package_found=found,
-        gpu_model=package["spec"].gpu_model if package else None,
+        gpu_model=package.spec.gpu_model if package else None,
         claims=claims,
         pods=pods,
         quotas=values(idx.quotas, ns),
@@ -66,29 +69,29 @@ def _facts(state: OperatorState, entry: dict[str, Any], idx: Indexes, baseline: 
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
-        memory_violation=((entry["status"] or {}).get("usage") or {}).get("violation"),
+        memory_violation=(entry.status.get("usage") or {}).get("violation"),
     )
 
 
-async def ensure_claim(state: OperatorState, entry: dict[str, Any], idx: Indexes) -> None:
+async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> None:
     """Create the claim or template when the index lacks it; remember why it failed, if it did."""
-    ns, name, pkg = entry["namespace"], entry["name"], entry["package"]
+    ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
-    if package is None or package["deleting"] or not entry["uid"]:
+    if package is None or package.deleting or not entry.uid:
         return
-    if entry["template"]:
-        if one(idx.templates, (ns, name)) is not None:
+    if entry.template:
+        if one(idx.templates, entry.ref) is not None:
             return
-        body = slice_claim_template(ns, name, entry["uid"], pkg)
+        body = slice_claim_template(ns, name, entry.uid, pkg)
     else:
-        if one(idx.claims, ("claim", ns, name)) is not None:
+        if one(idx.claims, entry.ref) is not None:
             return
-        body = slice_claim(ns, name, entry["uid"], pkg)
-    key = (ns, name)
+        body = slice_claim(ns, name, entry.uid, pkg)
+    key = entry.ref
     error = state.create_errors.get(key)
     if error is None and time.monotonic() - state.applied.get(key, -1e9) < APPLIED_GRACE_SECONDS:
         return
-    if error is not None and "exceeded quota" in error and _quota_full(idx, ns, pkg):
+    if is_quota_refusal(error) and _quota_full(idx, ns, pkg):
         return  # refused for quota, and still no room: retrying now would be refused again
     state.applied[key] = time.monotonic()
     try:
@@ -120,18 +123,16 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
     """
     key = (ns, name)
     async with state.lock(key):
-        entry = one(idx.slices, ("slice", ns, name))
+        entry = one(idx.slices, key)
         if entry is None:
             state.forget(key)
             return
         namespace = one(idx.namespaces, ns)
-        if namespace is not None and namespace["terminating"]:
+        if namespace is not None and namespace.terminating:
             return  # it goes with its namespace; nothing can be created there any more, not even Events
         await ensure_claim(state, entry, idx)
         mine = state.written.get(key)
-        baseline: dict[str, Any] = (
-            mine[1] if mine and mine[0] == entry["uid"] else dict(entry["status"] or {})
-        )
+        baseline: dict[str, Any] = mine[1] if mine and mine[0] == entry.uid else dict(entry.status)
         # status.usage belongs to the node agent: neither compared nor cleared here.
         baseline = {k: v for k, v in baseline.items() if k not in c.AGENT_STATUS_FIELDS}
         facts = _facts(state, entry, idx, baseline)
@@ -148,26 +149,26 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             if exc.status == 404:
                 return
             raise
-        state.written[key] = (entry["uid"], desired)
+        state.written[key] = (entry.uid or "", desired)
         STATUS_UPDATES.labels("GpuSlice").inc()
         if (baseline.get("phase"), baseline.get("reason")) != (desired.get("phase"), desired.get("reason")):
             _announce(entry, baseline, desired)
 
 
-def _announce(entry: dict[str, Any], before: dict[str, Any], desired: dict[str, Any]) -> None:
+def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any]) -> None:
     """A Kubernetes Event on the GpuSlice for every phase/reason transition."""
     TRANSITIONS.labels(desired["phase"], desired.get("reason", "")).inc()
     if before.get("phase") in (None, Phase.PENDING.value) and desired["phase"] in (
         Phase.ALLOCATED.value,
         Phase.IN_USE.value,
     ):
-        waited = _seconds_since(entry.get("created"))
+        waited = _seconds_since(entry.created)
         if waited is not None:
-            SLICE_PENDING.labels(entry["package"]).observe(waited)
+            SLICE_PENDING.labels(entry.package).observe(waited)
     ref = {
         "apiVersion": c.GROUP_VERSION,
         "kind": c.SLICE_KIND,
-        "metadata": {"name": entry["name"], "namespace": entry["namespace"], "uid": entry["uid"]},
+        "metadata": {"name": entry.name, "namespace": entry.namespace, "uid": entry.uid},
     }
     kopf.event(
         cast(kopf.Body, ref),
@@ -177,8 +178,8 @@ def _announce(entry: dict[str, Any], before: dict[str, Any], desired: dict[str, 
     )
     log.info(
         "slice transition",
-        namespace=entry["namespace"],
-        slice=entry["name"],
+        namespace=entry.namespace,
+        slice=entry.name,
         phase=desired["phase"],
         reason=desired.get("reason"),
     )
@@ -200,7 +201,7 @@ def _with_nulls(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, A
     return out
 
 
-async def refresh_many(state: OperatorState, targets: Iterable[tuple[str, str]], idx: Indexes) -> None:
+async def refresh_many(state: OperatorState, targets: Iterable[Ref], idx: Indexes) -> None:
     await asyncio.gather(*(refresh(state, ns, name, idx) for ns, name in set(targets)))
 
 
@@ -208,34 +209,43 @@ async def refresh_many(state: OperatorState, targets: Iterable[tuple[str, str]],
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
-async def slice_event(namespace: Any, name: str, type: Any, memo: Any, **kw: Any) -> None:
+async def slice_event(namespace: str | None, name: str, type: str | None, memo: kopf.Memo, **kw: Any) -> None:
+    namespace = ns_of(namespace)
     if type == "DELETED":
         memo.state.forget((namespace, name))
         return
     await refresh(memo.state, namespace, name, Indexes(kw))
 
 
-@kopf.timer(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def slice_resync(namespace: Any, name: str, memo: Any, **kw: Any) -> None:
+async def slice_resync(namespace: str | None, name: str, memo: kopf.Memo, **kw: Any) -> None:
     """Safety net for what no watch event announces (capacity elsewhere, a retry after quota)."""
+    namespace = ns_of(namespace)
     await refresh(memo.state, namespace, name, Indexes(kw))
 
 
-@kopf.timer(
-    c.API_GROUP,
-    c.API_VERSION,
-    c.SLICE_PLURAL,
-    interval=PENDING_RECHECK_SECONDS,
-    initial_delay=PENDING_RECHECK_SECONDS,
-    when=lambda status, **_: (status or {}).get("phase") == "Pending",
-)
-async def pending_recheck(namespace: Any, name: str, memo: Any, **kw: Any) -> None:
+async def pending_recheck(namespace: str | None, name: str, memo: kopf.Memo, **kw: Any) -> None:
     """A waiting slice's reason depends on capacity elsewhere (which GPUs filled up meanwhile): no
     event of its own pod or claim announces that, so only Pending slices are re-read this often."""
+    namespace = ns_of(namespace)
     await refresh(memo.state, namespace, name, Indexes(kw))
 
 
-def _slice_of_claim(labels: Any, namespace: Any, name: str) -> tuple[str, str] | None:
+def _pending(status: kopf.Status, **_: Any) -> bool:
+    return status.get("phase") == Phase.PENDING.value
+
+
+def register(config: OperatorConfig) -> None:
+    """The timers, at the intervals the configuration gives (called once, before Kopf starts)."""
+    resync, recheck = config.resync_seconds, config.recheck_seconds
+    kopf.timer(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=resync, initial_delay=resync)(
+        slice_resync
+    )
+    kopf.timer(
+        c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=recheck, initial_delay=recheck, when=_pending
+    )(pending_recheck)
+
+
+def _slice_of_claim(labels: kopf.Labels, namespace: str) -> Ref | None:
     if labels.get(c.LABEL_SLICE):
         return (namespace, labels[c.LABEL_SLICE])
     if labels.get(c.LABEL_SLICE_TEMPLATE):
@@ -243,36 +253,34 @@ def _slice_of_claim(labels: Any, namespace: Any, name: str) -> tuple[str, str] |
     return None
 
 
-@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE})
-async def claim_event(namespace: Any, name: str, labels: Any, memo: Any, **kw: Any) -> None:
-    target = _slice_of_claim(labels, namespace, name)
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims", labels=MANAGED)
+async def claim_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kw: Any) -> None:
+    namespace = ns_of(namespace)
+    target = _slice_of_claim(labels, namespace)
     if target:
         await refresh(memo.state, *target, Indexes(kw))
 
 
-@kopf.on.event(
-    c.DRA_GROUP, c.DRA_VERSION, "resourceclaimtemplates", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
-)
-async def claim_template_event(namespace: Any, name: str, type: Any, memo: Any, **kw: Any) -> None:
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaimtemplates", labels=MANAGED)
+async def claim_template_event(
+    namespace: str | None, name: str, type: str | None, memo: kopf.Memo, **kw: Any
+) -> None:
+    namespace = ns_of(namespace)
     if type == "DELETED":
         await refresh(memo.state, namespace, name, Indexes(kw))
 
 
-def _refs(spec: Any) -> list[tuple[str, str]]:
-    out = []
-    for ref in spec.get("resourceClaims") or []:
-        if ref.get("resourceClaimName"):
-            out.append(("claim", ref["resourceClaimName"]))
-        if ref.get("resourceClaimTemplateName"):
-            out.append(("template", ref["resourceClaimTemplateName"]))
-    return out
+def _referenced_slices(namespace: str, pod_spec: Any, idx: Indexes) -> list[Ref]:
+    """The GpuSlices a pod (template) references: each slice's claim or template is named like it."""
+    names = [ref.claim or ref.template for ref in claim_refs(pod_spec)]
+    return [(namespace, n) for n in names if n and one(idx.slices, (namespace, n)) is not None]
 
 
 @kopf.on.event("", "v1", "pods", when=lambda spec, **_: bool(spec.get("resourceClaims")))
-async def pod_event(namespace: Any, spec: Any, memo: Any, **kw: Any) -> None:
+async def pod_event(namespace: str | None, spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    namespace = ns_of(namespace)
     idx = Indexes(kw)
-    targets = [(namespace, n) for _, n in _refs(spec) if one(idx.slices, ("slice", namespace, n)) is not None]
-    await refresh_many(memo.state, targets, idx)
+    await refresh_many(memo.state, _referenced_slices(namespace, spec, idx), idx)
 
 
 @kopf.on.event(
@@ -281,22 +289,21 @@ async def pod_event(namespace: Any, spec: Any, memo: Any, **kw: Any) -> None:
     "replicasets",
     when=lambda spec, **_: bool(((spec.get("template") or {}).get("spec") or {}).get("resourceClaims")),
 )
-async def workload_event(namespace: Any, spec: Any, memo: Any, **kw: Any) -> None:
+async def workload_event(namespace: str | None, spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    namespace = ns_of(namespace)
     idx = Indexes(kw)
     pod_spec = (spec.get("template") or {}).get("spec") or {}
-    targets = [
-        (namespace, n) for _, n in _refs(pod_spec) if one(idx.slices, ("slice", namespace, n)) is not None
-    ]
-    await refresh_many(memo.state, targets, idx)
+    await refresh_many(memo.state, _referenced_slices(namespace, pod_spec, idx), idx)
 
 
 @kopf.on.event("", "v1", "resourcequotas")
-async def namespace_quota_event(namespace: Any, memo: Any, **kw: Any) -> None:
+async def namespace_quota_event(namespace: str | None, memo: kopf.Memo, **kw: Any) -> None:
     """Quota usage moved: slices of the namespace that wait (or were refused) may go on now."""
+    namespace = ns_of(namespace)
     idx = Indexes(kw)
     targets = []
-    for ns, name in values(idx.slices, ("ns", namespace)):
-        entry = one(idx.slices, ("slice", ns, name))
-        if entry and (entry["status"] or {}).get("phase") in (None, "Pending", "Failed"):
-            targets.append((ns, name))
+    for ref in values(idx.namespace_slices, namespace):
+        entry = one(idx.slices, ref)
+        if entry and entry.phase in (None, Phase.PENDING.value, Phase.FAILED.value):
+            targets.append(ref)
     await refresh_many(memo.state, targets, idx)

@@ -8,16 +8,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
-from gpuslice.domain.capacity import Capacity, PublishedSlice, package_capacity
+from gpuslice.api.resourceslice import PublishedSlice
+from gpuslice.domain.capacity import Capacity, package_capacity
+from gpuslice.domain.views import ClaimView
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.kube import Kube
 
+K = TypeVar("K")
+V = TypeVar("V")
 
-def one(index: kopf.Index[Any, Any], key: Any) -> Any:
+
+def one(index: kopf.Index[K, V], key: K) -> V | None:
     """The single value under `key`, or None."""
     store = index.get(key)
     if not store:
@@ -25,7 +30,7 @@ def one(index: kopf.Index[Any, Any], key: Any) -> Any:
     return next(iter(store), None)
 
 
-def values(index: kopf.Index[Any, Any], key: Any) -> list[Any]:
+def values(index: kopf.Index[K, V], key: K) -> list[V]:
     store = index.get(key)
     return list(store) if store else []
 
@@ -63,6 +68,8 @@ class OperatorState:
     #: (namespace, slice) -> (uid, status) this process last wrote.
     written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    #: Namespaces whose last tenancy write was refused: the package timers retry them.
+    unsynced_namespaces: set[str] = field(default_factory=set)
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -78,8 +85,9 @@ class OperatorState:
 
     def published(
         self,
-        resource_slices: kopf.Index[Any, Any],
-        claims: kopf.Index[Any, Any],
+        resource_slices: kopf.Index[str, PublishedSlice],
+        pool_claims: kopf.Index[str, tuple[str, str]],
+        claims: kopf.Index[tuple[str, str], ClaimView],
         need: Iterable[tuple[str, str]] = (),
     ) -> Snapshot:
         """The cached snapshot, unless it is old or misses an allocated (pool, device) in `need`:
@@ -95,11 +103,11 @@ class OperatorState:
             return cached
         slices: list[PublishedSlice] = [s for pool in resource_slices for s in resource_slices[pool]]
         allocated: set[tuple[str, str]] = set()
-        for key in claims:
-            if isinstance(key, tuple) and key and key[0] == "pool":
-                for view in claims[key]:
-                    if view.allocated:
-                        allocated.update(view.devices)
+        for pool in pool_claims:
+            for ref in pool_claims[pool]:
+                view = one(claims, ref)
+                if view is not None and view.allocated:
+                    allocated.update(view.devices)
         uuids = {(d.pool, d.name): d.uuid for s in slices for d in s.devices if d.uuid}
         self.snapshot = Snapshot(now, slices, sorted(allocated), uuids)
         return self.snapshot

@@ -1,7 +1,13 @@
-"""Handlers that keep tenant namespaces in step with entitlements: tenant label and gpuslice quota."""
+"""Handlers that keep tenant namespaces in step with entitlements: tenant label and gpuslice quota.
+
+Namespace and quota events reconcile at once; a refused write marks the namespace unsynced, and the
+package timers (which Kopf retries) reconcile it again until the write is accepted. Namespaces get
+no timer of their own: a Kopf timer puts its finalizer on every object it runs for.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -12,36 +18,41 @@ from gpuslice.api.package import GpuPackageSpec
 from gpuslice.domain.tenancy import ObservedTenant, changes, tenant_state
 from gpuslice.logs import get
 from gpuslice.metrics import WRITES
-from gpuslice.operator.indexes import MANAGED, Indexes
+from gpuslice.operator.indexes import MANAGED, Indexes, PackageView, ns_of
 from gpuslice.operator.kube import error_message
+from gpuslice.operator.retry import fast_path
 from gpuslice.operator.state import OperatorState, one, values
 
 log = get(__name__)
+TIMER = "package_timer"
 
 
-def live_packages(packages: kopf.Index[Any, Any], exclude: str | None = None) -> dict[str, GpuPackageSpec]:
+def live_packages(
+    packages: kopf.Index[str, PackageView], exclude: str | None = None
+) -> dict[str, GpuPackageSpec]:
     """Packages that count for quotas: all but `exclude` (one whose deletion is completing)."""
     out = {}
     for name in packages:
         entry = one(packages, name)
         if entry and name != exclude:
-            out[name] = entry["spec"]
+            out[name] = entry.spec
     return out
 
 
 async def reconcile_namespace(
-    namespace: Any,
+    namespace: str,
     state: OperatorState,
     idx: Indexes,
     exclude: str | None = None,
 ) -> None:
     ns = one(idx.namespaces, namespace)
-    if ns is None or ns["terminating"]:
+    if ns is None or ns.terminating:
+        state.unsynced_namespaces.discard(namespace)
         return
-    desired = tenant_state(namespace, ns["labels"], live_packages(idx.packages, exclude))
+    desired = tenant_state(namespace, ns.labels, live_packages(idx.packages, exclude))
     ours = next((q for q in values(idx.quotas, namespace) if q.name == c.QUOTA_NAME), None)
     observed = ObservedTenant(
-        labeled=ns["labels"].get(c.LABEL_TENANT) == "true",
+        labeled=ns.labels.get(c.LABEL_TENANT) == "true",
         quota_hard=dict(ours.spec_hard) if ours else None,
         quota_labels=dict(ours.labels) if ours else None,
     )
@@ -62,33 +73,47 @@ async def reconcile_namespace(
             WRITES.labels("ResourceQuota", "delete").inc()
             log.info("quota removed", namespace=namespace)
     except ApiException as exc:
-        raise kopf.TemporaryError(f"namespace {namespace}: {error_message(exc)}", delay=5) from exc
+        state.unsynced_namespaces.add(namespace)
+        raise kopf.TemporaryError(
+            f"namespace {namespace}: {error_message(exc)}", delay=state.config.recheck_seconds
+        ) from exc
+    state.unsynced_namespaces.discard(namespace)
+
+
+async def reconcile_many(
+    state: OperatorState, namespaces: Iterable[str], idx: Indexes, exclude: str | None = None
+) -> None:
+    """Every namespace, even when one is refused; then one TemporaryError that names the refused."""
+    refused = []
+    for namespace in list(namespaces):
+        try:
+            await reconcile_namespace(namespace, state, idx, exclude)
+        except kopf.TemporaryError as exc:
+            refused.append(str(exc))
+    if refused:
+        raise kopf.TemporaryError("; ".join(refused[:5]), delay=state.config.recheck_seconds)
 
 
 async def reconcile_all(state: OperatorState, idx: Indexes, exclude: str | None = None) -> None:
-    for namespace in list(idx.namespaces):
-        await reconcile_namespace(namespace, state, idx, exclude)
+    await reconcile_many(state, idx.namespaces, idx, exclude)
+
+
+async def retry_unsynced(state: OperatorState, idx: Indexes) -> None:
+    """The namespaces whose last write was refused, again (none, almost always)."""
+    if state.unsynced_namespaces:
+        await reconcile_many(state, sorted(state.unsynced_namespaces), idx)
 
 
 @kopf.on.event("", "v1", "namespaces")
-async def namespace_event(
-    name: str,
-    type: Any,
-    memo: Any,
-    **kw: Any,
-) -> None:
-    idx = Indexes(kw)
+async def namespace_event(name: str, type: str | None, memo: kopf.Memo, **kw: Any) -> None:
     if type == "DELETED":
+        memo.state.unsynced_namespaces.discard(name)
         return
-    await reconcile_namespace(name, memo.state, idx)
+    await fast_path(reconcile_namespace(name, memo.state, Indexes(kw)), TIMER)
 
 
 @kopf.on.event("", "v1", "resourcequotas", labels=MANAGED)
-async def quota_event(
-    namespace: Any,
-    memo: Any,
-    **kw: Any,
-) -> None:
+async def quota_event(namespace: str | None, memo: kopf.Memo, **kw: Any) -> None:
     """Someone changed or deleted a gpuslice quota (or it was just created): converge again."""
-    idx = Indexes(kw)
-    await reconcile_namespace(namespace, memo.state, idx)
+    namespace = ns_of(namespace)
+    await fast_path(reconcile_namespace(namespace, memo.state, Indexes(kw)), TIMER)

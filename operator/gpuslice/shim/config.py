@@ -6,12 +6,13 @@ keys. The C parser in shim/src/gs_config.c accepts exactly what `render()` write
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpuslice.files import atomic_write
 
 UUID_PATTERN = r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _KEYS = ("version", "memory_bytes", "compute_share", "gpu_uuid", "usage_dir", "context_overhead_bytes")
@@ -94,7 +95,4 @@ class SliceConfig(BaseModel):
         """Atomically replace `path` with this config, read-only (0444): the shim never needs to write it."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self.render())
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
+        atomic_write(path, self.render(), 0o444)

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import yaml
 
+from gpuslice import procfs
 from gpuslice.dev.devcluster import pki
 from gpuslice.dev.devcluster.binaries import Binaries, ensure_binaries
+from gpuslice.files import atomic_write
 
 Progress = Callable[[str], None]
 
@@ -51,16 +53,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_start_time(pid: int) -> int | None:
-    """Kernel start time of a pid (clock ticks), to tell our process from a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22, counted after the parenthesised command name (which may contain spaces).
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 @dataclass
 class ProcessRecord:
     pid: int
@@ -69,7 +61,8 @@ class ProcessRecord:
     argv: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
-        return _proc_start_time(self.pid) == self.start_time and not _is_zombie(self.pid)
+        stat = procfs.read_stat(self.pid)
+        return stat is not None and stat.start_time == self.start_time and not stat.zombie
 
     def rss_bytes(self) -> int:
         try:
@@ -97,10 +90,7 @@ class State:
         return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
 
     def save(self) -> None:
-        path = Path(self.dir) / "state.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        atomic_write(Path(self.dir) / "state.json", json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> State | None:
@@ -227,7 +217,7 @@ class DevCluster:
         st = self.state()
         if st is None:
             raise DevClusterError(f"no devcluster in {self.dir}; run `gpuslice devcluster up` first")
-        st.processes[name] = ProcessRecord(proc.pid, _proc_start_time(proc.pid) or 0, str(log), list(argv))
+        st.processes[name] = ProcessRecord(proc.pid, procfs.start_time(proc.pid) or 0, str(log), list(argv))
         st.save()
 
     def kubectl(
@@ -309,7 +299,7 @@ class DevCluster:
             proc = subprocess.Popen(
                 argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        rec = ProcessRecord(proc.pid, _proc_start_time(proc.pid) or 0, str(log), argv)
+        rec = ProcessRecord(proc.pid, procfs.start_time(proc.pid) or 0, str(log), argv)
         st.processes[name] = rec
         st.save()
         return rec
@@ -544,10 +534,7 @@ def _stop(rec: ProcessRecord, grace: float = 10.0) -> bool:
 
 
 def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    return not procfs.alive(pid)
 
 
 def _reap(pid: int) -> None:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice import constants
+from gpuslice.api.pod import resolved_claims
+from gpuslice.api.resourceclaim import allocation_results
 from gpuslice.dev.devcluster.cluster import DevCluster, DevClusterError
 
 
@@ -37,19 +39,6 @@ class PreparedPod:
 
 def _get(cluster: DevCluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
-
-
-def _pod_claims(pod: dict[str, Any]) -> list[str]:
-    """Names of the ResourceClaims a pod uses (direct ones, and ones generated from templates)."""
-    generated = {
-        s["name"]: s.get("resourceClaimName") for s in pod.get("status", {}).get("resourceClaimStatuses", [])
-    }
-    names: list[str] = []
-    for ref in pod["spec"].get("resourceClaims", []):
-        name = ref.get("resourceClaimName") or generated.get(ref["name"])
-        if name:
-            names.append(name)
-    return names
 
 
 def _translate(path: str, mounts: Sequence[dict[str, Any]]) -> str:
@@ -82,15 +71,8 @@ def prepare_pod(cluster: DevCluster, namespace: str, pod_name: str) -> PreparedP
     node = pod["spec"].get("nodeName")
     if not node:
         raise DevClusterError(f"pod {namespace}/{pod_name} is not scheduled yet")
-    claims = [_get(cluster, "resourceclaim", n, "-n", namespace) for n in _pod_claims(pod)]
-    ours = [
-        c
-        for c in claims
-        if any(
-            r.get("driver") == constants.DRIVER_NAME
-            for r in c.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
-        )
-    ]
+    claims = [_get(cluster, "resourceclaim", n, "-n", namespace) for n in resolved_claims(pod).values() if n]
+    ours = [c for c in claims if allocation_results(c)]
     if not ours:
         raise DevClusterError(f"pod {namespace}/{pod_name} holds no allocated gpuslice claim")
     dirs = agent_dirs(cluster.dir / "agents", node)

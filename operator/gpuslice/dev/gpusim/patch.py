@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpuslice.files import atomic_write
+
 MARKER = b"@@GPUSLICE_CONFIG_PATH@@"
 SLOT_BYTES = 4096
 
@@ -37,10 +39,7 @@ def write_private_shim(library: Path, config_path: Path | str, dest_dir: Path) -
     data[start : start + room + 1] = encoded + b"\0" * (room + 1 - len(encoded))
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / library.name
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(bytes(data))
-    os.chmod(tmp, 0o555)
-    os.replace(tmp, out)
+    atomic_write(out, bytes(data), 0o555)
     return out
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from gpuslice import constants as c
+from gpuslice.files import atomic_write
 
 FAKE_GPU_CONFIG_ENV = "GPUSLICE_FAKE_GPU_CONFIG"
 DEFAULT_DRIVER_VERSION = "535.183.01"
@@ -152,9 +153,7 @@ def write_fake_config(
     """Write the double's GPU description. Its cross-process state lives in `<path>.state/`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(render_fake_config(gpus, driver_version, cuda_driver_version))
-    os.replace(tmp, path)
+    atomic_write(path, render_fake_config(gpus, driver_version, cuda_driver_version))
     return path
 
 

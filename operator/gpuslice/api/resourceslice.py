@@ -1,0 +1,119 @@
+"""DRA ResourceSlices of driver gpuslice.io, as gpuslice reads them back: one parser for every reader.
+
+The node agent writes them (`gpuslice.agent.slices`); the operator counts capacity from them and the
+agent's prepare step finds a claimed device's GPU in them. Both read through this module, so device
+attributes, quantities and "the newest pool generation wins" are decided once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice import constants as c
+from gpuslice.api.quantity import parse_int_quantity
+
+#: The value fields of a DRA DeviceAttribute (exactly one is set).
+ATTRIBUTE_KINDS = ("string", "int", "version", "bool")
+
+
+def attribute(attrs: Mapping[str, Any], name: str) -> str | int | bool | None:
+    """A device attribute's value by its short name; the qualified `gpuslice.io/<name>` form is the same
+    attribute (the API server keeps whichever the publisher wrote)."""
+    value = attrs.get(name) or attrs.get(f"{c.DRIVER_NAME}/{name}") or {}
+    for kind in ATTRIBUTE_KINDS:
+        if kind in value:
+            result: str | int | bool = value[kind]
+            return result
+    return None
+
+
+def _counters(counters: Mapping[str, Any] | None) -> dict[str, int]:
+    return {k: parse_int_quantity(v["value"]) for k, v in (counters or {}).items()}
+
+
+@dataclass(frozen=True)
+class PublishedDevice:
+    pool: str
+    name: str
+    package: str | None
+    uuid: str | None
+    product_name: str | None
+    memory_bytes: int | None
+    compute_share: int | None
+    counter_set: str | None
+    consumes: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PublishedSlice:
+    """One ResourceSlice of driver gpuslice.io: its pool, generation, devices and counter sets."""
+
+    name: str
+    pool: str
+    generation: int
+    node: str | None
+    devices: tuple[PublishedDevice, ...]
+    counter_sets: Mapping[str, Mapping[str, int]]
+
+
+def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
+    attrs = dev.get("attributes") or {}
+    consumption = (dev.get("consumesCounters") or [{}])[0]
+    memory = ((dev.get("capacity") or {}).get("memory") or {}).get("value")
+    share = attribute(attrs, "computeShare")
+    return PublishedDevice(
+        pool=pool,
+        name=str(dev["name"]),
+        package=_text(attribute(attrs, "package")),
+        uuid=_text(attribute(attrs, "uuid")),
+        product_name=_text(attribute(attrs, "productName")),
+        memory_bytes=parse_int_quantity(memory) if memory is not None else None,
+        compute_share=int(share) if share is not None else None,
+        counter_set=consumption.get("counterSet"),
+        consumes=_counters(consumption.get("counters")),
+    )
+
+
+def _text(value: str | int | bool | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def parse_resource_slice(obj: Mapping[str, Any]) -> PublishedSlice | None:
+    """None for slices of other drivers."""
+    spec = obj.get("spec") or {}
+    if spec.get("driver") != c.DRIVER_NAME:
+        return None
+    pool = spec.get("pool") or {}
+    pool_name = str(pool.get("name", ""))
+    return PublishedSlice(
+        name=str((obj.get("metadata") or {}).get("name", "")),
+        pool=pool_name,
+        generation=int(pool.get("generation", 0)),
+        node=spec.get("nodeName"),
+        devices=tuple(_device(pool_name, d) for d in spec.get("devices") or []),
+        counter_sets={cs["name"]: _counters(cs.get("counters")) for cs in spec.get("sharedCounters") or []},
+    )
+
+
+def parse_resource_slices(objects: Iterable[Mapping[str, Any]]) -> list[PublishedSlice]:
+    return [s for s in map(parse_resource_slice, objects) if s is not None]
+
+
+def newest_generation(slices: Iterable[PublishedSlice]) -> list[PublishedSlice]:
+    """Only the newest generation of each pool counts, as for kube-scheduler."""
+    slices = list(slices)
+    newest: dict[str, int] = {}
+    for s in slices:
+        newest[s.pool] = max(newest.get(s.pool, s.generation), s.generation)
+    return [s for s in slices if s.generation == newest[s.pool]]
+
+
+def find_device(slices: Iterable[PublishedSlice], pool: str, device: str) -> PublishedDevice | None:
+    """The device as last published in the pool (newest generation), or None."""
+    for s in newest_generation(x for x in slices if x.pool == pool):
+        for d in s.devices:
+            if d.name == device:
+                return d
+    return None
