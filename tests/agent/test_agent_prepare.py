@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuslice import constants
+from gpuslice import constants, metrics
 from gpuslice.agent.checkpoint import CheckpointError, CheckpointStore
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.prepare import NodePaths, PrepareError, Preparer, resolve_claim
@@ -157,3 +157,27 @@ async def test_prepare_writes_cdi_spec_limits_and_preload_then_unprepare_removes
     assert not paths.usage_dir(UID).exists()
     assert restarted.checkpoint.claims == {}
     await restarted.unprepare(UID)  # unknown claim: nothing to do, no error
+
+
+def _gpu_gauge(name: str, node: str) -> float | None:
+    labels = {"node": node, "gpu_uuid": GPU.uuid, "model": GPU.product_name}
+    return metrics.AGENT_REGISTRY.get_sample_value(name, labels)
+
+
+async def test_gpu_memory_gauges_count_what_prepared_slices_hold(tmp_path: Path) -> None:
+    # The dashboard's "GPU memory handed out" panel reads these two series.
+    paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", Path("/opt/gs/libgpuslice.so"))
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        return claim([result(pool="node-gauges")])
+
+    async def list_slices() -> list[dict[str, Any]]:
+        return published_slices("node-gauges")
+
+    preparer = Preparer("node-gauges", paths, fetch, list_slices, [GPU])
+    assert _gpu_gauge("gpuslice_gpu_memory_total_bytes", "node-gauges") == 32 * constants.GIB
+    assert _gpu_gauge("gpuslice_gpu_memory_allocated_bytes", "node-gauges") == 0
+    await preparer.prepare("team-a", "job-gpu", UID)
+    assert _gpu_gauge("gpuslice_gpu_memory_allocated_bytes", "node-gauges") == 8 * constants.GIB
+    await preparer.unprepare(UID)
+    assert _gpu_gauge("gpuslice_gpu_memory_allocated_bytes", "node-gauges") == 0

@@ -75,6 +75,35 @@ def test_dashboard_covers_the_whole_catalogue_with_occupancy_and_per_slice_panel
     assert any(t.startswith("Slice") for t in titles)
 
 
+PRODUCT = Path(metrics.__file__).resolve().parent
+
+
+def _setters() -> dict[str, str]:
+    """Sample name -> the gpuslice.metrics attribute of its collector."""
+    out: dict[str, str] = {}
+    for attr, value in vars(metrics).items():
+        for fam in value.describe() if hasattr(value, "describe") and hasattr(value, "_labelnames") else []:
+            for suffix in ("", "_total", "_bucket", "_count", "_sum"):
+                out[fam.name + suffix] = attr
+    return out
+
+
+def test_every_metric_on_the_dashboard_is_set_by_the_product():
+    # Declared in the catalogue is not enough: a series nothing sets is an empty panel.
+    sources = "\n".join(
+        p.read_text() for p in PRODUCT.rglob("*.py") if p.name != "metrics.py" and "dev" not in p.parts
+    )
+    setters = _setters()
+    unset = set()
+    for _title, target in targets(load()):
+        for name in METRIC.findall(target["expr"]):
+            attr = setters[name]
+            setter = rf"\b{attr}\.(labels|set|inc|observe|time)\b|CounterFromTotal\((metrics\.)?{attr}\b"
+            if not re.search(setter, sources):
+                unset.add(f"{name} ({attr})")
+    assert not unset, f"the dashboard queries series the product never sets: {sorted(unset)}"
+
+
 def test_template_variables_read_labels_that_exist():
     known = catalogue()
     for var in load()["templating"]["list"]:

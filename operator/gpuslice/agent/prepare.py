@@ -19,6 +19,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpuslice import constants, logs, metrics
 from gpuslice.agent import cdi
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
+from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.limits import write_limits
 from gpuslice.api.resourceclaim import allocation_results
 from gpuslice.api.resourceslice import find_device, parse_resource_slices
@@ -103,9 +104,18 @@ class NodePaths:
 
 
 class Preparer:
-    def __init__(self, node: str, paths: NodePaths, fetch_claim: FetchClaim, list_slices: ListSlices) -> None:
+    def __init__(
+        self,
+        node: str,
+        paths: NodePaths,
+        fetch_claim: FetchClaim,
+        list_slices: ListSlices,
+        gpus: Sequence[GpuInfo] = (),
+    ) -> None:
         self.node = node
         self.paths = paths
+        #: The node's cards, for the per-GPU memory gauges.
+        self.gpus = list(gpus)
         self._fetch_claim = fetch_claim
         self._list_slices = list_slices
         self._store = CheckpointStore(paths.state_dir / "checkpoint.json")
@@ -123,8 +133,14 @@ class Preparer:
         self._count_prepared()
 
     def _count_prepared(self) -> None:
-        prepared = sum(1 for c in self._checkpoint.claims.values() if c.state == "Prepared")
-        metrics.PREPARED_CLAIMS.labels(node=self.node).set(prepared)
+        prepared = [c for c in self._checkpoint.claims.values() if c.state == "Prepared"]
+        metrics.PREPARED_CLAIMS.labels(node=self.node).set(len(prepared))
+        # Memory of each card handed out to prepared slices (occupancy, not use: that is the shim's).
+        for gpu in self.gpus:
+            handed_out = sum(d.memory_bytes for c in prepared for d in c.devices if d.gpu_uuid == gpu.uuid)
+            labels = (self.node, gpu.uuid, gpu.product_name)
+            metrics.GPU_MEMORY_ALLOCATED.labels(*labels).set(handed_out)
+            metrics.GPU_MEMORY_TOTAL.labels(*labels).set(gpu.memory_bytes)
 
     async def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
         async with self._lock:

@@ -72,7 +72,7 @@ async def run(opts: AgentOptions) -> int:
     api = await api_client(opts.kubeconfig)
     kube = Kube(api)
     paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
-    preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node))
+    preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
     publisher = Publisher(opts.node, gpus, kube)
 

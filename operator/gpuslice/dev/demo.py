@@ -1,4 +1,4 @@
-"""`gpuslice demo`: the whole product on this machine, playing the field report from PRODUCT.md.
+"""`gpuslice demo`: the whole product on this machine, playing the field report (README.md, "make demo").
 
 A devcluster with simulated V100 nodes, the CRDs, the three V100 products, two tenant namespaces,
 the operator and one agent per node; then each lesson of the field report as a step with its result.
