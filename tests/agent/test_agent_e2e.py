@@ -40,7 +40,7 @@ from gpuslice.dev.agents import agent_dirs, agent_kubeconfig, spawn_agent
 from gpuslice.dev.devcluster.cluster import DevCluster, node_manifest
 from gpuslice.dev.devcluster.node_agents import start_agents, stop_agents
 from gpuslice.shim.config import SliceConfig
-from helpers import get_json, wait_for
+from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
 

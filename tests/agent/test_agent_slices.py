@@ -24,25 +24,11 @@ from gpuslice.agent.slices import (
     with_generation,
 )
 from gpuslice.api.package import GpuPackageSpec
+from support import V100, gpu
 
-V100 = "Tesla V100-PCIE-32GB"
 A100 = "NVIDIA A100-SXM4-40GB"
 GIB = constants.GIB
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def gpu(index: int, model: str = V100, memory: int = 32 * GIB) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=f"GPU-{index:08x}-0000-0000-0000-000000000000",
-        product_name=model,
-        memory_bytes=memory,
-        cuda_compute_capability="7.0",
-        driver_version="535.104.05",
-        cuda_driver_version="12.2",
-        minor_number=index,
-        pci_bus_id=f"00000000:{index:02X}:00.0",
-    )
 
 
 def pkg(name: str, fraction: int, model: str = V100, compute: int | None = None) -> Package:

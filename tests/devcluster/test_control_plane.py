@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from gpuslice.dev.devcluster.cluster import DevCluster
-from helpers import get_json, wait_for
+from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -27,7 +27,7 @@ import yaml
 
 from gpuslice import constants
 from gpuslice.dev.devcluster.cluster import DevCluster
-from helpers import get_json, wait_for
+from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
 

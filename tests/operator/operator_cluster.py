@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,12 +15,9 @@ from typing import Any
 
 import yaml
 
-from gpuslice import constants as c
-from gpuslice.agent.slices import Package, build_specs, with_generation
-from gpuslice.api.package import GpuPackageSpec
+import support
 from gpuslice.dev.devcluster.cluster import DevCluster
-
-from .fixtures import V100, gpu
+from support import V100, apply, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 #: Test objects carry this label so teardown finds them, and pools this prefix so they never
@@ -75,84 +71,8 @@ class OperatorProcess:
 def package_doc(
     name: str, fraction: int, selector: dict[str, str] | None, slices: int = 2, model: str = V100
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"gpuModel": model, "fraction": fraction}
-    if selector:
-        spec["entitlements"] = [{"namespaceSelector": {"matchLabels": selector}, "slices": slices}]
-    return {
-        "apiVersion": c.GROUP_VERSION,
-        "kind": c.PACKAGE_KIND,
-        "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
-        "spec": spec,
-    }
-
-
-def slice_doc(name: str, namespace: str, package: str, template: bool = False) -> dict[str, Any]:
-    spec: dict[str, Any] = {"package": package}
-    if template:
-        spec["template"] = True
-    return {
-        "apiVersion": c.GROUP_VERSION,
-        "kind": c.SLICE_KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
-def pod_doc(
-    name: str,
-    namespace: str,
-    claim: str | None = None,
-    *,
-    template: str | None = None,
-    cpu: str = "100m",
-    memory: str = "2Gi",
-) -> dict[str, Any]:
-    ref: dict[str, str] = {"name": "gpu"}
-    if template:
-        ref["resourceClaimTemplateName"] = template
-    else:
-        ref["resourceClaimName"] = claim or name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "resourceClaims": [ref],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "cuda:test",
-                    "resources": {
-                        "claims": [{"name": "gpu"}],
-                        "requests": {"cpu": cpu, "memory": memory},
-                        "limits": {"memory": memory},
-                    },
-                }
-            ],
-        },
-    }
-
-
-def deployment_doc(
-    name: str,
-    namespace: str,
-    *,
-    claim: str | None = None,
-    template: str | None = None,
-    replicas: int = 1,
-    cpu: str = "100m",
-) -> dict[str, Any]:
-    pod = pod_doc(name, namespace, claim, template=template, cpu=cpu)
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]},
-        },
-    }
+    """A GpuPackage carrying the test label, so the module's teardown finds it."""
+    return support.package_doc(name, fraction, selector, slices, model, labels={TEST_LABEL: "true"})
 
 
 def publish_gpus(
@@ -160,23 +80,13 @@ def publish_gpus(
 ) -> str:
     """ResourceSlices for `gpus` cards on `node`, built by the agent's own builder, in a pool of the
     test's own (`optest-<token>-<node>`); returns the pool name, which prefixes the GPU UUIDs."""
-    pk = [
-        Package(n, GpuPackageSpec.model_validate({"gpuModel": model, "fraction": f}))
-        for n, f in packages.items()
-    ]
     pool = f"{POOL_PREFIX}{token}-{node}"
-    cards = [gpu(pool, i, model=model) for i in range(gpus)]
-    docs = with_generation(pool, build_specs(pool, cards, pk), 1)
+    docs = support.published(pool, gpus, packages, model=model)
     for d in docs:
         d["spec"]["nodeName"] = node
         d["metadata"]["labels"][TEST_LABEL] = "true"
     apply(cluster, docs)
     return pool
-
-
-def apply(cluster: DevCluster, docs: list[dict[str, Any]], *, kubeconfig: Path | None = None) -> None:
-    """Server-side apply, sent as JSON: YAML would turn a name like `n` into a boolean for Go."""
-    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), kubeconfig=kubeconfig)
 
 
 def kubectl_as(
@@ -227,27 +137,40 @@ def tenant_rbac(cluster: DevCluster, namespace: str, user: str) -> Iterator[Path
     ]
     apply(cluster, bindings)
     # The tenant role is aggregated by kube-controller-manager; wait until it grants GpuSlices.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        can = cluster.kubectl(
-            "auth", "can-i", "create", "gpuslices.gpuslice.io", "-n", namespace, f"--as={user}", check=False
-        )
-        if can.stdout.strip() == "yes":
-            break
-        time.sleep(0.3)
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "auth",
+                "can-i",
+                "create",
+                "gpuslices.gpuslice.io",
+                "-n",
+                namespace,
+                f"--as={user}",
+                check=False,
+            ).stdout.strip()
+            == "yes"
+        ),
+        30,
+        what=f"{user} may create GpuSlices",
+    )
     yield cluster.tenant_kubeconfig(user, groups=("gpuslice:tenants",))
 
 
 def wait_status(
     cluster: DevCluster, namespace: str, name: str, timeout: float = 60, **want: str
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    st: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        st = slice_status(cluster, namespace, name)
-        if all(st.get(k) == v for k, v in want.items()):
-            return st
-        time.sleep(0.3)
-    raise AssertionError(
-        f"GpuSlice {namespace}/{name}: wanted {want}, last status {json.dumps(st, indent=1)}"
-    )
+    """The slice's status once every field in `want` has its value."""
+    last: dict[str, Any] = {}
+
+    def reached() -> dict[str, Any] | None:
+        last.clear()
+        last.update(slice_status(cluster, namespace, name))
+        return dict(last) if all(last.get(k) == v for k, v in want.items()) else None
+
+    try:
+        return wait_for(reached, timeout, what=f"GpuSlice {namespace}/{name} with {want}")
+    except AssertionError:
+        raise AssertionError(
+            f"GpuSlice {namespace}/{name}: wanted {want}, last status {json.dumps(last, indent=1)}"
+        ) from None

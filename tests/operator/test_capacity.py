@@ -9,8 +9,7 @@ from gpuslice import constants as c
 from gpuslice.api.resourceclaim import allocated_devices
 from gpuslice.api.resourceslice import parse_resource_slice as summarize_resource_slice
 from gpuslice.domain.capacity import package_capacity
-
-from .fixtures import allocated_claim, published
+from support import allocated_claim, published
 
 
 def _slices(*nodes: tuple[str, int]) -> list:

@@ -7,8 +7,7 @@ import yaml
 from gpuslice import constants as c
 from gpuslice.domain.claims import documented_form_text, slice_claim, slice_claim_template
 from gpuslice.domain.deviceclass import device_class
-
-from .fixtures import package_spec
+from support import package_spec
 
 DOCUMENTED_REQUEST = {
     "name": "gpu",

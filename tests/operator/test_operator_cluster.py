@@ -21,21 +21,18 @@ import yaml
 
 from gpuslice import constants as c
 from gpuslice.dev.devcluster.cluster import DevCluster, free_port
+from support import apply, deployment_doc, pod_doc, slice_doc, wait_for
 
 from .operator_cluster import (
     REPO,
     TEST_LABEL,
     OperatorProcess,
-    apply,
     apply_tenant_roles,
     create_as,
-    deployment_doc,
     get,
     kubectl_as,
     package_doc,
-    pod_doc,
     publish_gpus,
-    slice_doc,
     tenant_rbac,
     wait_status,
 )
@@ -47,17 +44,6 @@ NS_LABEL = "gpuslice-test/tenant"
 RESYNC_SECONDS = 10
 
 
-def wait(check: Any, timeout: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 @pytest.fixture(scope="module")
 def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     cluster.apply_crds()
@@ -65,7 +51,7 @@ def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     op = OperatorProcess(cluster, log, f"--metrics-port={free_port()}", f"--resync-seconds={RESYNC_SECONDS}")
     op.start()
     try:
-        wait(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
+        wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
         yield op
     finally:
         # Packages carry the operator's finalizer: delete them while it still runs.
@@ -100,7 +86,7 @@ class World:
             [package_doc(self.pkg(s), f, {NS_LABEL: self.token}, slices, model) for s, f in sizes.items()],
         )
         for s in sizes:
-            wait(
+            wait_for(
                 lambda s=s: get(self.cluster, "deviceclass", c.device_class_name(self.pkg(s))),
                 30,
                 "DeviceClass",
@@ -123,8 +109,8 @@ def world(cluster: DevCluster, namespace: str, operator: OperatorProcess) -> Wor
 
 
 def _tenant_ok(w: World) -> None:
-    wait(lambda: w.quota_hard(), 30, "gpuslice quota")
-    wait(
+    wait_for(lambda: w.quota_hard(), 30, "gpuslice quota")
+    wait_for(
         lambda: (
             (get(w.cluster, "namespace", w.namespace) or {})
             .get("metadata", {})
@@ -237,7 +223,7 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
         assert get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", other) is None
     finally:
         world.cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
-    status = wait(
+    status = wait_for(
         lambda: (
             (get(world.cluster, "gpupackages.gpuslice.io", world.pkg("8g")) or {})
             .get("status", {})
@@ -260,7 +246,7 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
         "-p",
         '[{"op":"replace","path":"/spec/entitlements/0/slices","value":1}]',
     )
-    wait(
+    wait_for(
         lambda: world.quota_hard().get(c.quota_key(world.pkg("8g"))) == "1",
         30,
         "quota follows the entitlement",
@@ -270,7 +256,7 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     assert "Percent of one card" in explain
     # The entitlement goes: quota and label go with it.
     world.cluster.kubectl("label", "namespace", world.namespace, f"{NS_LABEL}-")
-    wait(
+    wait_for(
         lambda: get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", world.namespace) is None,
         30,
         "quota removed",
@@ -303,7 +289,7 @@ def test_package_capacity_counts_gpus_slices_and_what_other_packages_use(
             .get("capacity", {})
         )
 
-    wait(
+    wait_for(
         lambda: cap("8g") == {"gpus": 2, "slicesTotal": 8, "slicesAllocated": 0, "slicesFree": 8},
         30,
         "8g capacity",
@@ -315,7 +301,7 @@ def test_package_capacity_counts_gpus_slices_and_what_other_packages_use(
         world.cluster, [slice_doc("big", world.namespace, world.pkg("32g")), pod_doc("big", world.namespace)]
     )
     wait_status(world.cluster, world.namespace, "big", phase="InUse")
-    wait(
+    wait_for(
         lambda: (
             cap("8g").get("slicesFree") == 4
             and cap("16g").get("slicesFree") == 2
@@ -324,7 +310,7 @@ def test_package_capacity_counts_gpus_slices_and_what_other_packages_use(
         30,
         "capacity after allocation",
     )
-    metrics = wait(
+    metrics = wait_for(
         lambda: (
             _metric(operator, f'gpuslice_package_free_slices{{package="{world.pkg("8g")}"}}') == 4.0
             and operator
@@ -358,7 +344,9 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
             create_as(world.cluster, alice, slice_doc("llm", world.namespace, world.pkg("8g"))).returncode
             == 0
         )
-        claim = wait(lambda: get(world.cluster, "resourceclaim", "llm", "-n", world.namespace), 30, "claim")
+        claim = wait_for(
+            lambda: get(world.cluster, "resourceclaim", "llm", "-n", world.namespace), 30, "claim"
+        )
         assert claim["spec"]["devices"]["requests"] == [
             {
                 "name": "gpu",
@@ -398,7 +386,7 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
     world.cluster.kubectl("delete", "pod", "ollama", "-n", world.namespace, "--grace-period=0", "--force")
     wait_status(world.cluster, world.namespace, "llm", phase="Released")
     world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "llm", "-n", world.namespace)
-    wait(
+    wait_for(
         lambda: get(world.cluster, "resourceclaim", "llm", "-n", world.namespace) is None,
         60,
         "claim garbage-collected",
@@ -410,13 +398,13 @@ def test_quota_used_up_says_x_of_y_and_recovers_when_a_slice_frees(world: World)
     _tenant_ok(world)
     apply(world.cluster, [slice_doc(n, world.namespace, world.pkg("8g")) for n in ("a", "b")])
     for n in ("a", "b"):
-        wait(lambda n=n: get(world.cluster, "resourceclaim", n, "-n", world.namespace), 30, "claims")
+        wait_for(lambda n=n: get(world.cluster, "resourceclaim", n, "-n", world.namespace), 30, "claims")
     apply(world.cluster, [slice_doc("c", world.namespace, world.pkg("8g"))])
     st = wait_status(world.cluster, world.namespace, "c", reason="QuotaExceeded")
     assert st["phase"] == "Pending" and "2 of 2" in st["message"]
     assert st["quota"] == {"used": 2, "hard": 2, "quota": c.QUOTA_NAME}
     world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "a", "-n", world.namespace)
-    wait(
+    wait_for(
         lambda: get(world.cluster, "resourceclaim", "c", "-n", world.namespace),
         90,
         "claim of c after a slice freed",
@@ -459,7 +447,7 @@ def test_pod_blocked_by_the_namespaces_cpu_quota_is_named(world: World) -> None:
             }
         ],
     )
-    wait(
+    wait_for(
         lambda: (
             (get(world.cluster, "resourcequota", "compute", "-n", world.namespace) or {})
             .get("status", {})
@@ -490,7 +478,7 @@ def test_template_slice_gives_each_replica_its_own_slice(world: World) -> None:
             deployment_doc("workers", world.namespace, template="workers", replicas=2),
         ],
     )
-    tmpl = wait(
+    tmpl = wait_for(
         lambda: get(world.cluster, "resourceclaimtemplate", "workers", "-n", world.namespace), 30, "template"
     )
     assert tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
@@ -720,7 +708,7 @@ def test_tenant_cannot_touch_products_or_what_gpuslice_owns(world: World) -> Non
     world.packages({"8g": 25})
     _tenant_ok(world)
     apply(world.cluster, [slice_doc("s", world.namespace, world.pkg("8g"))])
-    wait(lambda: get(world.cluster, "resourceclaim", "s", "-n", world.namespace), 30, "claim")
+    wait_for(lambda: get(world.cluster, "resourceclaim", "s", "-n", world.namespace), 30, "claim")
     with tenant_rbac(world.cluster, world.namespace, f"eve-{world.token}") as eve:
         # RBAC: products and devices are the platform's.
         pkg = package_doc(f"eve{world.token}", 100, None)
@@ -790,7 +778,7 @@ def test_package_deletion_is_held_while_slices_use_it(world: World) -> None:
     world.packages({"8g": 25})
     _tenant_ok(world)
     apply(world.cluster, [slice_doc("s", world.namespace, world.pkg("8g"))])
-    wait(lambda: get(world.cluster, "resourceclaim", "s", "-n", world.namespace), 30, "claim")
+    wait_for(lambda: get(world.cluster, "resourceclaim", "s", "-n", world.namespace), 30, "claim")
     pkg = world.pkg("8g")
     world.cluster.kubectl("delete", "gpupackages.gpuslice.io", pkg, "--wait=false")
 
@@ -798,14 +786,16 @@ def test_package_deletion_is_held_while_slices_use_it(world: World) -> None:
         p = get(world.cluster, "gpupackages.gpuslice.io", pkg) or {}
         return next((x for x in p.get("status", {}).get("conditions", []) if x["type"] == "Deleting"), None)
 
-    cond = wait(held, 30, "Deleting condition")
+    cond = wait_for(held, 30, "Deleting condition")
     assert cond["reason"] == "SlicesStillExist" and f"{world.namespace}/s" in cond["message"]
     assert get(world.cluster, "deviceclass", c.device_class_name(pkg)) is not None
     assert get(world.cluster, "gpupackages.gpuslice.io", pkg)["metadata"]["finalizers"] == [c.FINALIZER]
     world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "s", "-n", world.namespace)
-    wait(lambda: get(world.cluster, "gpupackages.gpuslice.io", pkg) is None, 60, "package gone")
-    wait(lambda: get(world.cluster, "deviceclass", c.device_class_name(pkg)) is None, 30, "DeviceClass gone")
-    wait(lambda: c.quota_key(pkg) not in world.quota_hard(), 30, "quota key gone")
+    wait_for(lambda: get(world.cluster, "gpupackages.gpuslice.io", pkg) is None, 60, "package gone")
+    wait_for(
+        lambda: get(world.cluster, "deviceclass", c.device_class_name(pkg)) is None, 30, "DeviceClass gone"
+    )
+    wait_for(lambda: c.quota_key(pkg) not in world.quota_hard(), 30, "quota key gone")
 
 
 def _versions(w: World) -> dict[str, str]:
@@ -841,7 +831,7 @@ def test_restart_converges_without_writes_or_duplicates(world: World, operator: 
     before = _versions(world)
     operator.stop(signal.SIGKILL)  # killed, not asked to stop: no clean-up runs
     operator.start()
-    wait(lambda: "operator starting" in operator.tail(200), 30, "restart")
+    wait_for(lambda: "operator starting" in operator.tail(200), 30, "restart")
     time.sleep(8)
     assert _versions(world) == before
     claims = json.loads(
@@ -913,7 +903,7 @@ def test_many_slices_cost_a_bounded_number_of_writes_and_none_at_rest(
             (x.get("status") or {}).get("reason") == "WaitingForPod" for x in items
         )
 
-    wait(settled, 180, f"{n} slices with claims")
+    wait_for(settled, 180, f"{n} slices with claims")
     took = time.monotonic() - started
     claims = _metric_sum(operator, 'gpuslice_operator_writes_total{kind="ResourceClaim"') - claims_before
     statuses = _metric_sum(operator, 'gpuslice_operator_status_updates_total{kind="GpuSlice"') - status_before
@@ -969,7 +959,7 @@ def test_killed_mid_work_the_operator_converges_without_duplicates(
             (x.get("status") or {}).get("reason") == "WaitingForPod" for x in items
         )
 
-    wait(settled, 120, "all slices converge after the restart")
+    wait_for(settled, 120, "all slices converge after the restart")
     claims = get(world.cluster, "resourceclaims", "-n", world.namespace)["items"]
     assert sorted(x["metadata"]["name"] for x in claims) == sorted(f"k{i}" for i in range(n))
     assert all(len(x["metadata"]["ownerReferences"]) == 1 for x in claims)
@@ -1022,14 +1012,14 @@ def _lift(w: World, name: str, probe: dict[str, Any]) -> float:
         )
         return proc.returncode == 0 or "AlreadyExists" in proc.stderr
 
-    wait(accepted, 30, f"{name} lifted")
+    wait_for(accepted, 30, f"{name} lifted")
     return time.monotonic()
 
 
 def _settle(w: World, pkg: str) -> None:
     """Wait until the package's status is written and then longer than its timer's interval: from
     then on no event of the package (or of anything gpuslice watches) announces the refusal's end."""
-    wait(
+    wait_for(
         lambda: (
             ((get(w.cluster, "gpupackages.gpuslice.io", pkg) or {}).get("status") or {}).get(
                 "entitledNamespaces"
@@ -1048,7 +1038,7 @@ def test_a_refused_device_class_write_is_retried_without_another_event(world: Wo
     probe = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": dc_name}}
     name = f"optest-{world.token}-refuse-dc"
     _refuse(world, name, "deviceclasses", f"object.metadata.name != {json.dumps(dc_name)}")
-    wait(
+    wait_for(
         lambda: (
             "refused for the test"
             in world.cluster.kubectl(
@@ -1062,7 +1052,7 @@ def test_a_refused_device_class_write_is_retried_without_another_event(world: Wo
     _settle(world, pkg)
     assert get(world.cluster, "deviceclass", dc_name) is None
     lifted = _lift(world, name, probe)
-    wait(lambda: get(world.cluster, "deviceclass", dc_name), 20, "DeviceClass after the refusal ended")
+    wait_for(lambda: get(world.cluster, "deviceclass", dc_name), 20, "DeviceClass after the refusal ended")
     assert time.monotonic() - lifted < 15
 
 
@@ -1076,7 +1066,7 @@ def test_a_refused_quota_write_is_retried_without_another_event(world: World) ->
     }
     name = f"optest-{world.token}-refuse-quota"
     _refuse(world, name, "resourcequotas", f"object.metadata.namespace != {json.dumps(world.namespace)}")
-    wait(
+    wait_for(
         lambda: (
             "refused for the test"
             in world.cluster.kubectl(
@@ -1090,5 +1080,5 @@ def test_a_refused_quota_write_is_retried_without_another_event(world: World) ->
     _settle(world, pkg)
     assert get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", world.namespace) is None
     lifted = _lift(world, name, probe)
-    wait(lambda: world.quota_hard(), 20, "quota after the refusal ended")
+    wait_for(lambda: world.quota_hard(), 20, "quota after the refusal ended")
     assert time.monotonic() - lifted < 15

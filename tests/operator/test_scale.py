@@ -14,8 +14,7 @@ from gpuslice.api.resourceslice import parse_resource_slice as summarize_resourc
 from gpuslice.domain.capacity import package_capacity
 from gpuslice.domain.slice_status import SliceFacts, slice_status
 from gpuslice.domain.views import claim_view, quota_view
-
-from .fixtures import allocated_claim, published
+from support import allocated_claim, published
 
 NODES, GPUS_PER_NODE, SLICES = 500, 8, 5000
 

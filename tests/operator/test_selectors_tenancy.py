@@ -9,8 +9,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import LabelSelector
 from gpuslice.domain.selectors import matches
 from gpuslice.domain.tenancy import ObservedTenant, changes, entitled_slices, tenant_state
-
-from .fixtures import package_spec
+from support import package_spec
 
 label_keys = st.sampled_from(["team", "tier", "env", "tenant.example.com/project"])
 label_values = st.sampled_from(["a", "b", "gold", "prod"])

@@ -9,8 +9,7 @@ from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
 from gpuslice.domain.views import claim_view, pod_view, quota_view, uses_gpuslice, workload_view
-
-from .fixtures import allocated_claim
+from support import allocated_claim
 
 NOW = "2026-12-02T12:00:00Z"
 KEY = c.quota_key("v100-8g")

@@ -1,0 +1,245 @@
+"""What every test folder shares: waiting for the cluster, reading it, and building the objects the
+product reads and writes, in the shape the API server returns them.
+
+Kubernetes objects are built here once; the folders' own helpers (`operator/operator_cluster.py`,
+`agent/agent_cluster.py`) add only what is theirs (a test label, a node selector).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpuslice import constants as c
+from gpuslice.agent.gpus import GpuInfo
+from gpuslice.agent.slices import Package, build_specs, with_generation
+from gpuslice.api.package import GpuPackageSpec
+from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice.domain.deviceclass import device_selector_expression
+
+T = TypeVar("T")
+
+V100 = "Tesla V100-PCIE-32GB"
+V100_PACKAGES = {"v100-8g": 25, "v100-16g": 50, "v100-32g": 100}
+DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
+
+
+# --- waiting and reading ----------------------------------------------------------------------------
+
+
+def wait_for(
+    check: Callable[[], T | None], timeout: float = 60, what: str = "", *, interval: float = 0.25
+) -> T:
+    """Poll until `check` returns something truthy; fail with `what` and the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}; last value: {last!r}")
+
+
+def get_json(cluster: DevCluster, *args: str, **kw: Any) -> Any:
+    """`kubectl get ... -o json`, parsed; None when not found."""
+    proc = cluster.kubectl("get", *args, "-o", "json", check=False, **kw)
+    if proc.returncode != 0:
+        if "NotFound" in proc.stderr or "not found" in proc.stderr:
+            return None
+        raise AssertionError(f"kubectl get {' '.join(args)} failed: {proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def apply(cluster: DevCluster, docs: list[dict[str, Any]], *, kubeconfig: Path | None = None) -> None:
+    """Server-side apply, sent as JSON: YAML would turn a name like `n` into a boolean for Go."""
+    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), kubeconfig=kubeconfig)
+
+
+# --- GPUs and what the agent publishes for them -----------------------------------------------------
+
+
+def gpu(index: int, model: str = V100, memory: int = 32 * c.GIB, *, node: str | None = None) -> GpuInfo:
+    """A card as NVML reports it; with `node`, its UUID names the node (unique across a test's pools)."""
+    return GpuInfo(
+        index=index,
+        uuid=f"GPU-{node}-{index}" if node else f"GPU-{index:08x}-0000-0000-0000-000000000000",
+        product_name=model,
+        memory_bytes=memory,
+        cuda_compute_capability="7.0",
+        driver_version="535.104.05",
+        cuda_driver_version="12.2",
+        minor_number=index,
+        pci_bus_id=f"00000000:{index:02X}:00.0",
+    )
+
+
+def package_spec(fraction: int, model: str = V100, **kw: Any) -> GpuPackageSpec:
+    return GpuPackageSpec.model_validate({"gpuModel": model, "fraction": fraction, **kw})
+
+
+def published(
+    node: str, gpus: int, packages: Mapping[str, int] | None = None, generation: int = 1, model: str = V100
+) -> list[dict[str, Any]]:
+    """The ResourceSlices the node agent publishes for `gpus` cards (the agent's own builder)."""
+    pk = [Package(n, package_spec(f, model)) for n, f in (packages or V100_PACKAGES).items()]
+    cards = [gpu(i, node=node, model=model) for i in range(gpus)]
+    return with_generation(node, build_specs(node, cards, pk), generation)
+
+
+# --- gpuslice objects -------------------------------------------------------------------------------
+
+
+def package_doc(
+    name: str,
+    fraction: int,
+    selector: dict[str, str] | None = None,
+    slices: int = 2,
+    model: str = V100,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A GpuPackage; with `selector`, entitled to `slices` slices in the namespaces it matches."""
+    spec: dict[str, Any] = {"gpuModel": model, "fraction": fraction}
+    if selector:
+        spec["entitlements"] = [{"namespaceSelector": {"matchLabels": selector}, "slices": slices}]
+    return {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.PACKAGE_KIND,
+        "metadata": {"name": name, **({"labels": labels} if labels else {})},
+        "spec": spec,
+    }
+
+
+def slice_doc(name: str, namespace: str, package: str, template: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"package": package}
+    if template:
+        spec["template"] = True
+    return {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.SLICE_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+# --- DRA objects and workloads ------------------------------------------------------------------------
+
+
+def device_class_doc(package: str, model: str = V100) -> dict[str, Any]:
+    """The DeviceClass the operator generates for a package, without its ownership (for tests that run
+    no operator)."""
+    expression = device_selector_expression(package, package_spec(100, model))
+    return {
+        "apiVersion": DRA_API,
+        "kind": "DeviceClass",
+        "metadata": {"name": c.device_class_name(package)},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def claim_doc(name: str, namespace: str, package: str) -> dict[str, Any]:
+    """A ResourceClaim of the documented form: one request named `gpu`, ExactCount 1, the package's class."""
+    return {
+        "apiVersion": DRA_API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "labels": {c.LABEL_PACKAGE: package}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": c.CLAIM_REQUEST_NAME,
+                        "exactly": {
+                            "deviceClassName": c.device_class_name(package),
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def allocated_claim(
+    namespace: str, name: str, node: str, device: str, reserved_for: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A claim as the API server shows it once kube-scheduler allocated `device` of pool `node`."""
+    return {
+        "metadata": {"namespace": namespace, "name": name, "labels": {}},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "v100-8g.gpuslice.io"}}]}
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": c.DRIVER_NAME, "pool": node, "device": device}]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in reserved_for],
+        },
+    }
+
+
+def pod_doc(
+    name: str,
+    namespace: str,
+    claim: str | None = None,
+    *,
+    template: str | None = None,
+    cpu: str | None = "100m",
+    memory: str = "2Gi",
+    image: str = "cuda:test",
+    node_selector: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod whose container holds the claim `claim` (default: named like the pod) or one made from
+    `template`; it requests `cpu` and `memory` (no requests with cpu=None, memory is always limited)."""
+    ref: dict[str, str] = {"name": "gpu"}
+    if template:
+        ref["resourceClaimTemplateName"] = template
+    else:
+        ref["resourceClaimName"] = claim or name
+    resources: dict[str, Any] = {"claims": [{"name": "gpu"}], "limits": {"memory": memory}}
+    if cpu:
+        resources["requests"] = {"cpu": cpu, "memory": memory}
+    spec: dict[str, Any] = {
+        "resourceClaims": [ref],
+        "containers": [{"name": "main", "image": image, "resources": resources}],
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def deployment_doc(
+    name: str,
+    namespace: str,
+    *,
+    claim: str | None = None,
+    template: str | None = None,
+    replicas: int = 1,
+    cpu: str = "100m",
+) -> dict[str, Any]:
+    pod = pod_doc(name, namespace, claim, template=template, cpu=cpu)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]},
+        },
+    }
