@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 import urllib.request
 import uuid
@@ -968,36 +969,39 @@ def test_killed_mid_work_the_operator_converges_without_duplicates(
 # --- retries --------------------------------------------------------------------------------------
 
 
-def _refuse(w: World, name: str, resource: str, expression: str) -> list[dict[str, Any]]:
-    """A temporary ValidatingAdmissionPolicy (+ binding) that refuses writes for which `expression` is
-    false, as a webhook outage or a stricter policy would; returned so the test can remove it."""
+def _dry_run(w: World, probe: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return w.cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False)
+
+
+def _refuse(w: World, name: str, resource: str, expression: str, probe: dict[str, Any]) -> None:
+    """A temporary ValidatingAdmissionPolicy (+ binding) that refuses writes of `resource` for which
+    `expression` is false, as a stricter policy or an outage would; waits until it refuses `probe`."""
+    rule = {
+        "apiGroups": ["*"],
+        "apiVersions": ["*"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": [resource],
+    }
+    meta = {"name": name, "labels": {TEST_LABEL: "true"}}
+    admission = "admissionregistration.k8s.io/v1"
     policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
+        "apiVersion": admission,
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
+        "metadata": meta,
         "spec": {
             "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["*"],
-                        "apiVersions": ["*"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": [resource],
-                    }
-                ]
-            },
+            "matchConstraints": {"resourceRules": [rule]},
             "validations": [{"expression": expression, "message": f"refused for the test ({name})"}],
         },
     }
     binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
+        "apiVersion": admission,
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
+        "metadata": meta,
         "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
     apply(w.cluster, [policy, binding])
-    return [policy, binding]
+    wait_for(lambda: "refused for the test" in _dry_run(w, probe).stderr, 30, f"{name} in force")
 
 
 def _lift(w: World, name: str, probe: dict[str, Any]) -> float:
@@ -1007,9 +1011,7 @@ def _lift(w: World, name: str, probe: dict[str, Any]) -> float:
     )
 
     def accepted() -> bool:
-        proc = w.cluster.kubectl(
-            "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
-        )
+        proc = _dry_run(w, probe)
         return proc.returncode == 0 or "AlreadyExists" in proc.stderr
 
     wait_for(accepted, 30, f"{name} lifted")
@@ -1037,17 +1039,7 @@ def test_a_refused_device_class_write_is_retried_without_another_event(world: Wo
     dc_name = c.device_class_name(pkg)
     probe = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": dc_name}}
     name = f"optest-{world.token}-refuse-dc"
-    _refuse(world, name, "deviceclasses", f"object.metadata.name != {json.dumps(dc_name)}")
-    wait_for(
-        lambda: (
-            "refused for the test"
-            in world.cluster.kubectl(
-                "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
-            ).stderr
-        ),
-        30,
-        "the refusal in force",
-    )
+    _refuse(world, name, "deviceclasses", f"object.metadata.name != {json.dumps(dc_name)}", probe)
     apply(world.cluster, [package_doc(pkg, 25, {NS_LABEL: world.token})])
     _settle(world, pkg)
     assert get(world.cluster, "deviceclass", dc_name) is None
@@ -1065,17 +1057,8 @@ def test_a_refused_quota_write_is_retried_without_another_event(world: World) ->
         "spec": {"hard": {c.quota_key(pkg): "2"}},
     }
     name = f"optest-{world.token}-refuse-quota"
-    _refuse(world, name, "resourcequotas", f"object.metadata.namespace != {json.dumps(world.namespace)}")
-    wait_for(
-        lambda: (
-            "refused for the test"
-            in world.cluster.kubectl(
-                "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
-            ).stderr
-        ),
-        30,
-        "the refusal in force",
-    )
+    expression = f"object.metadata.namespace != {json.dumps(world.namespace)}"
+    _refuse(world, name, "resourcequotas", expression, probe)
     world.packages({"8g": 25})
     _settle(world, pkg)
     assert get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", world.namespace) is None

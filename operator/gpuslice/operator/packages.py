@@ -127,10 +127,15 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     await ensure_policies(state, idx)
 
 
-def register(config: OperatorConfig) -> None:
+def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
     """The package timer, at the configured interval (called once, before Kopf starts)."""
     kopf.timer(
-        c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL, interval=config.recheck_seconds, initial_delay=1.0
+        c.API_GROUP,
+        c.API_VERSION,
+        c.PACKAGE_PLURAL,
+        interval=config.recheck_seconds,
+        initial_delay=1.0,
+        registry=registry,
     )(package_timer)
 
 

@@ -234,14 +234,20 @@ def _pending(status: kopf.Status, **_: Any) -> bool:
     return status.get("phase") == Phase.PENDING.value
 
 
-def register(config: OperatorConfig) -> None:
+def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
     """The timers, at the intervals the configuration gives (called once, before Kopf starts)."""
     resync, recheck = config.resync_seconds, config.recheck_seconds
-    kopf.timer(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=resync, initial_delay=resync)(
-        slice_resync
-    )
     kopf.timer(
-        c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=recheck, initial_delay=recheck, when=_pending
+        c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=resync, initial_delay=resync, registry=registry
+    )(slice_resync)
+    kopf.timer(
+        c.API_GROUP,
+        c.API_VERSION,
+        c.SLICE_PLURAL,
+        interval=recheck,
+        initial_delay=recheck,
+        when=_pending,
+        registry=registry,
     )(pending_recheck)
 
 

@@ -1,0 +1,196 @@
+"""The operator package itself, without a cluster: its indexes answer one question each, its
+snapshot counts what kube-scheduler allocated, its timers run at the configured intervals, its event
+handlers leave a refused write to a timer, and its command line says what is wrong."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import kopf
+import pytest
+import structlog.testing
+
+from gpuslice import cli
+from gpuslice import constants as c
+from gpuslice.operator import indexes, packages, slices
+from gpuslice.operator.config import OperatorConfig
+from gpuslice.operator.indexes import Indexes
+from gpuslice.operator.retry import fast_path
+from gpuslice.operator.state import OperatorState, one, values
+from support import allocated_claim, pod_doc, published, slice_doc
+
+INDEX_FUNCTIONS = {name: fn for name, fn in vars(indexes).items() if name.startswith("gs_") and callable(fn)}
+
+
+def build(fn: Callable[..., Any], bodies: Iterable[dict[str, Any]]) -> dict[Any, list[Any]]:
+    """What Kopf keeps for an index function: key -> the values of every object that yields it."""
+    out: dict[Any, list[Any]] = defaultdict(list)
+    for body in bodies:
+        meta = body.get("metadata") or {}
+        result = fn(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace"),
+            spec=body.get("spec") or {},
+            status=body.get("status") or {},
+            meta=meta,
+            labels=meta.get("labels") or {},
+            body=body,
+        )
+        for key, value in (result or {}).items():
+            out[key].append(value)
+    return dict(out)
+
+
+def idx_of(**bodies: list[dict[str, Any]]) -> Indexes:
+    """Every index, built from the given objects (by resource: packages, slices, claims, pods, ...)."""
+    sources = {
+        "gs_packages": "packages",
+        "gs_slices": "slices",
+        "gs_package_slices": "slices",
+        "gs_namespace_slices": "slices",
+        "gs_claims": "claims",
+        "gs_template_claims": "claims",
+        "gs_pool_claims": "claims",
+        "gs_claim_templates": "templates",
+        "gs_claim_pods": "pods",
+        "gs_template_pods": "pods",
+        "gs_claim_workloads": "workloads",
+        "gs_template_workloads": "workloads",
+        "gs_quotas": "quotas",
+        "gs_resource_slices": "resource_slices",
+        "gs_namespaces": "namespaces",
+        "gs_device_classes": "device_classes",
+        "gs_admission_policies": "policies",
+        "gs_admission_bindings": "bindings",
+    }
+    assert set(sources) == set(INDEX_FUNCTIONS), "every index of the operator is built here"
+    return Indexes({n: build(INDEX_FUNCTIONS[n], bodies.get(src, [])) for n, src in sources.items()})
+
+
+def generated_claim(namespace: str, template_slice: str, pod: str, node: str, device: str) -> dict[str, Any]:
+    claim = allocated_claim(namespace, f"{pod}-gpu-x1", node, device, reserved_for=(pod,))
+    claim["metadata"]["labels"] = {c.LABEL_SLICE_TEMPLATE: template_slice}
+    return claim
+
+
+def test_each_index_has_one_key_shape() -> None:
+    ns = "team-a"
+    template_pod = pod_doc("w-1", ns, template="workers")
+    template_pod["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "w-1-gpu-x1"}]}
+    idx = idx_of(
+        slices=[slice_doc("llm", ns, "v100-8g"), slice_doc("workers", ns, "v100-8g", template=True)],
+        claims=[
+            allocated_claim(ns, "llm", "node-a", "gpu-0-v100-8g-0"),
+            generated_claim(ns, "workers", "w-1", "node-b", "gpu-0-v100-8g-1"),
+        ],
+        pods=[pod_doc("p", ns, "llm"), template_pod],
+    )
+    assert set(idx.slices) == {(ns, "llm"), (ns, "workers")}
+    assert sorted(values(idx.package_slices, "v100-8g")) == [(ns, "llm"), (ns, "workers")]
+    assert sorted(values(idx.namespace_slices, ns)) == [(ns, "llm"), (ns, "workers")]
+    assert set(idx.claims) == {(ns, "llm"), (ns, "w-1-gpu-x1")}
+    assert values(idx.template_claims, (ns, "workers")) == [(ns, "w-1-gpu-x1")]
+    assert {p: values(idx.pool_claims, p) for p in idx.pool_claims} == {
+        "node-a": [(ns, "llm")],
+        "node-b": [(ns, "w-1-gpu-x1")],
+    }
+    assert [p.name for p in values(idx.claim_pods, (ns, "llm"))] == ["p"]
+    assert [p.name for p in values(idx.template_pods, (ns, "workers"))] == ["w-1"]
+    # A pod of a template slice is not mistaken for a user of a claim named like its generated one.
+    assert set(idx.claim_pods) == {(ns, "llm")}
+
+
+def test_claims_of_other_drivers_are_not_indexed() -> None:
+    other = allocated_claim("ns", "x", "node-a", "dev")
+    other["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "other.example.com"
+    other["status"]["allocation"]["devices"]["results"][0]["driver"] = "other.example.com"
+    idx = idx_of(claims=[other])
+    assert not idx.claims and not idx.pool_claims
+
+
+def _state(**config: Any) -> OperatorState:
+    return OperatorState(config=OperatorConfig(**config), kube=None)  # type: ignore[arg-type]
+
+
+def test_snapshot_counts_allocated_devices_from_the_pool_index() -> None:
+    node = "node-a"
+    rs = published(node, 1, {"v100-8g": 25})
+    devices = [d["name"] for s in rs for d in s["spec"].get("devices", [])]
+    idx = idx_of(
+        resource_slices=rs,
+        claims=[allocated_claim("ns", f"s{i}", node, devices[i]) for i in range(3)],
+    )
+    snapshot = _state().published(idx.resource_slices, idx.pool_claims, idx.claims)
+    capacity = snapshot.capacity("v100-8g")
+    assert (capacity.total, capacity.allocated, capacity.free) == (4, 3, 1)
+    assert snapshot.uuids[(node, devices[0])] == f"GPU-{node}-0"
+
+
+def _timers(registry: kopf.OperatorRegistry) -> dict[str, tuple[float | None, Any]]:
+    return {
+        h.fn.__name__: (h.interval, h.initial_delay)  # type: ignore[attr-defined]
+        for h in registry._spawning.get_all_handlers()
+    }
+
+
+def test_timers_run_at_the_configured_intervals() -> None:
+    registry = kopf.OperatorRegistry()
+    config = OperatorConfig(resync_seconds=12.0, recheck_seconds=3.0)
+    slices.register(config, registry)
+    packages.register(config, registry)
+    timers = _timers(registry)
+    assert timers["slice_resync"] == (12.0, 12.0)
+    assert timers["pending_recheck"] == (3.0, 3.0)
+    assert timers["package_timer"][0] == 3.0
+
+
+def test_the_defaults_are_what_the_operator_always_did() -> None:
+    registry = kopf.OperatorRegistry()
+    slices.register(OperatorConfig(), registry)
+    packages.register(OperatorConfig(), registry)
+    timers = _timers(registry)
+    assert (timers["slice_resync"][0], timers["pending_recheck"][0], timers["package_timer"][0]) == (30, 5, 5)
+
+
+async def test_an_event_handlers_refused_write_is_logged_and_left_to_the_timer() -> None:
+    async def refused() -> None:
+        raise kopf.TemporaryError("DeviceClass of p: denied", delay=5)
+
+    with structlog.testing.capture_logs() as logs:
+        await fast_path(refused(), "package_timer")  # does not raise: Kopf would only log it
+    assert [(e["log_level"], e["retried_by"], e["error"]) for e in logs] == [
+        ("warning", "package_timer", "DeviceClass of p: denied")
+    ]
+
+
+async def test_other_errors_of_an_event_handler_are_not_hidden() -> None:
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError):
+        await fast_path(broken(), "package_timer")
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--resync-seconds=0", "--resync-seconds: Input should be greater than 0"),
+        ("--recheck-seconds=-1", "--recheck-seconds: Input should be greater than 0"),
+        ("--memory-floor=lots", "--memory-floor 'lots' is not a quantity"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_flag_named(
+    flag: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["operator", flag]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_one_and_values_read_an_index() -> None:
+    idx = idx_of(slices=[slice_doc("a", "ns", "p")])
+    entry = one(idx.slices, ("ns", "a"))
+    assert entry is not None and entry.package == "p" and entry.ref == ("ns", "a")
+    assert one(idx.slices, ("ns", "missing")) is None
+    assert values(idx.package_slices, "none") == []
