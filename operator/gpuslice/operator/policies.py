@@ -24,10 +24,13 @@ log = get(__name__)
 
 
 def desired_objects(state: OperatorState) -> dict[tuple[str, str], dict[str, Any]]:
-    cfg = AdmissionConfig(
-        operator_identities=state.config.operator_identities, memory_floor=state.config.memory_floor
-    )
-    return {(o["kind"], o["metadata"]["name"]): o for o in admission_objects(cfg)}
+    # Built once per process: they depend on the configuration only, and the package timers ask often.
+    if state.admission is None:
+        cfg = AdmissionConfig(
+            operator_identities=state.config.operator_identities, memory_floor=state.config.memory_floor
+        )
+        state.admission = {(o["kind"], o["metadata"]["name"]): o for o in admission_objects(cfg)}
+    return state.admission
 
 
 def _current(obj: dict[str, Any], desired: dict[str, Any]) -> bool:

@@ -70,6 +70,8 @@ class OperatorState:
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     #: Namespaces whose last tenancy write was refused: the package timers retry them.
     unsynced_namespaces: set[str] = field(default_factory=set)
+    #: (kind, name) -> the admission policies and bindings this configuration wants (see policies).
+    admission: dict[tuple[str, str], dict[str, Any]] | None = None
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
