@@ -1034,34 +1034,40 @@ def _settle(w: World, pkg: str) -> None:
     time.sleep(7)
 
 
-def test_a_refused_device_class_write_is_retried_without_another_event(world: World) -> None:
+def test_refused_device_class_and_quota_writes_are_retried_without_another_event(world: World) -> None:
+    # Both refused at once, one wait: each refusal costs the suite a settle time.
     pkg = world.pkg("8g")
     dc_name = c.device_class_name(pkg)
-    probe = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": dc_name}}
-    name = f"optest-{world.token}-refuse-dc"
-    _refuse(world, name, "deviceclasses", f"object.metadata.name != {json.dumps(dc_name)}", probe)
-    apply(world.cluster, [package_doc(pkg, 25, {NS_LABEL: world.token})])
-    _settle(world, pkg)
-    assert get(world.cluster, "deviceclass", dc_name) is None
-    lifted = _lift(world, name, probe)
-    wait_for(lambda: get(world.cluster, "deviceclass", dc_name), 20, "DeviceClass after the refusal ended")
-    assert time.monotonic() - lifted < 15
-
-
-def test_a_refused_quota_write_is_retried_without_another_event(world: World) -> None:
-    pkg = world.pkg("8g")
-    probe = {
+    dc_probe = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": dc_name}}
+    quota_probe = {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
         "metadata": {"name": c.QUOTA_NAME, "namespace": world.namespace},
         "spec": {"hard": {c.quota_key(pkg): "2"}},
     }
-    name = f"optest-{world.token}-refuse-quota"
-    expression = f"object.metadata.namespace != {json.dumps(world.namespace)}"
-    _refuse(world, name, "resourcequotas", expression, probe)
-    world.packages({"8g": 25})
+    refusals = {
+        f"optest-{world.token}-refuse-dc": dc_probe,
+        f"optest-{world.token}-refuse-quota": quota_probe,
+    }
+    _refuse(
+        world,
+        f"optest-{world.token}-refuse-dc",
+        "deviceclasses",
+        f"object.metadata.name != {json.dumps(dc_name)}",
+        dc_probe,
+    )
+    _refuse(
+        world,
+        f"optest-{world.token}-refuse-quota",
+        "resourcequotas",
+        f"object.metadata.namespace != {json.dumps(world.namespace)}",
+        quota_probe,
+    )
+    apply(world.cluster, [package_doc(pkg, 25, {NS_LABEL: world.token})])
     _settle(world, pkg)
+    assert get(world.cluster, "deviceclass", dc_name) is None
     assert get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", world.namespace) is None
-    lifted = _lift(world, name, probe)
+    lifted = max(_lift(world, name, probe) for name, probe in refusals.items())
+    wait_for(lambda: get(world.cluster, "deviceclass", dc_name), 20, "DeviceClass after the refusal ended")
     wait_for(lambda: world.quota_hard(), 20, "quota after the refusal ended")
     assert time.monotonic() - lifted < 15
