@@ -18,6 +18,7 @@ from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.domain.deviceclass import device_selector_expression
 
 T = TypeVar("T")
@@ -141,25 +142,12 @@ def device_class_doc(package: str, model: str = V100) -> dict[str, Any]:
 
 
 def claim_doc(name: str, namespace: str, package: str) -> dict[str, Any]:
-    """A ResourceClaim of the documented form: one request named `gpu`, ExactCount 1, the package's class."""
+    """A ResourceClaim of the documented form (the product's own), written by hand, not by a GpuSlice."""
     return {
         "apiVersion": DRA_API,
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "labels": {c.LABEL_PACKAGE: package}},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": c.CLAIM_REQUEST_NAME,
-                        "exactly": {
-                            "deviceClassName": c.device_class_name(package),
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                        },
-                    }
-                ]
-            }
-        },
+        "spec": documented_claim_spec(package),
     }
 
 

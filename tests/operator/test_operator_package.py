@@ -4,12 +4,14 @@ handlers leave a refused write to a timer, and its command line says what is wro
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import kopf
 import pytest
+import structlog
 import structlog.testing
 
 from gpuslice import cli
@@ -184,7 +186,15 @@ async def test_other_errors_of_an_event_handler_are_not_hidden() -> None:
 def test_bad_settings_are_refused_with_the_flag_named(
     flag: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["operator", flag]) == 2
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        assert cli.main(["operator", flag]) == 2
+    finally:
+        # The command configures logging onto pytest's captured stderr, which closes after the test.
+        structlog.configure(**saved)
+        root.handlers[:] = handlers
+        root.setLevel(level)
     assert message in capsys.readouterr().err
 
 
