@@ -1,7 +1,8 @@
 """Admission policies and bindings: applied at start-up, restored when someone changes or deletes them.
 
 Their watch events restore at once (a fast path); `ensure_policies`, run by the package timers, puts
-back what the indexes show missing or changed after a refused restore, and Kopf retries it.
+back what the indexes show missing or changed after a refused restore, and Kopf retries it. (With no
+GpuPackage there is no timer, and nothing of gpuslice's for the policies to protect either.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Handlers that keep tenant namespaces in step with entitlements: tenant label and gpuslice quota.
 
 Namespace and quota events reconcile at once; a refused write marks the namespace unsynced, and the
-package timers (which Kopf retries) reconcile it again until the write is accepted. Namespaces get
-no timer of their own: a Kopf timer puts its finalizer on every object it runs for.
+package timers (which Kopf retries) reconcile it again until the write is accepted; the deletion
+handler of the last package, which Kopf retries too, removes what it leaves. Namespaces get no timer
+of their own: a Kopf timer puts its finalizer on every object it runs for.
 """
 
 from __future__ import annotations
