@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec, GpuPackageStatus
@@ -31,9 +30,8 @@ from gpuslice.metrics import (
 )
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
-from gpuslice.operator.kube import error_message
 from gpuslice.operator.policies import ensure_policies
-from gpuslice.operator.retry import fast_path
+from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import refresh_many
 from gpuslice.operator.state import OperatorState, now, one, values
 from gpuslice.operator.tenancy import reconcile_all, retry_unsynced
@@ -49,12 +47,8 @@ def device_class_current(idx: Indexes, package: str, spec: GpuPackageSpec) -> bo
 
 
 async def ensure_device_class(state: OperatorState, name: str, uid: str | None, spec: GpuPackageSpec) -> None:
-    try:
+    with refusal_is_temporary(f"DeviceClass of {name}", state.config.recheck_seconds):
         await state.kube.apply(device_class(name, uid, spec))
-    except ApiException as exc:
-        raise kopf.TemporaryError(
-            f"DeviceClass of {name}: {error_message(exc)}", delay=state.config.recheck_seconds
-        ) from exc
     WRITES.labels("DeviceClass", "apply").inc()
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
 from gpuslice.domain.conditions import contains
 from gpuslice.logs import get
 from gpuslice.metrics import WRITES
 from gpuslice.operator.indexes import MANAGED, AdmissionView, Indexes
-from gpuslice.operator.kube import error_message
-from gpuslice.operator.retry import fast_path
+from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.state import OperatorState, one
 
 log = get(__name__)
@@ -58,12 +56,8 @@ async def apply_policies(state: OperatorState) -> None:
 
 async def _apply(state: OperatorState, obj: dict[str, Any]) -> None:
     kind, name = obj["kind"], obj["metadata"]["name"]
-    try:
+    with refusal_is_temporary(f"{kind} {name}", state.config.recheck_seconds):
         await state.kube.apply(obj)
-    except ApiException as exc:
-        raise kopf.TemporaryError(
-            f"{kind} {name}: {error_message(exc)}", delay=state.config.recheck_seconds
-        ) from exc
     WRITES.labels(kind, "apply").inc()
     log.info("admission object restored", kind=kind, name=name)
 

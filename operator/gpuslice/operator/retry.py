@@ -8,13 +8,26 @@ are a fast path: a refusal is logged here, and the timer named in the log conver
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 
 import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice.logs import get
+from gpuslice.operator.kube import error_message
 
 log = get(__name__)
+
+
+@contextmanager
+def refusal_is_temporary(what: str, delay: float) -> Iterator[None]:
+    """An API server refusal inside becomes a TemporaryError (with the server's message), which Kopf
+    retries after `delay` in a timer or change handler."""
+    try:
+        yield
+    except ApiException as exc:
+        raise kopf.TemporaryError(f"{what}: {error_message(exc)}", delay=delay) from exc
 
 
 async def fast_path(work: Awaitable[None], retried_by: str) -> None:

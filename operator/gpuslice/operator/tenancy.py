@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
@@ -20,8 +19,7 @@ from gpuslice.domain.tenancy import ObservedTenant, changes, tenant_state
 from gpuslice.logs import get
 from gpuslice.metrics import WRITES
 from gpuslice.operator.indexes import MANAGED, Indexes, PackageView, ns_of
-from gpuslice.operator.kube import error_message
-from gpuslice.operator.retry import fast_path
+from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.state import OperatorState, one, values
 
 log = get(__name__)
@@ -58,7 +56,8 @@ async def reconcile_namespace(
         quota_labels=dict(ours.labels) if ours else None,
     )
     label_change, quota_action = changes(desired, observed)
-    try:
+    state.unsynced_namespaces.add(namespace)  # until every write below is accepted
+    with refusal_is_temporary(f"namespace {namespace}", state.config.recheck_seconds):
         # Quota before label: once the label binds the admission policies, the quota is in place.
         quota = desired.quota()
         if quota_action == "apply" and quota is not None:
@@ -73,11 +72,6 @@ async def reconcile_namespace(
             await state.kube.delete("v1", "ResourceQuota", c.QUOTA_NAME, namespace)
             WRITES.labels("ResourceQuota", "delete").inc()
             log.info("quota removed", namespace=namespace)
-    except ApiException as exc:
-        state.unsynced_namespaces.add(namespace)
-        raise kopf.TemporaryError(
-            f"namespace {namespace}: {error_message(exc)}", delay=state.config.recheck_seconds
-        ) from exc
     state.unsynced_namespaces.discard(namespace)
 
 
