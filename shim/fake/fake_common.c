@@ -9,12 +9,22 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 static fake_system sys_state;
 static pthread_once_t sys_once = PTHREAD_ONCE_INIT;
+
+/* The connection to gpuslice-fake-driverd (see fake_common.h). */
+static int daemon_mode;        /* the daemon answered when the double loaded */
+static int conn_fd = -1;
+static _Atomic int conn_owner; /* getpid() of the process the connection belongs to */
+static int32_t conn_host_pid;
+static uint64_t conn_host_start;
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 
 uint64_t fake_now_ns(void)
 {
@@ -45,6 +55,7 @@ uint64_t fake_start_time(int pid)
 int fake_proc_alive(const fake_proc *p)
 {
     if (p->pid <= 0) return 0;
+    if (p->managed) return 1; /* keyed by a host PID: only the daemon knows, and frees it on disconnect */
     if (kill(p->pid, 0) != 0 && errno == ESRCH) return 0;
     return fake_start_time(p->pid) == p->start_time;
 }
@@ -194,14 +205,95 @@ static fake_dev_state *map_state(const char *dir, int idx)
     return s;
 }
 
-static void load_once(void)
+/* Connects to the daemon (caller holds conn_lock). 0 when connected and told the host PID. */
+static int connect_daemon(void)
 {
-    fake_system *s = &sys_state;
-    const char *path = getenv(FAKE_ENV);
-    if (path == NULL || *path == '\0') {
-        fprintf(stderr, "fake NVIDIA driver: %s is not set; no GPUs\n", FAKE_ENV);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    char path[4400];
+    snprintf(path, sizeof(path), "%s/%s", sys_state.state_dir, FAKE_SOCK_NAME);
+    int dirfd = -1;
+    if (strlen(path) >= sizeof(a.sun_path)) {
+        /* sun_path holds 108 bytes; reach a deeper socket through the directory's /proc/self/fd link */
+        dirfd = open(sys_state.state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dirfd < 0) goto fail;
+        snprintf(path, sizeof(path), "/proc/self/fd/%d/%s", dirfd, FAKE_SOCK_NAME);
+    }
+    if (strlen(path) >= sizeof(a.sun_path)) goto fail;
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
+    if (dirfd >= 0) close(dirfd);
+    if (rc != 0) goto fail;
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    fake_hello h;
+    size_t got = 0;
+    while (got < sizeof(h)) {
+        ssize_t n = read(fd, (char *)&h + got, sizeof(h) - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) goto fail;
+        got += (size_t)n;
+    }
+    if (memcmp(h.magic, "FAKEDRV1", 8) != 0 || h.host_pid <= 0) goto fail;
+    conn_fd = fd;
+    conn_host_pid = h.host_pid;
+    conn_host_start = h.host_start_time;
+    atomic_store(&conn_owner, (int)getpid());
+    return 0;
+fail:
+    close(fd);
+    return -1;
+}
+
+/* A forked child shares its parent's connection: drop it (so the parent's death is still seen) and
+ * connect on its own on first use. */
+static void conn_after_fork_child(void)
+{
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1;
+    atomic_store(&conn_owner, 0);
+    pthread_mutex_init(&conn_lock, NULL);
+}
+
+static void self_identity(int32_t *pid, uint64_t *start, int *managed)
+{
+    int me = (int)getpid();
+    if (daemon_mode && atomic_load(&conn_owner) != me) {
+        pthread_mutex_lock(&conn_lock);
+        if (atomic_load(&conn_owner) != me) {
+            if (conn_fd >= 0) close(conn_fd);
+            conn_fd = -1;
+            if (connect_daemon() != 0) atomic_store(&conn_owner, -1);
+        }
+        pthread_mutex_unlock(&conn_lock);
+    }
+    if (daemon_mode && atomic_load(&conn_owner) == me) {
+        *pid = conn_host_pid;
+        *start = conn_host_start;
+        *managed = 1;
         return;
     }
+    *pid = me;
+    *start = fake_start_time(me);
+    *managed = 0;
+}
+
+int32_t fake_self_pid(void)
+{
+    if (!daemon_mode) return (int32_t)getpid();
+    int32_t pid;
+    uint64_t st;
+    int managed;
+    self_identity(&pid, &st, &managed);
+    return pid;
+}
+
+static int is_daemon;
+
+static void load_config(const char *path)
+{
+    fake_system *s = &sys_state;
     snprintf(s->config_path, sizeof(s->config_path), "%s", path);
     FILE *f = fopen(path, "re");
     if (!f) {
@@ -211,17 +303,63 @@ static void load_once(void)
     int rc = parse_config(s, f);
     fclose(f);
     if (rc != 0) return;
-    char dir[4200];
-    snprintf(dir, sizeof(dir), "%s.state", path);
-    mkdir(dir, 0777);
+    snprintf(s->state_dir, sizeof(s->state_dir), "%s.state", path);
+    mkdir(s->state_dir, 0777);
     for (int i = 0; i < s->count; i++) {
-        s->state[i] = map_state(dir, i);
+        s->state[i] = map_state(s->state_dir, i);
         if (!s->state[i]) {
-            fprintf(stderr, "fake NVIDIA driver: cannot map state in %s: %s\n", dir, strerror(errno));
+            fprintf(stderr, "fake NVIDIA driver: cannot map state in %s: %s\n", s->state_dir, strerror(errno));
             return;
         }
     }
     s->loaded = 1;
+    if (is_daemon) return;
+    /* Like opening /dev/nvidiactl: one connection per process, kept for its lifetime. */
+    pthread_mutex_lock(&conn_lock);
+    daemon_mode = connect_daemon() == 0;
+    pthread_mutex_unlock(&conn_lock);
+    if (daemon_mode) pthread_atfork(NULL, NULL, conn_after_fork_child);
+}
+
+static void load_once(void)
+{
+    const char *path = getenv(FAKE_ENV);
+    if (path == NULL || *path == '\0') {
+        fprintf(stderr, "fake NVIDIA driver: %s is not set; no GPUs\n", FAKE_ENV);
+        return;
+    }
+    load_config(path);
+}
+
+static const char *daemon_config;
+static void load_daemon_once(void)
+{
+    is_daemon = 1;
+    load_config(daemon_config);
+}
+
+fake_system *fake_system_load_for_daemon(const char *config_path)
+{
+    daemon_config = config_path;
+    pthread_once(&sys_once, load_daemon_once);
+    return sys_state.loaded ? &sys_state : NULL;
+}
+
+void fake_release_process(fake_system *s, int32_t pid, uint64_t start_time)
+{
+    for (int g = 0; g < s->count; g++) {
+        fake_dev_state *d = s->state[g];
+        fake_lock(d);
+        for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+            fake_proc *p = &d->procs[i];
+            if (p->pid != pid || !p->managed || p->start_time != start_time) continue;
+            /* the kernel module frees everything the process held */
+            atomic_fetch_sub(&d->used_total, atomic_exchange(&p->used, 0));
+            p->managed = 0;
+            p->pid = 0;
+        }
+        fake_unlock(d);
+    }
 }
 
 fake_system *fake_system_get(void)
@@ -248,13 +386,16 @@ fake_proc *fake_self_slot(fake_dev_state *s)
     int idx = -1;
     for (int i = 0; i < FAKE_MAX_GPUS; i++)
         if (sys_state.state[i] == s) idx = i;
-    int pid = (int)getpid();
-    if (self_pid != pid) {
+    int me = (int)getpid();
+    if (self_pid != me) { /* first call in this thread, or a forked child */
         memset(self_slots, 0, sizeof(self_slots));
-        self_pid = pid;
+        self_pid = me;
     }
     if (idx >= 0 && self_slots[idx]) return self_slots[idx];
-    uint64_t st = fake_start_time(pid);
+    int32_t pid;
+    uint64_t st;
+    int managed;
+    self_identity(&pid, &st, &managed);
     fake_proc *found = NULL;
     fake_lock(s);
     for (int i = 0; i < FAKE_MAX_PROCS && !found; i++)
@@ -262,8 +403,9 @@ fake_proc *fake_self_slot(fake_dev_state *s)
     for (int i = 0; i < FAKE_MAX_PROCS && !found; i++) {
         fake_proc *p = &s->procs[i];
         if (p->pid == 0 || !fake_proc_alive(p)) {
-            atomic_fetch_sub(&s->used_total, atomic_exchange(&p->used, 0));
+            if (p->pid != 0) atomic_fetch_sub(&s->used_total, atomic_exchange(&p->used, 0));
             p->pid = pid;
+            p->managed = (uint32_t)managed;
             p->start_time = st;
             atomic_store(&p->used, 0);
             found = p;
@@ -282,6 +424,7 @@ uint64_t fake_used_locked(fake_dev_state *s)
         /* the driver frees a dead process's memory */
         atomic_fetch_sub(&s->used_total, atomic_exchange(&p->used, 0));
         p->pid = 0;
+        p->managed = 0;
     }
     return atomic_load(&s->used_total);
 }
@@ -289,7 +432,7 @@ uint64_t fake_used_locked(fake_dev_state *s)
 uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns)
 {
     if (duration_ns == 0) return fake_now_ns(); /* an empty kernel keeps nothing busy */
-    int32_t pid = (int32_t)getpid();
+    int32_t pid = fake_self_pid();
     fake_lock(s);
     uint64_t now = fake_now_ns();
     uint64_t start = atomic_load(&s->busy_until_ns);

@@ -4,6 +4,14 @@
  * GPUs are described by the file named in GPUSLICE_FAKE_GPU_CONFIG (a test fixture, so the
  * environment is fine here). Cross-process state (per-process memory, the busy timeline that
  * utilization is computed from) lives in "<config>.state/gpu<N>.bin" next to the config.
+ *
+ * The host-side part, like the kernel module: when gpuslice-fake-driverd serves
+ * "<config>.state/driver.sock", every process that loads the double connects once and keeps the
+ * connection open. The daemon tells it its host PID (SO_PEERCRED, translated into the daemon's PID
+ * namespace), and frees the process's memory when the connection closes, however the process died.
+ * Slots are then keyed by host PID (what NVML reports) and never judged alive or dead by a PID the
+ * process cannot see. Without the socket, slots hold the process's own PID and liveness is checked
+ * with kill(0) and the start time (fine while everything shares one PID namespace).
  */
 #ifndef FAKE_COMMON_H
 #define FAKE_COMMON_H
@@ -31,12 +39,22 @@ typedef struct {
     char serial[32];
 } fake_gpu;
 
+#define FAKE_SOCK_NAME "driver.sock"
+
 typedef struct {
-    int32_t pid;
-    uint32_t pad;
+    int32_t pid;     /* host PID when `managed`, else the process's own PID */
+    uint32_t managed; /* 1: the daemon frees this slot when the process's connection closes */
     uint64_t start_time;
     _Atomic uint64_t used;
 } fake_proc;
+
+/* What the daemon sends a client right after it connects. */
+typedef struct {
+    char magic[8]; /* "FAKEDRV1" */
+    int32_t host_pid;
+    uint32_t pad;
+    uint64_t host_start_time;
+} fake_hello;
 
 typedef struct {
     int32_t pid;
@@ -64,6 +82,7 @@ typedef struct {
     char driver_version[32];
     int cuda_driver_version;
     char config_path[4096];
+    char state_dir[4200];
     fake_dev_state *state[FAKE_MAX_GPUS];
 } fake_system;
 
@@ -86,5 +105,12 @@ uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns);
 uint64_t fake_busy_between(fake_dev_state *s, int32_t pid, uint64_t from_ns, uint64_t to_ns);
 
 uint64_t fake_start_time(int pid);
+
+/* This process's PID as NVML reports it: the host PID the daemon told it, or getpid() without one. */
+int32_t fake_self_pid(void);
+/* Frees every slot of (host pid, start time) on every GPU: what the daemon does on disconnect. */
+void fake_release_process(fake_system *s, int32_t pid, uint64_t start_time);
+/* Loads the config for the daemon itself (it never connects to its own socket). */
+fake_system *fake_system_load_for_daemon(const char *config_path);
 
 #endif

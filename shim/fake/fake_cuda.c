@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,12 +26,16 @@
 
 static _Atomic int initialized;
 
-enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3 };
+struct CUctx_st;
+static __thread struct CUctx_st *current_ctx;
+enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3, K_VMM_MAP = 4 };
 
 typedef struct alloc {
     uint64_t ptr, size;
     int dev, kind;
     int shared_fd; /* memfd backing the range once exported for IPC, else -1 */
+    uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here */
+    struct CUctx_st *ctx;       /* the context it belongs to (freed with it); NULL for VMM mappings */
     struct alloc *next;
 } alloc;
 
@@ -46,7 +51,6 @@ struct CUctx_st {
 };
 #define CTX_MAGIC 0x43545831
 static struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
-static __thread CUcontext current_ctx;
 
 struct CUstream_st {
     CUcontext ctx;
@@ -86,10 +90,21 @@ struct CUevent_st {
     uint64_t t_ns; /* where the device timeline reaches the event; 0 until recorded */
     CUdevice dev;
 };
-typedef struct {
+/* A VMM physical allocation (cuMemCreate): backed by a memfd; alive while the application holds a
+ * handle to it (create/import/retain, each undone by a cuMemRelease) or any mapping of it. */
+#define VMM_MAGIC 0x564d4d31
+typedef struct vmm_alloc_s {
+    int magic;
     uint64_t size;
-    int dev;
+    int dev;         /* -1: host location, not on a GPU */
+    int charged;     /* counted in the card's used memory (device location, created here) */
+    int fd;          /* memfd */
+    int handle_refs; /* handles held by the application */
+    int map_refs;    /* live mappings */
+    struct vmm_alloc_s *next;
 } vmm_alloc;
+static vmm_alloc *vmm_live; /* handles are checked against this list, never dereferenced blindly */
+static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define CHECK_INIT()                                                                                     \
     do {                                                                                                 \
@@ -142,7 +157,7 @@ static void track(uint64_t ptr, uint64_t size, int dev, int kind)
 {
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){ptr, size, dev, kind, -1, NULL};
+    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -208,12 +223,45 @@ static CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
     return CUDA_SUCCESS;
 }
 
+static void vmm_unref(vmm_alloc *v, int handle_ref);
+
 static void device_free(alloc *a)
 {
+    if (a->kind == K_VMM_MAP) { /* back to a reserved, inaccessible range */
+        mmap((void *)(uintptr_t)a->ptr, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+             0);
+        vmm_unref((vmm_alloc *)(uintptr_t)(uint64_t)a->shared_fd_handle, 0);
+        free(a);
+        return;
+    }
     munmap((void *)(uintptr_t)a->ptr, rounded(a->size));
     if (a->shared_fd >= 0) close(a->shared_fd);
     if (a->kind == K_LINEAR) uncharge(a->dev, a->size);
     free(a);
+}
+
+/* Destroying a context frees every allocation made in it, as the driver does. */
+static void free_ctx_allocs(struct CUctx_st *c)
+{
+    alloc *gone = NULL;
+    pthread_mutex_lock(&alloc_lock);
+    for (unsigned b = 0; b < NBUCKETS; b++)
+        for (alloc **pp = &buckets[b]; *pp;) {
+            alloc *a = *pp;
+            if (a->ctx == c && a->kind != K_VMM_MAP) {
+                *pp = a->next;
+                a->next = gone;
+                gone = a;
+            } else {
+                pp = &a->next;
+            }
+        }
+    pthread_mutex_unlock(&alloc_lock);
+    while (gone) {
+        alloc *next = gone->next;
+        device_free(gone);
+        gone = next;
+    }
 }
 
 /* ---------------------------------------------------------------- init, version, devices */
@@ -345,8 +393,32 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     CHECK_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
     if (__atomic_load_n(&primary_ctx[dev].refcount, __ATOMIC_SEQ_CST) <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-    __atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST) == 0)
+        free_ctx_allocs(&primary_ctx[dev]); /* the last release destroys the primary context */
     return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    CHECK_INIT();
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *flags = 0;
+    *active = __atomic_load_n(&primary_ctx[dev].refcount, __ATOMIC_SEQ_CST) > 0;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CHECK_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    free_ctx_allocs(&primary_ctx[dev]);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return cuDevicePrimaryCtxReset_v2(dev);
 }
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
@@ -398,6 +470,7 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     CHECK_INIT();
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (current_ctx == ctx) current_ctx = NULL;
+    free_ctx_allocs(ctx);
     ctx->magic = 0;
     free(ctx);
     return CUDA_SUCCESS;
@@ -553,7 +626,7 @@ static CUresult free_ptr(CUdeviceptr dptr, int want_kind_linear)
     if (dptr == 0) return CUDA_SUCCESS;
     alloc *a = untrack(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
-    if (want_kind_linear && a->kind == K_IPC) {
+    if (want_kind_linear && (a->kind == K_IPC || a->kind == K_VMM_MAP)) {
         track(a->ptr, a->size, a->dev, a->kind);
         free(a);
         return CUDA_ERROR_INVALID_VALUE;
@@ -740,39 +813,216 @@ FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocat
     return CUDA_SUCCESS;
 }
 
+static vmm_alloc *vmm_of(CUmemGenericAllocationHandle h)
+{
+    pthread_mutex_lock(&vmm_lock);
+    vmm_alloc *v = vmm_live;
+    while (v && (uintptr_t)v != (uintptr_t)h) v = v->next;
+    pthread_mutex_unlock(&vmm_lock);
+    return v;
+}
+
+/* Drops one reference; the physical memory goes with the last one (like the driver). */
+static void vmm_unref(vmm_alloc *v, int handle_ref)
+{
+    pthread_mutex_lock(&vmm_lock);
+    if (handle_ref) v->handle_refs--;
+    else v->map_refs--;
+    int last = v->handle_refs == 0 && v->map_refs == 0;
+    if (last)
+        for (vmm_alloc **pp = &vmm_live; *pp; pp = &(*pp)->next)
+            if (*pp == v) {
+                *pp = v->next;
+                break;
+            }
+    pthread_mutex_unlock(&vmm_lock);
+    if (!last) return;
+    if (v->charged) uncharge(v->dev, v->size);
+    close(v->fd);
+    v->magic = 0;
+    free(v);
+}
+
+static CUresult vmm_new(CUmemGenericAllocationHandle *handle, uint64_t size, int dev, int charged, int fd)
+{
+    vmm_alloc *v = calloc(1, sizeof(*v));
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    *v = (vmm_alloc){VMM_MAGIC, size, dev, charged, fd, 1, 0, NULL};
+    pthread_mutex_lock(&vmm_lock);
+    v->next = vmm_live;
+    vmm_live = v;
+    pthread_mutex_unlock(&vmm_lock);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
 FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                  unsigned long long flags)
 {
     CHECK_INIT();
     if (!handle || !prop || flags != 0 || size == 0 || size % (2u << 20) != 0) return CUDA_ERROR_INVALID_VALUE;
-    vmm_alloc *v = calloc(1, sizeof(*v));
-    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
-    v->size = size;
-    v->dev = -1;
+    int dev = -1;
     if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (!valid_dev(prop->location.id)) {
-            free(v);
-            return CUDA_ERROR_INVALID_DEVICE;
-        }
-        CUresult rc = charge(prop->location.id, size);
-        if (rc != CUDA_SUCCESS) {
-            free(v);
-            return rc;
-        }
-        v->dev = prop->location.id;
+        if (!valid_dev(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+        dev = prop->location.id;
+        CUresult rc = charge(dev, size);
+        if (rc != CUDA_SUCCESS) return rc;
     }
-    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
-    return CUDA_SUCCESS;
+    int fd = memfd_create("fake-gpu-vmm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0) close(fd);
+        if (dev >= 0) uncharge(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = vmm_new(handle, size, dev, dev >= 0, fd);
+    if (rc != CUDA_SUCCESS) {
+        close(fd);
+        if (dev >= 0) uncharge(dev, size);
+    }
+    return rc;
 }
 
 FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     CHECK_INIT();
-    vmm_alloc *v = (vmm_alloc *)(uintptr_t)handle;
+    vmm_alloc *v = vmm_of(handle);
     if (!v) return CUDA_ERROR_INVALID_VALUE;
-    if (v->dev >= 0) uncharge(v->dev, v->size);
-    free(v);
+    pthread_mutex_lock(&vmm_lock);
+    int ok = v->handle_refs > 0;
+    pthread_mutex_unlock(&vmm_lock);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    vmm_unref(v, 1);
     return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                         unsigned long long flags)
+{
+    (void)alignment;
+    (void)addr;
+    CHECK_INIT();
+    if (!ptr || size == 0 || size % (2u << 20) != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *ptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t base, sz;
+    if (find_range(ptr, &base, &sz) || find_range(ptr + size - 1, &base, &sz)) return CUDA_ERROR_INVALID_VALUE; /* still mapped */
+    munmap((void *)(uintptr_t)ptr, size);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                              unsigned long long flags)
+{
+    CHECK_INIT();
+    vmm_alloc *v = vmm_of(handle);
+    if (!v || !ptr || size == 0 || flags != 0 || offset + size > v->size || size % (2u << 20) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t base, sz;
+    if (find_range(ptr, &base, &sz)) return CUDA_ERROR_INVALID_VALUE; /* already mapped */
+    pthread_mutex_lock(&vmm_lock);
+    int alive = v->handle_refs > 0; /* mapping needs a handle the application still holds */
+    if (alive) v->map_refs++;
+    pthread_mutex_unlock(&vmm_lock);
+    if (!alive) return CUDA_ERROR_INVALID_VALUE;
+    if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
+        MAP_FAILED) {
+        vmm_unref(v, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    alloc *a = malloc(sizeof(*a));
+    if (!a) abort();
+    *a = (alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, NULL};
+    pthread_mutex_lock(&alloc_lock);
+    unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
+    a->next = buckets[b];
+    buckets[b] = a;
+    pthread_mutex_unlock(&alloc_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CHECK_INIT();
+    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    /* the range may span several mappings, each unmapped whole */
+    for (CUdeviceptr p = ptr; p < ptr + size;) {
+        alloc *a = untrack(p);
+        if (!a || a->kind != K_VMM_MAP) {
+            if (a) {
+                track(a->ptr, a->size, a->dev, a->kind);
+                free(a);
+            }
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        p += a->size;
+        device_free(a);
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    CHECK_INIT();
+    if (!ptr || size == 0 || !desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CHECK_INIT();
+    if (!handle || !addr) return CUDA_ERROR_INVALID_VALUE;
+    vmm_alloc *v = NULL;
+    pthread_mutex_lock(&alloc_lock);
+    for (unsigned b = 0; b < NBUCKETS && !v; b++)
+        for (alloc *a = buckets[b]; a; a = a->next)
+            if (a->kind == K_VMM_MAP && (uintptr_t)addr >= a->ptr && (uintptr_t)addr < a->ptr + a->size) {
+                v = (vmm_alloc *)a->shared_fd_handle;
+                break;
+            }
+    pthread_mutex_unlock(&alloc_lock);
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_lock);
+    v->handle_refs++;
+    pthread_mutex_unlock(&vmm_lock);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                                  CUmemAllocationHandleType type, unsigned long long flags)
+{
+    CHECK_INIT();
+    vmm_alloc *v = vmm_of(handle);
+    if (!v || !shareable || flags != 0 || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+/* The importer gets a handle to the same physical memory (the exporter's: not charged again). */
+FAKE_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                    CUmemAllocationHandleType type)
+{
+    CHECK_INIT();
+    if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    int fd = fcntl((int)(intptr_t)osHandle, F_DUPFD_CLOEXEC, 0);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
+        if (fd >= 0) close(fd);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUresult rc = vmm_new(handle, (uint64_t)st.st_size, current_ctx ? current_ctx->dev : 0, 0, fd);
+    if (rc != CUDA_SUCCESS) close(fd);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- arrays */
@@ -1284,6 +1534,9 @@ static const proc_entry procs[] = {
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain, NULL),
     P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease, NULL),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2, NULL),
+    P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset, NULL),
+    P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState, NULL),
+    P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2, NULL),
     P("cuCtxCreate", 2000, cuCtxCreate, NULL),
     P("cuCtxCreate", 3020, cuCtxCreate_v2, NULL),
     P("cuCtxCreate", 11040, cuCtxCreate_v3, NULL),
@@ -1310,6 +1563,14 @@ static const proc_entry procs[] = {
     P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
     P("cuMemCreate", 10020, cuMemCreate, NULL),
     P("cuMemRelease", 10020, cuMemRelease, NULL),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve, NULL),
+    P("cuMemAddressFree", 10020, cuMemAddressFree, NULL),
+    P("cuMemMap", 10020, cuMemMap, NULL),
+    P("cuMemUnmap", 10020, cuMemUnmap, NULL),
+    P("cuMemSetAccess", 10020, cuMemSetAccess, NULL),
+    P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle, NULL),
+    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle, NULL),
+    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle, NULL),
     P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity, NULL),
     P("cuArrayCreate", 2000, cuArrayCreate, NULL),
     P("cuArrayCreate", 3020, cuArrayCreate_v2, NULL),

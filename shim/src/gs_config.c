@@ -36,14 +36,19 @@ int gs_parse_uuid(const char *text, unsigned char out[16])
     return n == 16 ? 0 : -1;
 }
 
+/* ASCII digits only (no sign, no whitespace, no base prefix), at most 2^64-1: exactly what
+ * SliceConfig.parse accepts. strtoull would skip leading whitespace and take a sign. */
 static int parse_u64(const char *s, uint64_t *out)
 {
-    if (*s == '\0' || *s == '-' || *s == '+') return -1;
-    errno = 0;
-    char *end = NULL;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0') return -1;
-    *out = (uint64_t)v;
+    if (*s == '\0') return -1;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9') return -1;
+        unsigned d = (unsigned)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10) return -1; /* overflow */
+        v = v * 10 + d;
+    }
+    *out = v;
     return 0;
 }
 
@@ -103,11 +108,11 @@ int gs_config_parse(const char *text, size_t len, gs_config *out, char *err, siz
         uint64_t v = 0;
         switch (bit) {
         case K_VERSION:
-            if (parse_u64(val, &v) != 0 || v != GS_CONFIG_VERSION) {
+            if (strcmp(val, "1") != 0) {
                 snprintf(err, errlen, "version must be %d, got '%.40s'", GS_CONFIG_VERSION, val);
                 return -1;
             }
-            out->version = (int)v;
+            out->version = GS_CONFIG_VERSION;
             break;
         case K_MEMORY:
             if (strcmp(val, "unlimited") == 0) {

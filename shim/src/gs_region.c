@@ -176,21 +176,8 @@ static void reclaim_dead_locked(gs_region *r)
     }
 }
 
-static void reopen_after_fork_locked(gs_region *r)
-{
-    if (!r->need_reopen) return;
-    int fd = open(r->path, O_RDWR | O_CLOEXEC);
-    if (fd >= 0) {
-        int old = r->fd;
-        r->fd = fd;
-        close(old);
-    }
-    r->need_reopen = 0;
-}
-
 static int claim_locked(gs_region *r)
 {
-    reopen_after_fork_locked(r);
     reclaim_dead_locked(r);
     for (unsigned i = 0; i < GS_REGION_MAX_ENTRIES; i++) {
         gs_region_entry *e = &r->entries[i];
@@ -310,5 +297,80 @@ void gs_region_after_fork_child(gs_region *r)
 {
     if (r->base == NULL) return;
     atomic_store(&r->self, -1);
-    r->need_reopen = 1;
+    /* The inherited descriptor shares the parent's open file description, and OFD locks belong to
+     * the description: through it the parent's entry lock looks like our own (so the parent would
+     * look dead to our liveness checks), and while we hold it the parent's entry stays locked after
+     * the parent dies. Drop it now, before anything else runs in the child, and use a fresh one
+     * (open and close are async-signal-safe). If the open fails, fd -1 makes every liveness check
+     * answer "alive" (safe: capacity may stay unused, never over-granted).
+     * The inherited mapping references the parent's description too (a mapping holds its file), so it
+     * is replaced in place by one of the fresh descriptor: pointers into the region stay valid. */
+    int fd = open(r->path, O_RDWR | O_CLOEXEC);
+    if (fd >= 0 &&
+        mmap(r->base, GS_REGION_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        close(fd);
+        fd = -1;
+    }
+    if (r->fd >= 0) close(r->fd);
+    r->fd = fd;
+}
+
+static gs_export *exports(gs_region *r)
+{
+    return (gs_export *)(r->base + GS_EXPORTS_OFFSET);
+}
+
+/* Our own OFD lock is invisible to F_OFD_GETLK through our descriptor: never ask about ourselves. */
+static int export_owner_live(gs_region *r, uint32_t owner)
+{
+    if (owner >= GS_REGION_MAX_ENTRIES) return 0;
+    if ((int)owner == atomic_load(&r->self)) return 1;
+    return atomic_load(&r->entries[owner].state) == 1 && entry_owner_alive(r, owner);
+}
+
+void gs_region_export_add(gs_region *r, uint64_t key, uint64_t dptr)
+{
+    int self = atomic_load(&r->self);
+    if (key == 0 || self < 0) return;
+    gs_region_lock(r);
+    gs_export *x = exports(r), *slot = NULL;
+    for (unsigned i = 0; i < GS_MAX_EXPORTS; i++) {
+        uint64_t k = atomic_load(&x[i].key);
+        if (k == key && x[i].owner == (uint32_t)self) { /* exported again: already known */
+            slot = NULL;
+            break;
+        }
+        /* free, or left by a process that died */
+        if (slot == NULL && (k == 0 || !export_owner_live(r, x[i].owner))) slot = &x[i];
+    }
+    if (slot != NULL) {
+        slot->dptr = dptr;
+        slot->owner = (uint32_t)self;
+        atomic_store(&slot->key, key);
+    }
+    gs_region_unlock(r);
+}
+
+int gs_region_export_known(gs_region *r, uint64_t key)
+{
+    if (key == 0) return 0;
+    int known = 0;
+    gs_region_lock(r);
+    gs_export *x = exports(r);
+    for (unsigned i = 0; i < GS_MAX_EXPORTS && !known; i++)
+        known = atomic_load(&x[i].key) == key && export_owner_live(r, x[i].owner);
+    gs_region_unlock(r);
+    return known;
+}
+
+void gs_region_export_drop(gs_region *r, uint64_t dptr)
+{
+    int self = atomic_load(&r->self);
+    if (self < 0) return;
+    gs_region_lock(r);
+    gs_export *x = exports(r);
+    for (unsigned i = 0; i < GS_MAX_EXPORTS; i++)
+        if (atomic_load(&x[i].key) != 0 && x[i].owner == (uint32_t)self && x[i].dptr == dptr)
+            atomic_store(&x[i].key, 0);
+    gs_region_unlock(r);
 }

@@ -19,6 +19,7 @@
  *    80  u64      lock_recoveries_total
  *    88  u32      entries_high_water (entries at or above it were never used)
  *   128  pthread_mutex_t lock (robust, process-shared; 64 bytes reserved)
+ *  1024  gs_export exports[96]   memory of this slice exported for IPC (see gs_region_export_add)
  *
  * Utilization words encode (unix_time_ms << 16) | basis_points (0..10000); 0 means "none".
  * A live entry's owner holds an OFD write lock on the first byte of its entry; the kernel drops it
@@ -85,13 +86,26 @@ typedef struct {
     unsigned char reserved[128 - 72];
 } gs_region_entry;
 
+/* An allocation a process of the slice exported with cuIpcGetMemHandle: a process of the same slice
+ * that opens it maps memory the slice already pays for, so the open is not charged again. */
+#define GS_EXPORTS_OFFSET 1024u
+#define GS_MAX_EXPORTS 96u
+typedef struct {
+    _Atomic uint64_t key; /* hash of the 64-byte IPC handle; 0 = free */
+    uint64_t dptr;        /* the exporter's device pointer */
+    uint32_t owner;       /* the exporter's entry index */
+    uint32_t reserved;
+    uint64_t reserved2;
+} gs_export;
+_Static_assert(sizeof(gs_export) == 32, "export layout");
+_Static_assert(GS_EXPORTS_OFFSET + GS_MAX_EXPORTS * sizeof(gs_export) <= GS_REGION_HEADER_SIZE, "exports fit");
+
 _Static_assert(sizeof(gs_region_entry) == GS_REGION_ENTRY_SIZE, "entry layout");
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits its slot");
 _Static_assert(sizeof(gs_region_header) <= GS_REGION_HEADER_SIZE, "header layout");
 
 typedef struct {
     int fd;
-    int need_reopen; /* set in a forked child: the inherited fd's OFD locks belong to the parent */
     char path[GS_PATH_MAX];
     unsigned char *base;
     gs_region_header *hdr;
@@ -149,6 +163,14 @@ uint64_t gs_region_used_total(gs_region *r);
 
 /* Fills pids[] (at most max) with the pids of live entries; returns how many. */
 int gs_region_live_pids(gs_region *r, int32_t *pids, int max);
+
+/* Records that this process exported `dptr` under handle hash `key` (no-op when the table is full:
+ * the open is then charged, the old behaviour). */
+void gs_region_export_add(gs_region *r, uint64_t key, uint64_t dptr);
+/* 1 when a live process of this slice exported the handle hashed to `key`. */
+int gs_region_export_known(gs_region *r, uint64_t key);
+/* Forgets this process's exports of `dptr` (it was freed). */
+void gs_region_export_drop(gs_region *r, uint64_t dptr);
 
 /* Called in a forked child: the child gets its own entry on first use. */
 void gs_region_after_fork_child(gs_region *r);

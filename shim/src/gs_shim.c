@@ -42,11 +42,14 @@ __attribute__((used, aligned(64))) volatile char gs_config_slot[GS_CONFIG_SLOT] 
 _Atomic int gs_mode = GS_MODE_UNINIT;
 gs_config gs_cfg;
 gs_region gs_reg;
+char gs_util_path[GS_PATH_MAX];
 
 static gs_table tab_dptr;  /* device pointers: cuMemAlloc*, managed, async, pools, IPC opens */
-static gs_table tab_vmm;   /* cuMemCreate handles */
+static gs_table tab_vmm;   /* VMM handles held by the application -> gs_phys* */
+static gs_table tab_map;   /* VMM mapping start addresses -> gs_vmap* */
 static gs_table tab_array; /* CUarray and CUmipmappedArray handles */
 static gs_table tab_pool;  /* pools created with a non-device location (their allocations are free) */
+static _Atomic int has_exports; /* this process exported memory for IPC: frees drop its export records */
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -80,18 +83,21 @@ typedef struct {
     X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) X(cuMemAllocPitch_v2) X(cuMemAllocManaged)         \
     X(cuMemFree) X(cuMemFree_v2) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemFreeAsync)            \
     X(cuMemFreeAsync_ptsz) X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemAllocFromPoolAsync)             \
-    X(cuMemAllocFromPoolAsync_ptsz) X(cuMemCreate) X(cuMemRelease) X(cuArrayCreate) X(cuArrayCreate_v2)   \
+    X(cuMemAllocFromPoolAsync_ptsz) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap)               \
+    X(cuMemRetainAllocationHandle) X(cuArrayCreate) X(cuArrayCreate_v2)   \
     X(cuArray3DCreate) X(cuArray3DCreate_v2) X(cuArrayDestroy) X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy)         \
-    X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemGetInfo)                \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemGetInfo)                \
     X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2)       \
-    X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuDevicePrimaryCtxRetain) X(cuLaunchKernel)                    \
+    X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuDevicePrimaryCtxRetain) X(cuCtxDestroy_v2)                 \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset)              \
+    X(cuDevicePrimaryCtxReset_v2) X(cuLaunchKernel)                    \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel)     \
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuLaunch) X(cuLaunchGrid) \
     X(cuLaunchGridAsync) X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
 #define GS_CUDA_HELPERS(X)                                                                               \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)                      \
-    X(cuMemGetAddressRange_v2) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRelease_v2)
+    X(cuMemGetAddressRange_v2) X(cuCtxGetCurrent) X(cuDevicePrimaryCtxGetState)
 
 #define GS_NVML_WRAPPED(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 #define GS_NVML_HELPERS(X) X(nvmlDeviceGetUUID)
@@ -213,12 +219,23 @@ GS_EXPORT GS_NO_SANITIZE void *dlsym(void *restrict handle, const char *restrict
  * that processes which never touch the GPU (a shell under /etc/ld.so.preload) pay nothing.
  * ---------------------------------------------------------------------------------------------- */
 
+static _Atomic uint64_t ctx_charged; /* bit per device ordinal: context overhead charged */
+static void gs_vmm_after_fork_child(void);
+static void gs_ctx_after_fork_child(void);
+
+/* A forked child owns none of its parent's driver objects, entry or locks: start it from scratch. */
 static void after_fork_child(void)
 {
     gs_region_after_fork_child(&gs_reg);
     gs_table_clear(&tab_dptr);
     gs_table_clear(&tab_vmm);
+    gs_table_clear(&tab_map);
     gs_table_clear(&tab_array);
+    gs_vmm_after_fork_child();
+    atomic_store(&ctx_charged, 0);
+    gs_ctx_after_fork_child();
+    pthread_mutex_init(&init_lock, NULL);
+    pthread_mutex_init(&resolve_lock, NULL);
     gs_throttle_after_fork_child();
 }
 
@@ -233,6 +250,13 @@ void gs_init_slow(void)
     size_t off = sizeof(GS_CONFIG_MARKER) - 1, i = 0;
     for (; off + i < GS_CONFIG_SLOT - 1 && gs_config_slot[off + i] != '\0'; i++) path[i] = gs_config_slot[off + i];
     path[i] = '\0';
+    /* Derived from the trusted config path, never from anything the tenant can write. */
+    const char *slash = strrchr(path, '/');
+    size_t dirlen = slash ? (size_t)(slash - path) : 0;
+    if (dirlen + sizeof("/utilization") <= sizeof(gs_util_path)) {
+        memcpy(gs_util_path, path, dirlen);
+        memcpy(gs_util_path + dirlen, "/utilization", sizeof("/utilization"));
+    }
 
     char err[512];
     int mode = GS_MODE_ACTIVE;
@@ -242,7 +266,7 @@ void gs_init_slow(void)
     } else if (gs_region_open(&gs_reg, &gs_cfg, err, sizeof(err)) != 0) {
         gs_log("%s; this process gets no GPU memory (fail closed)", err);
         mode = GS_MODE_FAIL_CLOSED;
-    } else if (gs_table_init(&tab_dptr, 18) != 0 || gs_table_init(&tab_vmm, 14) != 0 ||
+    } else if (gs_table_init(&tab_dptr, 18) != 0 || gs_table_init(&tab_vmm, 14) != 0 || gs_table_init(&tab_map, 16) != 0 ||
                gs_table_init(&tab_array, 14) != 0 || gs_table_init(&tab_pool, 10) != 0) {
         gs_log("cannot map allocation tables; this process gets no GPU memory (fail closed)");
         mode = GS_MODE_FAIL_CLOSED;
@@ -328,11 +352,74 @@ static inline int remember(gs_table *t, uint64_t key, uint64_t bytes)
     return -1;
 }
 
-static inline void forget_and_credit(gs_table *t, uint64_t key)
+/* ------------------------------------------------------------------------------------------------
+ * Which context an allocation belongs to. The driver frees every allocation of a context when the
+ * context goes (cuCtxDestroy, cuDevicePrimaryCtxReset, the last cuDevicePrimaryCtxRelease), so a
+ * device-pointer entry carries its context's index in the top 16 bits of its value (bytes below).
+ * ---------------------------------------------------------------------------------------------- */
+
+#define GS_BYTES_MASK ((1ull << 48) - 1)
+#define GS_MAX_CTX 4096
+static _Atomic uintptr_t ctx_slots[GS_MAX_CTX]; /* index -> CUcontext; 0 is "none" */
+static _Atomic unsigned ctx_count = 1;
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread uintptr_t tl_ctx;
+static __thread unsigned tl_idx;
+
+static unsigned ctx_find(uintptr_t c)
 {
-    uint64_t bytes;
-    if (atomic_load_explicit(&gs_mode, memory_order_relaxed) == GS_MODE_ACTIVE && gs_table_take(t, key, &bytes) == 0)
-        release(bytes);
+    unsigned n = atomic_load_explicit(&ctx_count, memory_order_acquire);
+    for (unsigned i = 1; i < n; i++)
+        if (atomic_load_explicit(&ctx_slots[i], memory_order_relaxed) == c) return i;
+    return 0;
+}
+
+static unsigned ctx_index(uintptr_t c)
+{
+    if (GS_LIKELY(c == tl_ctx && c != 0)) return tl_idx;
+    if (c == 0) return 0;
+    unsigned i = ctx_find(c);
+    if (i == 0) {
+        pthread_mutex_lock(&ctx_lock);
+        i = ctx_find(c);
+        unsigned n = atomic_load(&ctx_count);
+        if (i == 0 && n < GS_MAX_CTX) { /* beyond that: untagged, i.e. credited only by its free */
+            atomic_store_explicit(&ctx_slots[n], c, memory_order_relaxed);
+            atomic_store_explicit(&ctx_count, n + 1, memory_order_release);
+            i = n;
+        }
+        pthread_mutex_unlock(&ctx_lock);
+    }
+    tl_ctx = c;
+    tl_idx = i;
+    return i;
+}
+
+static void gs_ctx_after_fork_child(void)
+{
+    atomic_store(&ctx_count, 1);
+    tl_ctx = 0;
+    tl_idx = 0;
+    pthread_mutex_init(&ctx_lock, NULL);
+}
+
+/* The table value for `bytes` allocated in the calling thread's current context. */
+static inline uint64_t in_current_ctx(uint64_t bytes)
+{
+    CUcontext c = NULL;
+    if (GS_LIKELY(real_cuCtxGetCurrent != NULL)) (void)real_cuCtxGetCurrent(&c);
+    return bytes | (uint64_t)ctx_index((uintptr_t)c) << 48;
+}
+
+/* Credits every allocation the driver freed with context `idx`. Rare: a scan of the table is fine. */
+static void credit_context(unsigned idx)
+{
+    if (idx == 0 || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
+    for (uint64_t i = 0; i <= tab_dptr.mask; i++) {
+        uint64_t k = atomic_load_explicit(&tab_dptr.slots[i].key, memory_order_acquire), v;
+        if (k <= GS_TABLE_TOMB || atomic_load(&tab_dptr.slots[i].val) >> 48 != idx) continue;
+        if (gs_table_take(&tab_dptr, k, &v) == 0) release(v & GS_BYTES_MASK);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -353,7 +440,9 @@ static inline void forget_and_credit(gs_table *t, uint64_t key)
                      gs_table_take(&(table), (uint64_t)(key), &bytes_) == 0;                             \
         CUresult rc_ = (call);                                                                           \
         if (known_) {                                                                                    \
-            if (rc_ == CUDA_SUCCESS) release(bytes_);                                                    \
+            if (rc_ == CUDA_SUCCESS && GS_UNLIKELY(atomic_load_explicit(&has_exports, memory_order_relaxed))) \
+                gs_region_export_drop(&gs_reg, (uint64_t)(key));                                         \
+            if (rc_ == CUDA_SUCCESS) release(bytes_ & GS_BYTES_MASK);                                    \
             else (void)gs_table_put(&(table), (uint64_t)(key), bytes_);                                  \
         }                                                                                                \
         return rc_;                                                                                      \
@@ -370,7 +459,7 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         release(bytesize);
         return rc;
     }
-    if (GS_UNLIKELY(remember(&tab_dptr, *dptr, bytesize) != 0)) {
+    if (GS_UNLIKELY(remember(&tab_dptr, *dptr, in_current_ctx(bytesize)) != 0)) {
         real_cuMemFree_v2(*dptr);
         release(bytesize);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -389,7 +478,7 @@ GS_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
         release(bytesize);
         return rc;
     }
-    if (remember(&tab_dptr, *dptr, bytesize) != 0) {
+    if (remember(&tab_dptr, *dptr, in_current_ctx(bytesize)) != 0) {
         if (real_cuMemFree) real_cuMemFree(*dptr);
         release(bytesize);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -408,7 +497,7 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
         release(bytesize);
         return rc;
     }
-    if (remember(&tab_dptr, *dptr, bytesize) != 0) {
+    if (remember(&tab_dptr, *dptr, in_current_ctx(bytesize)) != 0) {
         real_cuMemFree_v2(*dptr);
         release(bytesize);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -436,7 +525,7 @@ static CUresult alloc_pitch(CUresult (*fn)(CUdeviceptr *, size_t *, size_t, size
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (actual < estimate) release(estimate - actual);
-    if (remember(&tab_dptr, *dptr, actual) != 0) {
+    if (remember(&tab_dptr, *dptr, in_current_ctx(actual)) != 0) {
         real_cuMemFree_v2(*dptr);
         release(actual);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -473,7 +562,7 @@ GS_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, u
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (actual < worst) release(worst - actual);
-    if (remember(&tab_dptr, *dptr, actual) != 0) {
+    if (remember(&tab_dptr, *dptr, in_current_ctx(actual)) != 0) {
         if (real_cuMemFree) real_cuMemFree(*dptr);
         release(actual);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -508,7 +597,7 @@ static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUd
         release(size);
         return rc;
     }
-    if (remember(&tab_dptr, *dptr, size) != 0) {
+    if (remember(&tab_dptr, *dptr, in_current_ctx(size)) != 0) {
         real_cuMemFreeAsync(*dptr, stream);
         release(size);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -583,7 +672,7 @@ static CUresult alloc_from_pool(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPo
         release(size);
         return rc;
     }
-    if (remember(&tab_dptr, *dptr, size) != 0) {
+    if (remember(&tab_dptr, *dptr, in_current_ctx(size)) != 0) {
         real_cuMemFreeAsync(*dptr, stream);
         release(size);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -605,8 +694,41 @@ GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Virtual memory management: only physical memory on a device location counts.
+ * Virtual memory management. Only physical memory on a device location counts, and it is charged for
+ * its physical lifetime: the driver frees it when the application holds no handle to it (cuMemCreate
+ * and each cuMemRetainAllocationHandle are undone by one cuMemRelease) and no mapping of it is left
+ * (cuMemUnmap). create -> map -> release therefore stays charged until the last unmap. VMM calls are
+ * not on a hot path: one mutex orders them, held across the driver call so that a handle value the
+ * driver reissues cannot meet a stale table entry.
  * ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t bytes;
+    int handle_refs, map_refs;
+} gs_phys;
+
+typedef struct gs_vmap {
+    uint64_t va, size;
+    gs_phys *phys;
+    struct gs_vmap *prev, *next;
+} gs_vmap;
+
+static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+static gs_vmap *vmaps; /* every live mapping, for cuMemRetainAllocationHandle of an inner address */
+
+static void gs_vmm_after_fork_child(void)
+{
+    pthread_mutex_init(&vmm_lock, NULL);
+    vmaps = NULL; /* the parent's records (leaked in the child: none of its mappings are ours) */
+}
+
+/* Caller holds vmm_lock. Credits the physical memory once nothing refers to it any more. */
+static void phys_maybe_free(gs_phys *ph)
+{
+    if (ph->handle_refs > 0 || ph->map_refs > 0) return;
+    release(ph->bytes);
+    free(ph);
+}
 
 GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                unsigned long long flags)
@@ -616,15 +738,22 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
         return real_cuMemCreate(handle, size, prop, flags);
     CUresult rc = reserve_on(prop->location.id, size);
     if (rc != CUDA_SUCCESS) return rc;
-    rc = real_cuMemCreate(handle, size, prop, flags);
-    if (rc != CUDA_SUCCESS) {
-        release(size);
-        return rc;
-    }
-    if (remember(&tab_vmm, *handle, size) != 0) {
-        real_cuMemRelease(*handle);
+    gs_phys *ph = malloc(sizeof(*ph));
+    if (ph == NULL) {
         release(size);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *ph = (gs_phys){size, 1, 0};
+    pthread_mutex_lock(&vmm_lock);
+    rc = real_cuMemCreate(handle, size, prop, flags);
+    if (rc == CUDA_SUCCESS && remember(&tab_vmm, *handle, (uint64_t)(uintptr_t)ph) != 0) {
+        real_cuMemRelease(*handle);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    if (rc != CUDA_SUCCESS) {
+        free(ph);
+        release(size);
     }
     return rc;
 }
@@ -632,7 +761,94 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     NEED_REAL(cuMemRelease);
-    FREE_WITH_CREDIT(tab_vmm, handle, real_cuMemRelease(handle));
+    if (atomic_load_explicit(&gs_mode, memory_order_relaxed) != GS_MODE_ACTIVE) return real_cuMemRelease(handle);
+    pthread_mutex_lock(&vmm_lock);
+    CUresult rc = real_cuMemRelease(handle);
+    uint64_t v;
+    if (rc == CUDA_SUCCESS && gs_table_get(&tab_vmm, handle, &v) == 0) {
+        gs_phys *ph = (gs_phys *)(uintptr_t)v;
+        if (--ph->handle_refs == 0) {
+            (void)gs_table_take(&tab_vmm, handle, &v); /* the handle value is the driver's to reissue */
+            phys_maybe_free(ph);
+        }
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                            unsigned long long flags)
+{
+    NEED_REAL(cuMemMap);
+    if (atomic_load_explicit(&gs_mode, memory_order_relaxed) != GS_MODE_ACTIVE)
+        return real_cuMemMap(ptr, size, offset, handle, flags);
+    gs_vmap *m = malloc(sizeof(*m));
+    if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&vmm_lock);
+    CUresult rc = real_cuMemMap(ptr, size, offset, handle, flags);
+    uint64_t v;
+    if (rc == CUDA_SUCCESS && gs_table_get(&tab_vmm, handle, &v) == 0) {
+        gs_phys *ph = (gs_phys *)(uintptr_t)v;
+        *m = (gs_vmap){ptr, size, ph, NULL, vmaps};
+        if (remember(&tab_map, ptr, (uint64_t)(uintptr_t)m) != 0) {
+            /* untracked, the mapping would free the memory's charge early: refuse it */
+            if (real_cuMemUnmap) real_cuMemUnmap(ptr, size);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            if (vmaps) vmaps->prev = m;
+            vmaps = m;
+            ph->map_refs++;
+            m = NULL;
+        }
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    free(m);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    NEED_REAL(cuMemUnmap);
+    if (atomic_load_explicit(&gs_mode, memory_order_relaxed) != GS_MODE_ACTIVE) return real_cuMemUnmap(ptr, size);
+    pthread_mutex_lock(&vmm_lock);
+    CUresult rc = real_cuMemUnmap(ptr, size);
+    /* the range may span several mappings, each unmapped whole */
+    for (uint64_t p = ptr, v; rc == CUDA_SUCCESS && p < (uint64_t)ptr + size;) {
+        if (gs_table_take(&tab_map, p, &v) != 0) break; /* memory the shim did not charge */
+        gs_vmap *m = (gs_vmap *)(uintptr_t)v;
+        if (m->prev) m->prev->next = m->next;
+        else vmaps = m->next;
+        if (m->next) m->next->prev = m->prev;
+        p += m->size;
+        m->phys->map_refs--;
+        phys_maybe_free(m->phys);
+        free(m);
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    NEED_REAL(cuMemRetainAllocationHandle);
+    if (atomic_load_explicit(&gs_mode, memory_order_relaxed) != GS_MODE_ACTIVE)
+        return real_cuMemRetainAllocationHandle(handle, addr);
+    pthread_mutex_lock(&vmm_lock);
+    CUresult rc = real_cuMemRetainAllocationHandle(handle, addr);
+    if (rc == CUDA_SUCCESS && handle != NULL) {
+        uint64_t v;
+        gs_phys *ph = NULL;
+        if (gs_table_get(&tab_vmm, *handle, &v) == 0) {
+            ph = (gs_phys *)(uintptr_t)v;
+        } else { /* every handle was released; the mapping still knows the allocation */
+            for (gs_vmap *m = vmaps; m != NULL && ph == NULL; m = m->next)
+                if ((uint64_t)(uintptr_t)addr >= m->va && (uint64_t)(uintptr_t)addr < m->va + m->size) ph = m->phys;
+            if (ph != NULL && remember(&tab_vmm, *handle, (uint64_t)(uintptr_t)ph) != 0) ph = NULL;
+        }
+        if (ph != NULL) ph->handle_refs++;
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -759,6 +975,28 @@ GS_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
  * IPC: an opened handle maps memory into this slice; its size is known only after opening.
  * ---------------------------------------------------------------------------------------------- */
 
+static uint64_t ipc_key(const CUipcMemHandle *h)
+{
+    uint64_t k = 0xcbf29ce484222325ull; /* FNV-1a over the handle's bytes */
+    for (size_t i = 0; i < sizeof(h->reserved); i++) k = (k ^ (unsigned char)h->reserved[i]) * 0x100000001b3ull;
+    return k ? k : 1;
+}
+
+/* Memory exported by a process of this slice is already charged to the slice: remember it so that
+ * an open by another process of the slice is not charged twice. */
+GS_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    NEED_REAL(cuIpcGetMemHandle);
+    CUresult rc = real_cuIpcGetMemHandle(pHandle, dptr);
+    uint64_t v;
+    if (rc == CUDA_SUCCESS && pHandle != NULL && atomic_load(&gs_mode) == GS_MODE_ACTIVE &&
+        gs_table_get(&tab_dptr, dptr, &v) == 0) {
+        atomic_store(&has_exports, 1);
+        gs_region_export_add(&gs_reg, ipc_key(pHandle), dptr);
+    }
+    return rc;
+}
+
 static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned int), CUdeviceptr *pdptr,
                          CUipcMemHandle handle, unsigned int flags)
 {
@@ -766,6 +1004,7 @@ static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned 
     if (mode != GS_MODE_ACTIVE) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = fn(pdptr, handle, flags);
     if (rc != CUDA_SUCCESS) return rc;
+    if (gs_region_export_known(&gs_reg, ipc_key(&handle))) return CUDA_SUCCESS; /* the slice's own memory */
     CUdeviceptr base = 0;
     size_t size = 0;
     if (real_cuMemGetAddressRange_v2 == NULL || real_cuMemGetAddressRange_v2(&base, &size, *pdptr) != CUDA_SUCCESS) {
@@ -777,7 +1016,7 @@ static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned 
         real_cuIpcCloseMemHandle(*pdptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (remember(&tab_dptr, *pdptr, size) != 0) {
+    if (remember(&tab_dptr, *pdptr, in_current_ctx(size)) != 0) {
         real_cuIpcCloseMemHandle(*pdptr);
         release(size);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -808,8 +1047,6 @@ GS_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 /* ------------------------------------------------------------------------------------------------
  * Contexts: the first context on a device charges the configured context overhead once per process.
  * ---------------------------------------------------------------------------------------------- */
-
-static _Atomic uint64_t ctx_charged; /* bit per device ordinal */
 
 /* 0: charged or nothing to charge; -1: the slice has no room for a context. */
 static int charge_context(CUdevice dev)
@@ -865,6 +1102,8 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateP
     CTX_CREATE(real_cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev), dev);
 }
 
+static _Atomic uintptr_t primary_of[GS_MAX_DEVICES]; /* each device's primary context, once retained */
+
 GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     NEED_REAL(cuDevicePrimaryCtxRetain);
@@ -874,6 +1113,61 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
         *pctx = NULL;
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (rc == CUDA_SUCCESS && pctx != NULL && dev >= 0 && dev < GS_MAX_DEVICES)
+        atomic_store(&primary_of[dev], (uintptr_t)*pctx);
+    return rc;
+}
+
+static void credit_primary(CUdevice dev)
+{
+    if (dev >= 0 && dev < GS_MAX_DEVICES) credit_context(ctx_find(atomic_load(&primary_of[dev])));
+}
+
+GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    NEED_REAL(cuCtxDestroy_v2);
+    unsigned idx = ctx_find((uintptr_t)ctx);
+    CUresult rc = real_cuCtxDestroy_v2(ctx);
+    if (rc == CUDA_SUCCESS) credit_context(idx);
+    return rc;
+}
+
+/* The last release destroys the primary context; the driver says whether it is still active. */
+#define PRIMARY_RELEASE(name)                                                                            \
+    do {                                                                                                 \
+        NEED_REAL(name);                                                                                 \
+        CUresult rc_ = real_##name(dev);                                                                 \
+        unsigned flags_ = 0;                                                                             \
+        int active_ = 1;                                                                                 \
+        if (rc_ == CUDA_SUCCESS && real_cuDevicePrimaryCtxGetState != NULL &&                            \
+            real_cuDevicePrimaryCtxGetState(dev, &flags_, &active_) == CUDA_SUCCESS && !active_)         \
+            credit_primary(dev);                                                                         \
+        return rc_;                                                                                      \
+    } while (0)
+
+GS_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    PRIMARY_RELEASE(cuDevicePrimaryCtxRelease_v2);
+}
+
+GS_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    PRIMARY_RELEASE(cuDevicePrimaryCtxRelease);
+}
+
+GS_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    NEED_REAL(cuDevicePrimaryCtxReset_v2);
+    CUresult rc = real_cuDevicePrimaryCtxReset_v2(dev);
+    if (rc == CUDA_SUCCESS) credit_primary(dev);
+    return rc;
+}
+
+GS_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    NEED_REAL(cuDevicePrimaryCtxReset);
+    CUresult rc = real_cuDevicePrimaryCtxReset(dev);
+    if (rc == CUDA_SUCCESS) credit_primary(dev);
     return rc;
 }
 

@@ -17,6 +17,8 @@ enum gs_mode { GS_MODE_UNINIT = 0, GS_MODE_ACTIVE = 1, GS_MODE_FAIL_CLOSED = 2 }
 extern _Atomic int gs_mode;
 extern gs_config gs_cfg;
 extern gs_region gs_reg;
+/* The agent's utilization figure: "utilization" next to the config file (read-only in a container). */
+extern char gs_util_path[GS_PATH_MAX];
 
 void gs_init_slow(void);
 

@@ -71,6 +71,22 @@ static inline int gs_table_put(gs_table *t, uint64_t key, uint64_t val)
     return -1;
 }
 
+/* Looks key up without removing it; -1 when unknown. */
+static inline int gs_table_get(gs_table *t, uint64_t key, uint64_t *val)
+{
+    if (key <= GS_TABLE_TOMB) return -1;
+    uint64_t i = gs_table_hash(key) & t->mask;
+    for (uint64_t n = 0; n <= t->mask; n++, i = (i + 1) & t->mask) {
+        uint64_t k = atomic_load_explicit(&t->slots[i].key, memory_order_acquire);
+        if (k == GS_TABLE_EMPTY) return -1;
+        if (k == key) {
+            *val = atomic_load_explicit(&t->slots[i].val, memory_order_acquire);
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* Removes key and returns its value through *val; -1 when the key is unknown. */
 static inline int gs_table_take(gs_table *t, uint64_t key, uint64_t *val)
 {

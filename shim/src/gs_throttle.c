@@ -3,14 +3,20 @@
  * 100, measures the slice's utilization every GS_THROTTLE_PERIOD_MS and adjusts one number: the delay
  * each launch sleeps before reaching the driver. An unthrottled launch costs two relaxed loads.
  *
- * Utilization comes from, in order: the figure the node agent writes into the usage region
- * (agent_utilization, if fresher than GS_AGENT_UTIL_MAX_AGE_MS), or NVML per-process utilization
- * summed over the slice's live processes. With neither, the delay decays to zero (cooperative: the
- * share is steered, never guessed).
+ * Utilization comes from, in order: the figure the node agent writes into the utilization file
+ * next to the config (read-only in a container: the tenant cannot fake it; the agent sees host PIDs,
+ * so it works inside any PID namespace), if fresher than GS_AGENT_UTIL_MAX_AGE_MS; or NVML
+ * per-process utilization summed over the slice's live processes (which only matches while the
+ * processes share the driver's PID namespace, i.e. outside containers). The usage region's
+ * agent_utilization word is never read: every process of the slice can write the region.
+ * With neither, the delay decays to zero (cooperative: the share is steered, never guessed).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
@@ -102,9 +108,31 @@ static double nvml_slice_util(gs_meter *m)
     return total > 100 ? 100 : total;
 }
 
+#define GS_UTIL_FILE_SIZE 16 /* "GSUTIL01", then the word */
+
+/* The agent's word, mapped read-only once the file exists; 0 while there is none. */
+static uint64_t agent_word(void)
+{
+    static const _Atomic uint64_t *word;
+    if (word == NULL) {
+        if (gs_util_path[0] == '\0') return 0;
+        int fd = open(gs_util_path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return 0;
+        void *p = mmap(NULL, GS_UTIL_FILE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) return 0;
+        if (memcmp(p, "GSUTIL01", 8) != 0) {
+            munmap(p, GS_UTIL_FILE_SIZE);
+            return 0;
+        }
+        word = (const _Atomic uint64_t *)((const char *)p + 8);
+    }
+    return atomic_load(word);
+}
+
 static double measure(gs_meter *m)
 {
-    uint64_t word = atomic_load(&gs_reg.hdr->agent_utilization);
+    uint64_t word = agent_word();
     uint64_t now = unix_ms();
     if (word != 0 && now >= (word >> 16) && now - (word >> 16) <= GS_AGENT_UTIL_MAX_AGE_MS)
         return (double)(word & 0xffffu) / 100.0;

@@ -16,6 +16,14 @@
  *   cuda_probe launch SECONDS KERNEL_US KIND launch (kernel|ex|coop|graph), synchronizing after each;
  *                                            prints the busy fraction of the second half
  *   cuda_probe boundary HI                   largest single cuMemAlloc that succeeds (bisection)
+ *   cuda_probe vmm LIMIT                     VMM: physical memory stays charged while mapped,
+ *                                            also after cuMemRelease, and after a retained handle
+ *   cuda_probe ctx-teardown LIMIT            destroying a context (cuCtxDestroy, primary reset, last
+ *                                            primary release) credits every allocation made in it
+ *   cuda_probe fork-query BYTES              allocate, fork a child that asks NVML for memory info,
+ *                                            then try to allocate BYTES again; prints rc=
+ *   cuda_probe fork-hold BYTES               allocate, fork a child that never touches CUDA and
+ *                                            waits for stdin EOF; prints "held rc=N child=PID"
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -25,6 +33,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <dlfcn.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -429,6 +439,151 @@ static int boundary_scenario(size_t hi)
     return 0;
 }
 
+static CUresult vmm_create(CUmemGenericAllocationHandle *h, size_t size)
+{
+    CUmemAllocationProp vp = {0};
+    vp.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    vp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    vp.location.id = dev;
+    return cuMemCreate(h, size, &vp, 0);
+}
+
+static CUresult vmm_map(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h)
+{
+    CUresult rc = cuMemMap(va, size, 0, h, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev},
+                           .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    return cuMemSetAccess(va, size, &acc, 1);
+}
+
+/* The pattern of CUDA samples and VMM pools: create, map, release the handle at once, use the memory,
+ * unmap when done. The driver frees the physical memory only when the last mapping goes. */
+static int vmm_scenario(size_t limit)
+{
+    size_t gran = 2u << 20, six = (limit * 3 / 4) / gran * gran, two = 1u << 30;
+    CUdeviceptr va, va2;
+    CUmemGenericAllocationHandle h, h2, r;
+    EXPECT_RC(cuMemAddressReserve(&va, 2 * six, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_RC(vmm_create(&h, six), CUDA_SUCCESS);
+    EXPECT_RC(vmm_map(va, six, h), CUDA_SUCCESS);
+    EXPECT_RC(cuMemRelease(h), CUDA_SUCCESS);
+    CHECK(mem_free() == limit - six, "free %zu after create+map+release, expected %zu", mem_free(), limit - six);
+    EXPECT_RC(vmm_create(&h2, six), CUDA_ERROR_OUT_OF_MEMORY); /* still mapped: the slice is full */
+    CUdeviceptr p;
+    EXPECT_RC(cuMemAlloc(&p, six), CUDA_ERROR_OUT_OF_MEMORY);
+    EXPECT_RC(cuMemsetD8(va, 7, 4096), CUDA_SUCCESS);
+    EXPECT_RC(cuMemUnmap(va, six), CUDA_SUCCESS);
+    CHECK(mem_free() == limit, "free %zu after the last unmap, expected %zu", mem_free(), limit);
+    EXPECT_RC(vmm_create(&h2, six), CUDA_SUCCESS);
+    EXPECT_RC(cuMemRelease(h2), CUDA_SUCCESS);
+    CHECK(mem_free() == limit, "free %zu after create+release, expected %zu", mem_free(), limit);
+
+    /* Two mappings of one allocation, and a retained handle: freed after the last of all of them. */
+    EXPECT_RC(vmm_create(&h, two), CUDA_SUCCESS);
+    EXPECT_RC(vmm_map(va, two, h), CUDA_SUCCESS);
+    EXPECT_RC(cuMemAddressReserve(&va2, two, 0, 0, 0), CUDA_SUCCESS);
+    EXPECT_RC(vmm_map(va2, two, h), CUDA_SUCCESS);
+    EXPECT_RC(cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)va), CUDA_SUCCESS);
+    CHECK(r == h, "retained handle differs");
+    EXPECT_RC(cuMemRelease(h), CUDA_SUCCESS);
+    EXPECT_RC(cuMemUnmap(va, two), CUDA_SUCCESS);
+    CHECK(mem_free() == limit - two, "free %zu with one mapping and a retained handle, expected %zu", mem_free(),
+          limit - two);
+    EXPECT_RC(cuMemUnmap(va2, two), CUDA_SUCCESS);
+    CHECK(mem_free() == limit - two, "free %zu with a retained handle left, expected %zu", mem_free(), limit - two);
+    EXPECT_RC(cuMemRelease(r), CUDA_SUCCESS);
+    CHECK(mem_free() == limit, "free %zu at the end, expected %zu", mem_free(), limit);
+    EXPECT_RC(cuMemRelease(r), CUDA_ERROR_INVALID_VALUE); /* gone: the driver's error, no credit */
+    CHECK(mem_free() == limit, "free %zu after a bad release, expected %zu", mem_free(), limit);
+    EXPECT_RC(cuMemAddressFree(va, 2 * six), CUDA_SUCCESS);
+    EXPECT_RC(cuMemAddressFree(va2, two), CUDA_SUCCESS);
+    PROBE_DONE("vmm");
+}
+
+static int ctx_teardown(size_t limit)
+{
+    size_t six = limit / 4 * 3;
+    CUcontext primary, own;
+    CUdeviceptr p, q;
+    EXPECT_RC(cuCtxGetCurrent(&primary), CUDA_SUCCESS);
+    EXPECT_RC(cuCtxCreate(&own, 0, dev), CUDA_SUCCESS);
+    EXPECT_RC(cuMemAlloc(&p, six), CUDA_SUCCESS);
+    EXPECT_RC(cuCtxDestroy(own), CUDA_SUCCESS);
+    EXPECT_RC(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK(mem_free() == limit, "free %zu after cuCtxDestroy, expected %zu", mem_free(), limit);
+    EXPECT_RC(cuMemAlloc(&p, six), CUDA_SUCCESS);
+    EXPECT_RC(cuDevicePrimaryCtxReset(dev), CUDA_SUCCESS);
+    CHECK(mem_free() == limit, "free %zu after cuDevicePrimaryCtxReset, expected %zu", mem_free(), limit);
+    EXPECT_RC(cuMemFree(p), CUDA_ERROR_INVALID_VALUE); /* freed by the reset: no second credit */
+    CHECK(mem_free() == limit, "free %zu after freeing a reset allocation, expected %zu", mem_free(), limit);
+    CUcontext again;
+    EXPECT_RC(cuDevicePrimaryCtxRetain(&again, dev), CUDA_SUCCESS); /* refcount 2 */
+    EXPECT_RC(cuCtxSetCurrent(again), CUDA_SUCCESS);
+    EXPECT_RC(cuMemAlloc(&q, six), CUDA_SUCCESS);
+    EXPECT_RC(cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
+    CHECK(mem_free() == limit - six, "free %zu while the primary context is still retained", mem_free());
+    EXPECT_RC(cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS); /* the last one */
+    EXPECT_RC(cuDevicePrimaryCtxRetain(&again, dev), CUDA_SUCCESS);
+    EXPECT_RC(cuCtxSetCurrent(again), CUDA_SUCCESS);
+    CHECK(mem_free() == limit, "free %zu after the last primary release, expected %zu", mem_free(), limit);
+    EXPECT_RC(cuMemAlloc(&q, limit), CUDA_SUCCESS);
+    PROBE_DONE("ctx-teardown");
+}
+
+/* NVML memory info through dlopen, as a monitoring library would (nvmlMemory_t: total, free, used). */
+static int nvml_used(unsigned long long *used)
+{
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!h) return -1;
+    int (*init)(void) = (int (*)(void))dlsym(h, "nvmlInit_v2");
+    int (*by_index)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    int (*meminfo)(void *, unsigned long long *) = (int (*)(void *, unsigned long long *))dlsym(h, "nvmlDeviceGetMemoryInfo");
+    void *dev;
+    unsigned long long m[3];
+    if (!init || !by_index || !meminfo || init() != 0 || by_index(0, &dev) != 0 || meminfo(dev, m) != 0) return -1;
+    *used = m[2];
+    return 0;
+}
+
+static int fork_query(size_t bytes)
+{
+    CUdeviceptr p;
+    EXPECT_RC(cuMemAlloc(&p, bytes), CUDA_SUCCESS);
+    pid_t child = fork();
+    if (child == 0) {
+        unsigned long long used = 0;
+        int rc = nvml_used(&used);
+        printf("child_nvml_rc=%d child_used=%llu\n", rc, used);
+        fflush(stdout);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child could not query NVML");
+    CUdeviceptr q;
+    CUresult rc = cuMemAlloc(&q, bytes);
+    printf("rc=%d\n", (int)rc);
+    if (rc == CUDA_SUCCESS) cuMemFree(q);
+    cuMemFree(p);
+    return probe_failures ? 1 : 0;
+}
+
+static int fork_hold(size_t bytes)
+{
+    CUdeviceptr p;
+    CUresult rc = cuMemAlloc(&p, bytes);
+    pid_t child = fork();
+    if (child == 0) { /* never touches CUDA; outlives its parent */
+        wait_stdin_eof();
+        _exit(0);
+    }
+    printf("held rc=%d child=%d\n", (int)rc, (int)child);
+    fflush(stdout);
+    wait_stdin_eof();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -461,6 +616,10 @@ int main(int argc, char **argv)
     if (strcmp(s, "ipc-export") == 0 && argc == 3) return ipc_export(strtoull(argv[2], NULL, 10));
     if (strcmp(s, "ipc-open") == 0 && argc == 3) return ipc_open(argv[2]);
     if (strcmp(s, "launch") == 0 && argc == 5) return launch_scenario(atof(argv[2]), (unsigned)atoi(argv[3]), argv[4]);
+    if (strcmp(s, "ctx-teardown") == 0 && argc == 3) return ctx_teardown(strtoull(argv[2], NULL, 10));
+    if (strcmp(s, "vmm") == 0 && argc == 3) return vmm_scenario(strtoull(argv[2], NULL, 10));
+    if (strcmp(s, "fork-query") == 0 && argc == 3) return fork_query(strtoull(argv[2], NULL, 10));
+    if (strcmp(s, "fork-hold") == 0 && argc == 3) return fork_hold(strtoull(argv[2], NULL, 10));
     if (strcmp(s, "boundary") == 0 && argc == 3) return boundary_scenario(strtoull(argv[2], NULL, 10));
     fprintf(stderr, "cuda_probe: unknown scenario or wrong arguments: %s\n", s);
     return 2;

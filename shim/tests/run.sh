@@ -75,6 +75,8 @@ slice "$limit" 100
 expect_output "reports the slice" "meminfo_total=$limit" "$build/tests/cuda_probe" info
 check "OOM exactly at the limit" "$build/tests/cuda_probe" limit "$limit"
 check "every allocation path counted" "$build/tests/cuda_probe" paths "$limit"
+check "VMM: charged until the last mapping goes" "$build/tests/cuda_probe" vmm "$limit"
+check "context teardown credits its allocations" "$build/tests/cuda_probe" ctx-teardown "$limit"
 check "dlsym and cuGetProcAddress" "$build/tests/dl_probe" "$limit"
 
 iters=4000
@@ -97,7 +99,8 @@ else
     tail -20 "$work"/stress.* | sed 's/^/    /'
 fi
 
-# IPC: an opened handle counts against the importer's slice.
+# IPC within one slice: the exporter's memory is already charged; opening it is not new memory.
+# (Opening another slice's memory is charged to the importer: tests/shim/test_shim_memory.py.)
 slice "$limit" 100
 mkfifo "$work/ipc.in"
 LD_PRELOAD="$preload" "$build/tests/cuda_probe" ipc-export $((limit / 2)) < "$work/ipc.in" > "$work/ipc.out" 2>&1 &
@@ -105,7 +108,8 @@ exporter=$!
 exec 7> "$work/ipc.in"
 for _ in $(seq 100); do grep -q handle= "$work/ipc.out" && break; sleep 0.05; done
 handle=$(sed -n 's/^handle=//p' "$work/ipc.out")
-expect_output "IPC open counted" "free_after=0" "$build/tests/cuda_probe" ipc-open "$handle"
+expect_output "IPC open within the slice not charged twice" "free_after=$((limit / 2))" \
+    "$build/tests/cuda_probe" ipc-open "$handle"
 exec 7>&-
 wait "$exporter"
 
@@ -117,6 +121,24 @@ for _ in $(seq 100); do grep -q locked "$work/holder.out" && break; sleep 0.05; 
 kill -9 "$holder"
 wait "$holder" 2>/dev/null
 expect_output "SIGKILL holding the lock: no deadlock, memory returned" "^rc=0" "$build/tests/cuda_probe" alloc "$limit"
+
+# fork(): a child that queries NVML must not see its live parent as dead and wipe its accounting.
+slice "$limit" 100
+six=$((limit * 3 / 4))
+expect_output "fork: the child's NVML query keeps the parent charged" "^rc=2" \
+    "$build/tests/cuda_probe" fork-query "$six"
+# ... and a child that never touches CUDA must not keep a SIGKILLed parent's memory charged.
+slice "$limit" 100
+mkfifo "$work/fork.in"
+LD_PRELOAD="$preload" "$build/tests/cuda_probe" fork-hold "$six" < "$work/fork.in" > "$work/fork.out" 2>&1 &
+forker=$!
+exec 8> "$work/fork.in"
+for _ in $(seq 100); do grep -q "held rc=0" "$work/fork.out" && break; sleep 0.05; done
+kill -9 "$forker"
+wait "$forker" 2>/dev/null
+expect_output "fork: an orphaned child does not keep the killed parent charged" "^rc=0" \
+    "$build/tests/cuda_probe" alloc "$six"
+exec 8>&-
 
 # Missing or garbled config fails closed.
 rm -f "$conf"

@@ -16,6 +16,9 @@ from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.shim.config import SliceConfig
+from gpuslice.shim.region import utilization_file_for
+
+CONTAINER_UTILIZATION = str(utilization_file_for(constants.CONTAINER_CONFIG_PATH))
 
 UID = "6a3c1f0e-1111-2222-3333-444455556666"
 GPU = GpuInfo(
@@ -131,12 +134,21 @@ async def test_prepare_writes_cdi_spec_limits_and_preload_then_unprepare_removes
         "/etc/ld.so.preload",
         constants.CONTAINER_SHIM_PATH,
         constants.CONTAINER_CONFIG_PATH,
+        CONTAINER_UTILIZATION,
         constants.CONTAINER_USAGE_DIR,
     }
     assert read(mounts["/etc/ld.so.preload"]["hostPath"]) == f"{constants.CONTAINER_SHIM_PATH}\n"
     assert mounts[constants.CONTAINER_SHIM_PATH]["hostPath"] == "/opt/gs/libgpuslice.so"
-    for path in ("/etc/ld.so.preload", constants.CONTAINER_SHIM_PATH, constants.CONTAINER_CONFIG_PATH):
+    ro = (
+        "/etc/ld.so.preload",
+        constants.CONTAINER_SHIM_PATH,
+        constants.CONTAINER_CONFIG_PATH,
+        CONTAINER_UTILIZATION,
+    )
+    for path in ro:
         assert "ro" in mounts[path]["options"]
+    # the agent's utilization figure exists before a container mounts it; tenants only read it
+    assert read(mounts[CONTAINER_UTILIZATION]["hostPath"])[:8] == "GSUTIL01"
     limits = SliceConfig.parse(read(mounts[constants.CONTAINER_CONFIG_PATH]["hostPath"]))
     assert (limits.memory_bytes, limits.compute_share, limits.gpu_uuid, limits.usage_dir) == (
         8 * constants.GIB,

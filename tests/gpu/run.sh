@@ -77,6 +77,34 @@ under "$probe" paths "$limit" >"$work/paths" 2>&1
 result "allocation paths" $? "$(grep -c '^path ' "$work/paths") paths; $(tail -1 "$work/paths")"
 under "$build/tests/dl_probe" "$limit" >"$work/dl" 2>&1
 result "dlsym / cuGetProcAddress" $? "$(tail -1 "$work/dl")"
+# --- paths real workloads take (issue 11): VMM, context teardown, fork, IPC within the slice -------
+under "$probe" vmm "$limit" >"$work/vmm" 2>&1
+result "VMM charged until the last unmap" $? "$(tail -1 "$work/vmm")"
+under "$probe" ctx-teardown "$limit" >"$work/ctx" 2>&1
+result "context teardown credits its allocations" $? "$(tail -1 "$work/ctx")"
+six=$((limit / 4 * 3))
+fq=$(under "$probe" fork-query "$six" 2>&1 | sed -n 's/^rc=//p')
+result "fork: child's NVML query keeps the parent charged" "$([[ $fq == 2 ]] && echo 0 || echo 1)" \
+    "second 6 GiB after the child's query -> rc $fq (expected 2)"
+mkfifo "$work/fork.in"
+under "$probe" fork-hold "$six" <"$work/fork.in" >"$work/fork.out" 2>&1 &
+forker=$!
+exec 8>"$work/fork.in"
+for _ in $(seq 200); do grep -q "held rc=0" "$work/fork.out" && break; sleep 0.05; done
+kill -9 "$forker"; wait "$forker" 2>/dev/null
+fo=$(under "$probe" alloc "$six" | sed -n 's/^rc=//p')
+exec 8>&-
+result "fork: orphaned child keeps nothing charged" "$([[ $fo == 0 ]] && echo 0 || echo 1)" "6 GiB after the parent's SIGKILL -> rc $fo"
+mkfifo "$work/ipc.in"
+under "$probe" ipc-export $((limit / 2)) <"$work/ipc.in" >"$work/ipc.out" 2>&1 &
+exporter=$!
+exec 7>"$work/ipc.in"
+for _ in $(seq 200); do grep -q handle= "$work/ipc.out" && break; sleep 0.05; done
+ipc=$(under "$probe" ipc-open "$(sed -n 's/^handle=//p' "$work/ipc.out")" 2>&1)
+exec 7>&-; wait "$exporter"
+ipc_after=$(sed -n 's/^free_after=//p' <<<"$ipc")
+result "IPC within the slice charged once" "$([[ $ipc_after == $((limit / 2)) ]] && echo 0 || echo 1)" \
+    "free after opening the slice's own 4 GiB: $ipc_after (expected $((limit / 2)))"
 under "$probe" info >"$work/info.shim" 2>&1
 say "cuMemGetInfo total under the shim: $(sed -n 's/^meminfo_total=//p' "$work/info.shim") bytes"
 if command -v nvidia-smi >/dev/null; then
@@ -102,6 +130,12 @@ gotg=$(under "$probe" launch 8 2000 graph | sed -n 's/^busy_fraction=//p')
 ok=$(awk -v g="$got" -v s="$share" 'BEGIN { print (g >= s / 100 * 0.6 && g <= s / 100 * 1.4) ? 0 : 1 }')
 result "compute share" "$ok" "target $share %, achieved $(awk -v g="$got" 'BEGIN{printf "%.1f", g*100}') % \
 (cuLaunchKernel), $(awk -v g="$gotg" 'BEGIN{printf "%.1f", g*100}') % (cuGraphLaunch); unthrottled $(awk -v g="$base" 'BEGIN{printf "%.1f", g*100}') %"
+if command -v unshare >/dev/null && unshare --pid --fork --mount-proc true 2>/dev/null; then
+    # Inside a PID namespace the shim cannot match NVML's host PIDs; without the agent's utilization
+    # file (written by the node agent from host PIDs) this shows the unthrottled rate, with it the share.
+    ns=$(under unshare --pid --fork --mount-proc "$probe" launch 8 2000 kernel | sed -n 's/^busy_fraction=//p')
+    say "in a PID namespace without the agent's figure: $(awk -v g="$ns" 'BEGIN{printf "%.1f", g*100}') % (informational)"
+fi
 python3 - "$work/usage" <<'PY' 2>/dev/null || true
 import struct, sys
 d = open(sys.argv[1] + "/usage.bin", "rb").read(96)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from gpuslice.shim.region import read_usage, write_utilization
+from gpuslice.dev.gpusim.simulate import start_fake_driverd
+from gpuslice.shim.region import (
+    OFFSET_AGENT_UTILIZATION,
+    REGION_FILE,
+    create_utilization_file,
+    read_usage,
+    utilization_file_for,
+    write_utilization,
+)
 from shim.shim_helpers import GIB, env_of, probe, run, values
 
 LIMIT = 8 * GIB
@@ -44,10 +54,11 @@ def test_the_agents_utilization_figure_drives_the_throttle(make_slice, built):
         [str(probe(built)), "launch", "3", "1000", "kernel"], env=env_of(s), stdout=subprocess.PIPE, text=True
     )
     stop = threading.Event()
+    util = create_utilization_file(utilization_file_for(s.config_path))
 
     def agent() -> None:
         while not stop.is_set():
-            write_utilization(s.usage_dir, 5.0)
+            write_utilization(util, 5.0)
             time.sleep(0.1)
 
     t = threading.Thread(target=agent)
@@ -64,7 +75,80 @@ def test_the_agents_utilization_figure_drives_the_throttle(make_slice, built):
     assert snap.throttle_delay_ns == 0
 
 
-def test_write_utilization_validates_and_needs_a_region(tmp_path):
-    assert write_utilization(tmp_path, 50.0) is False
+def test_a_figure_written_into_the_usage_region_is_not_trusted(make_slice, built):
+    """Every process of a slice can write its usage region: a tenant writing "5 %" into the word the
+    agent once used must not switch its throttle off."""
+    s = make_slice(memory_bytes=LIMIT, compute_share=20)
+    proc = subprocess.Popen(
+        [str(probe(built)), "launch", "4", "1000", "kernel"], env=env_of(s), stdout=subprocess.PIPE, text=True
+    )
+    stop = threading.Event()
+
+    def tenant() -> None:
+        region = s.usage_dir / REGION_FILE
+        while not stop.is_set():
+            if region.exists() and region.stat().st_size >= 4096:
+                with open(region, "r+b") as f:
+                    f.seek(OFFSET_AGENT_UTILIZATION)
+                    f.write(((int(time.time() * 1000) << 16) | 500).to_bytes(8, "little"))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=tenant)
+    t.start()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        stop.set()
+        t.join()
+    assert proc.returncode == 0
+    assert float(values(out)["busy_fraction"]) < 0.35
+
+
+def test_write_utilization_validates_and_needs_the_file(tmp_path):
+    assert write_utilization(tmp_path / "utilization", 50.0) is False
+    (tmp_path / "other").write_bytes(bytes(16))
+    assert write_utilization(tmp_path / "other", 50.0) is False, "not a utilization file"
+    path = create_utilization_file(tmp_path / "utilization")
+    assert write_utilization(path, 50.0) is True
     with pytest.raises(ValueError, match=r"0\.\.100"):
-        write_utilization(tmp_path, 150.0)
+        write_utilization(path, 150.0)
+
+
+AGENT_LOOP = """
+import sys, time
+from pathlib import Path
+import pynvml
+from gpuslice.agent.usage import UtilizationMeter, write_slice_utilization
+uuid, region, util = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+pynvml.nvmlInit()
+meter = UtilizationMeter(uuid)
+while True:
+    if region.exists():
+        write_slice_utilization(meter, region, util)
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_share_holds_inside_a_pid_namespace(make_slice, built):
+    """In a pod the tenant's PIDs are not the ones NVML reports. The agent (host PIDs, through the
+    double's host-side daemon) measures the slice and the shim steers on its read-only figure."""
+    s = make_slice(memory_bytes=LIMIT, compute_share=25)
+    daemon = start_fake_driverd(s.workdir / "fake-gpus.conf")
+    util = create_utilization_file(utilization_file_for(s.config_path))
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT_LOOP, s.config.gpu_uuid, str(s.usage_dir / REGION_FILE), str(util)],
+        env=env_of(s, shim=False),
+    )
+    try:
+        result = run(
+            s, ["unshare", "--pid", "--fork", "--mount-proc", probe(built), "launch", "5", "1000", "kernel"]
+        )
+        assert result.returncode == 0, result.stderr
+        busy = float(values(result.stdout)["busy_fraction"])
+        assert 0.15 <= busy <= 0.35, f"busy {busy:.2f} with share 25 inside a PID namespace"
+    finally:
+        agent.kill()
+        agent.wait(timeout=30)
+        daemon.terminate()
+        daemon.wait(timeout=30)

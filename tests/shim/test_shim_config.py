@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import stat
+import subprocess
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslice.shim.config import SliceConfig, SliceConfigError
@@ -68,3 +69,80 @@ def test_write_is_read_only_and_the_shim_accepts_it(make_slice, built):
     assert SliceConfig.parse(s.config_path.read_text()) == s.config
     info = values(run(s, [probe(built), "info"]).stdout)
     assert info["meminfo_total"] == str(2 * GIB)
+
+
+# ---- the C parser and SliceConfig.parse agree exactly (accept/reject, and the values) ----------------
+
+_VALUES = {
+    "version": ["1", "01", " 1", "1 ", "+1", "2", ""],
+    "memory_bytes": [
+        "8589934592",
+        "unlimited",
+        "Unlimited",
+        " 5",
+        "+5",
+        "-5",
+        "0",
+        "007",
+        "5\t",
+        "1e3",
+        "0x10",
+        "\u0665",
+        "18446744073709551614",
+        "18446744073709551615",
+        "18446744073709551616",
+        "99999999999999999999999",
+        "",
+    ],
+    "compute_share": ["25", "100", "101", "0", " 25", "+25", "025", "2 5", "\u0662\u0665"],
+    "gpu_uuid": [UUID, UUID.upper(), UUID + " ", " " + UUID, UUID[:-1], UUID.replace("-", "_")],
+    "usage_dir": ["/var/run/x", "rel", "/a b", "/x\u00e9", "/" + "d" * 4070, "/" + "\u00e9" * 2038],
+    "context_overhead_bytes": ["0", "1024", "-1", " 1", "+1", "18446744073709551615", "18446744073709551616"],
+}
+_DECOR = ["", " ", "\t", "\r", " \r", "\x0b", "\x0c", "\u00a0", "\u2028"]
+
+
+@st.composite
+def _configs(draw):
+    lines = []
+    for key, choices in _VALUES.items():
+        if key != "version" and draw(st.integers(0, 29)) == 0:
+            continue  # a missing key
+        # mostly valid lines, so that one odd value decides the outcome
+        value = choices[0] if draw(st.integers(0, 3)) else draw(st.sampled_from(choices))
+        lead = "" if draw(st.integers(0, 3)) else draw(st.sampled_from(_DECOR))
+        trail = "" if draw(st.integers(0, 3)) else draw(st.sampled_from(_DECOR))
+        lines.append(f"{lead}{key}={value}{trail}")
+        if draw(st.integers(0, 19)) == 0:
+            lines.append(f"{key}={value}")  # given twice
+    if draw(st.booleans()):
+        lines.insert(
+            draw(st.integers(0, len(lines))), draw(st.sampled_from(["# comment", "  # c", "", "\t"]))
+        )
+    return "\n".join(lines) + draw(st.sampled_from(["\n", "", "\r\n", "\n\n"]))
+
+
+def _python_view(text: str) -> str:
+    try:
+        c = SliceConfig.parse(text)
+    except SliceConfigError:
+        return "error"
+    memory = "unlimited" if c.memory_bytes is None else str(c.memory_bytes)
+    return (
+        f"ok memory={memory} share={c.compute_share} uuid={c.gpu_uuid} "
+        f"overhead={c.context_overhead_bytes} usage={c.usage_dir}"
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_configs())
+def test_the_c_parser_and_python_agree_exactly(built, tmp_path, text):
+    path = tmp_path / "slice.conf"
+    path.write_bytes(text.encode())
+    out = subprocess.run(
+        [str(probe(built, "config_check")), str(path)], capture_output=True, text=True, check=True
+    )
+    c_view = out.stdout.removesuffix("\n")
+    if c_view.startswith("error"):
+        c_view = "error"
+    assert c_view == _python_view(text), f"config {text!r}"

@@ -11,7 +11,7 @@ import pytest
 
 from gpuslice.dev.gpusim.simulate import parse_gpu_spec
 from gpuslice.shim.region import read_usage
-from shim.shim_helpers import GIB, Holder, probe, run, values
+from shim.shim_helpers import GIB, Holder, env_of, probe, run, values
 
 LIMIT = 8 * GIB
 PHYSICAL = 32 * GIB
@@ -179,3 +179,36 @@ def test_a_device_outside_the_slice_gets_no_memory(make_slice, built):
     assert info["meminfo_total"] == "0" and info["total_mem"] == "0"
     assert values(run(s, [probe(built), "alloc", 1]).stdout)["rc"] == "2"
     assert read_usage(s.usage_dir).refused_allocations_total == 1
+
+
+def _exporter(s, built, nbytes):
+    proc = subprocess.Popen(
+        [str(probe(built)), "ipc-export", str(nbytes)],
+        env=env_of(s),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("handle="), line
+    return proc, line.strip().split("=", 1)[1]
+
+
+def test_ipc_within_a_slice_is_not_charged_twice_and_from_another_slice_it_is(make_slice, built):
+    a = make_slice(memory_bytes=LIMIT)
+    b = make_slice(memory_bytes=LIMIT)
+    exporter, handle = _exporter(a, built, 4 * GIB)
+    try:
+        same = values(run(a, [probe(built), "ipc-open", handle]).stdout)
+        assert same["rc"] == "0"
+        assert int(same["free_after"]) == int(same["free_before"]) == 4 * GIB, "the slice pays once"
+        other = values(run(b, [probe(built), "ipc-open", handle]).stdout)
+        assert other["rc"] == "0"
+        assert int(other["free_before"]) - int(other["free_after"]) == 4 * GIB, (
+            "another slice's memory counts"
+        )
+    finally:
+        assert exporter.stdin is not None
+        exporter.stdin.close()
+        exporter.wait(timeout=30)

@@ -5,6 +5,8 @@ The spec bind-mounts (all read-only except the usage region):
   every process even when the tenant unsets LD_PRELOAD;
 - the shim library itself;
 - the slice's limits file at the fixed path the shim reads (never environment variables);
+- the slice's utilization file next to it (the agent's measurement, from host PIDs, which the shim's
+  throttle steers on; read-only, so a tenant cannot fake it);
 - the slice's usage-region directory, shared by all processes of the slice.
 The NVIDIA device of the card is not described here: the agent returns its CDI id
 (`nvidia.com/gpu=<uuid>`, from the NVIDIA container toolkit's spec) next to ours.
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpuslice import constants
+from gpuslice.shim.region import utilization_file_for
 
 CDI_VERSION: Final = "0.6.0"
 CDI_KIND: Final = f"{constants.CDI_VENDOR}/{constants.CDI_CLASS}"
@@ -57,6 +60,10 @@ def build_spec(
                         _ro(preload_file, constants.CONTAINER_LD_SO_PRELOAD),
                         _ro(shim_library, constants.CONTAINER_SHIM_PATH),
                         _ro(limits_file, constants.CONTAINER_CONFIG_PATH),
+                        _ro(
+                            utilization_file_for(limits_file),
+                            str(utilization_file_for(constants.CONTAINER_CONFIG_PATH)),
+                        ),
                         {
                             "hostPath": str(usage_dir),
                             "containerPath": constants.CONTAINER_USAGE_DIR,

@@ -24,6 +24,7 @@ from gpuslice.agent.limits import write_limits
 from gpuslice.api.resourceclaim import allocation_results
 from gpuslice.api.resourceslice import find_device, parse_resource_slices
 from gpuslice.files import atomic_write
+from gpuslice.shim.region import create_utilization_file, utilization_file_for
 
 log = logs.get(__name__)
 
@@ -182,6 +183,8 @@ class Preparer:
             compute_share=device.compute_share,
             gpu_uuid=device.gpu_uuid,
         )
+        # must exist before a container bind-mounts it; the usage reporter updates it in place
+        create_utilization_file(utilization_file_for(limits))
         usage = self.paths.usage_dir(record.uid)
         # an existing usage region is kept: containers of the claim may already be using it
         usage.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -28,7 +29,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpuslice import constants, logs, metrics
 from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
 from gpuslice.agent.prepare import NodePaths
-from gpuslice.shim.region import RegionFormatError, UsageSnapshot, read_usage
+from gpuslice.shim.region import (
+    REGION_FILE,
+    RegionFormatError,
+    UsageSnapshot,
+    create_utilization_file,
+    read_usage,
+    utilization_file_for,
+    write_utilization,
+)
 
 log = logs.get(__name__)
 _OVER = metrics.ViolationKind.MEMORY_OVER_SLICE.value
@@ -175,6 +184,79 @@ def _query_processes(pynvml: Any, gpu_uuids: Sequence[str]) -> list[GpuProcess]:
                 continue
             out.append(GpuProcess(uuid, int(p.pid), int(used)))
     return out
+
+
+def slice_host_pids(region_file: Path, pids: Iterable[int], proc: Path = Path("/proc")) -> set[int]:
+    """Those of `pids` (host PIDs, as NVML lists them) that have the slice's usage region mapped.
+
+    Every process of a slice maps its region (the shim does on its first CUDA call), whatever PID
+    namespace it lives in; /proc/<pid>/maps names the mapped file by device and inode, which a bind
+    mount keeps. The PIDs the region itself records are the processes' own and mean nothing here.
+    """
+    st = os.stat(region_file)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    found: set[int] = set()
+    for pid in pids:
+        try:
+            with open(proc / str(pid) / "maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) >= 5 and fields[4] == str(st.st_ino) and fields[3] == want:
+                        found.add(pid)
+                        break
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def slice_utilization(samples: Iterable[tuple[int, float]], pids: set[int]) -> float:
+    """Percent of the GPU the slice's processes used: each process's mean SM utilization, summed."""
+    per_pid: dict[int, list[float]] = {}
+    for pid, util in samples:
+        if pid in pids:
+            per_pid.setdefault(pid, []).append(util)
+    return min(100.0, sum(sum(v) / len(v) for v in per_pid.values()))
+
+
+@dataclass
+class UtilizationMeter:
+    """Measures one GPU's per-process utilization through NVML (host PIDs), sample by sample."""
+
+    gpu_uuid: str
+    last_seen_us: int = 0
+
+    def samples(self) -> list[tuple[int, float]] | None:
+        """New (pid, smUtil) samples since the last call; None when NVML has nothing new."""
+        import pynvml
+
+        handle = pynvml.nvmlDeviceGetHandleByUUID(self.gpu_uuid)
+        if self.last_seen_us == 0:  # the first call would return the whole history
+            self.last_seen_us = int(time.time() * 1e6) - 500_000
+        try:
+            raw = pynvml.nvmlDeviceGetProcessUtilization(handle, self.last_seen_us)
+        except pynvml.NVMLError_NotFound:
+            return None
+        if not raw:
+            return None
+        self.last_seen_us = max(self.last_seen_us, *(int(r.timeStamp) for r in raw))
+        return [(int(r.pid), float(r.smUtil)) for r in raw]
+
+
+def write_slice_utilization(
+    meter: UtilizationMeter, region_file: Path, utilization_file: Path
+) -> float | None:
+    """One measurement of a slice's utilization written for its shims; None when there was no news.
+
+    The figure reaches the shim's throttle through a file mounted read-only into the containers
+    (tenants can read it, never write it), because only the agent sees host PIDs.
+    """
+    samples = meter.samples()
+    if samples is None:
+        return None
+    pids = slice_host_pids(region_file, {pid for pid, _ in samples})
+    percent = slice_utilization(samples, pids)
+    write_utilization(utilization_file, percent)
+    return percent
 
 
 @dataclass
@@ -336,7 +418,51 @@ class UsageReporter:
         except ApiException as exc:
             log.warning("could not record event", slice=key, status=exc.status)
 
+    async def _utilization_loop(self, interval: float = 0.5) -> None:
+        """Every half second: each prepared slice's measured utilization into its utilization file.
+
+        Faster than status reporting because the shims' throttles steer on it (they ignore a figure
+        older than 3 s).
+        """
+        meters: dict[str, UtilizationMeter] = {}
+        while True:
+            try:
+                await asyncio.to_thread(self._write_utilizations, meters)
+            except Exception:
+                log.exception("utilization measurement failed; retrying")
+            await asyncio.sleep(interval)
+
+    def _write_utilizations(self, meters: dict[str, UtilizationMeter]) -> None:
+        import pynvml
+
+        checkpoint = CheckpointStore(self.paths.state_dir / "checkpoint.json").load()
+        records = [r for r in checkpoint.claims.values() if r.state == "Prepared" and r.devices]
+        if not records:
+            return
+        pynvml.nvmlInit()  # reference-counted
+        try:
+            for record in records:
+                region = self.paths.usage_dir(record.uid) / REGION_FILE
+                if not region.exists():
+                    continue  # no process of the slice has touched CUDA yet
+                meter = meters.setdefault(record.uid, UtilizationMeter(record.devices[0].gpu_uuid))
+                target = create_utilization_file(
+                    utilization_file_for(self.paths.claim_dir(record.uid) / "slice.conf")
+                )
+                write_slice_utilization(meter, region, target)
+        finally:
+            pynvml.nvmlShutdown()
+        for uid in set(meters) - {r.uid for r in records}:
+            del meters[uid]
+
     async def run(self) -> None:
+        utilization = asyncio.create_task(self._utilization_loop())
+        try:
+            await self._report_loop()
+        finally:
+            utilization.cancel()
+
+    async def _report_loop(self) -> None:
         while True:
             try:
                 await self.tick()

@@ -146,31 +146,60 @@ def read_usage(usage_dir: Path | str) -> UsageSnapshot:
     )
 
 
-def write_utilization(usage_dir: Path | str, percent: float, now: float | None = None) -> bool:
+#: The agent's utilization figure lives next to the limits file (the shim derives the path the same
+#: way: the directory of its config path + this name). In a container both are mounted read-only, so
+#: a tenant can read it and never write it (the usage region, which tenants write, is not trusted).
+UTILIZATION_FILE = "utilization"
+UTILIZATION_MAGIC = b"GSUTIL01"
+UTILIZATION_SIZE = 16  # magic, then one u64: (unix_ms << 16) | basis points; 0 = none yet
+
+
+def utilization_file_for(limits_file: Path | str) -> Path:
+    return Path(limits_file).parent / UTILIZATION_FILE
+
+
+def create_utilization_file(path: Path | str) -> Path:
+    """Create (or keep) the slice's utilization file; it must exist before a container mounts it.
+
+    Kept, never replaced: a bind mount pins the inode, so every later update is written in place.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        if os.fstat(fd).st_size < UTILIZATION_SIZE or os.pread(fd, 8, 0) != UTILIZATION_MAGIC:
+            os.pwrite(fd, UTILIZATION_MAGIC + bytes(8), 0)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def write_utilization(path: Path | str, percent: float, now: float | None = None) -> bool:
     """Tell the slice's shims its measured utilization (percent of the GPU, 0..100).
 
-    The shim's throttle prefers this figure over its own NVML reading while it is at most 3 s old
-    (write it about once a second). Encoded in one 64-bit word: (unix_ms << 16) | basis points, so a
-    reader never sees half an update. Returns False when the slice has no region yet (nothing runs).
+    `path` is the slice's utilization file (`create_utilization_file`). The shim's throttle uses this
+    figure while it is at most 3 s old (write it several times a second). One aligned 8-byte store
+    of (unix_ms << 16) | basis points, so a reader never sees half an update. Returns False when the
+    file does not exist or is not a utilization file.
     """
     if not 0 <= percent <= 100:
         raise ValueError(f"utilization must be within 0..100 percent, got {percent}")
-    path = Path(usage_dir) / REGION_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
-        if os.fstat(fd).st_size < HEADER_SIZE:
+        if os.fstat(fd).st_size < UTILIZATION_SIZE:
             return False
         word = (int((time.time() if now is None else now) * 1000) << 16) | round(percent * 100)
-        mem = mmap.mmap(fd, HEADER_SIZE)
+        mem = mmap.mmap(fd, UTILIZATION_SIZE)
         try:
-            if mem[:8] != MAGIC:
+            if mem[:8] != UTILIZATION_MAGIC:
                 return False
-            # One aligned 8-byte store: a "Q" view writes the word in a single access.
+            # A "Q" view writes the word in a single access.
             with memoryview(mem) as raw, raw.cast("Q") as words:
-                words[OFFSET_AGENT_UTILIZATION // 8] = word
+                words[1] = word
         finally:
             mem.close()
     finally:

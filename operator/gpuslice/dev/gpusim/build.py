@@ -22,6 +22,7 @@ class ShimPaths:
     fake_dir: Path
     tests_dir: Path
     bench: Path
+    driverd: Path  # the double's host-side part: gpuslice-fake-driverd --config <fake-gpus.conf>
 
 
 class ShimBuildError(RuntimeError):
@@ -37,6 +38,7 @@ def paths(build_dir: Path = BUILD_DIR) -> ShimPaths:
         fake_dir=fake,
         tests_dir=build_dir / "tests",
         bench=build_dir / "shim_bench",
+        driverd=fake / "gpuslice-fake-driverd",
     )
 
 
@@ -70,7 +72,7 @@ def ensure_built(target: str = "all") -> ShimPaths:
             f"building the shim failed (make exit {result.returncode}); full log: {log_path}\n{tail}"
         )
     built = paths()
-    missing = [p for p in (built.shim, built.fake_cuda, built.fake_nvml) if not p.is_file()]
+    missing = [p for p in (built.shim, built.fake_cuda, built.fake_nvml, built.driverd) if not p.is_file()]
     if missing:
         raise ShimBuildError(
             f"make succeeded but did not produce {', '.join(map(str, missing))}; see {log_path}"

@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import os
 import re
+import subprocess
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -186,3 +187,33 @@ def write_node_config(spec: str, node: str, state_dir: Path) -> Path:
     """
     gpus = parse_gpu_spec(spec, seed=node)
     return write_fake_config(gpus, state_dir / "fake-gpus.conf")
+
+
+def driver_socket(config_path: Path | str) -> Path:
+    """Where gpuslice-fake-driverd serves the double described by `config_path`."""
+    return Path(f"{config_path}.state") / "driver.sock"
+
+
+def start_fake_driverd(config_path: Path | str, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+    """Start the double's host-side part (the kernel module's role) and wait until it serves.
+
+    While it runs, processes loading the double learn their host PID from it (NVML reports host PIDs
+    whatever PID namespace they live in) and their memory is freed when they end, however they end.
+    The caller terminates the returned process.
+    """
+    from gpuslice.dev.gpusim.build import ensure_built
+
+    built = ensure_built()
+    proc = subprocess.Popen(
+        [str(built.driverd), "--config", str(config_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode(errors="replace")  # "serving <socket>" once it accepts
+    if "serving" not in line:
+        proc.kill()
+        proc.wait(timeout=timeout)
+        raise RuntimeError(f"gpuslice-fake-driverd did not start: {line.strip() or 'no output'}")
+    return proc
