@@ -47,6 +47,7 @@ class Component:
     version: str
     packages: tuple[str, ...]  # main packages to build, binary name = last path element
     ldflags: str = "-s -w"
+    tags: str = ""  # Go build tags (e.g. "seccomp" for runc)
 
     @property
     def key(self) -> str:
@@ -56,7 +57,7 @@ class Component:
         return [p.rsplit("/", 1)[-1] if not p.endswith("/v3") else "etcd" for p in self.packages]
 
 
-def _k8s_ldflags(version: str) -> str:
+def k8s_ldflags(version: str) -> str:
     major, minor = version.lstrip("v").split(".")[:2]
     pkg = "k8s.io/component-base/version"
     return (
@@ -77,7 +78,7 @@ COMPONENTS: tuple[Component, ...] = (
             "k8s.io/kubernetes/cmd/kube-scheduler",
             "k8s.io/kubernetes/cmd/kubectl",
         ),
-        ldflags=_k8s_ldflags(KUBERNETES_VERSION),
+        ldflags=k8s_ldflags(KUBERNETES_VERSION),
     ),
     Component("kwok", "sigs.k8s.io/kwok", KWOK_VERSION, ("sigs.k8s.io/kwok/cmd/kwok",)),
 )
@@ -139,7 +140,7 @@ def staging_replaces(kubernetes_gomod: str, version: str) -> list[str]:
 Progress = Callable[[str], None]
 
 
-def _default_progress(msg: str) -> None:
+def default_progress(msg: str) -> None:
     print(f"[devcluster build] {msg}", file=sys.stderr, flush=True)
 
 
@@ -163,7 +164,7 @@ def _run_logged(cmd: list[str], cwd: Path, log: Path, what: str, module: str) ->
 
 
 @contextmanager
-def _build_lock() -> Iterator[None]:
+def build_lock() -> Iterator[None]:
     # Several test sessions may start at once on one machine: only one builds, the others wait.
     lock_path = cache_root() / "build.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +187,7 @@ def _module_info(module: str, version: str, cwd: Path, log: Path) -> dict[str, s
     return info
 
 
-def _build_component(comp: Component, progress: Progress) -> None:
+def build_component(comp: Component, progress: Progress) -> None:
     work = cache_root() / "build" / comp.key
     work.mkdir(parents=True, exist_ok=True)
     log = cache_root() / "build" / f"{comp.key}.log"
@@ -212,7 +213,8 @@ def _build_component(comp: Component, progress: Progress) -> None:
     for i, (pkg, name) in enumerate(zip(comp.packages, comp.binary_names(), strict=True), start=1):
         started = time.monotonic()
         progress(f"compiling {name} ({i}/{len(comp.packages)}) from {comp.module} {comp.version} ...")
-        cmd = ["go", "build", "-ldflags", comp.ldflags, "-o", str(staging / name), pkg]
+        tags = ["-tags", comp.tags] if comp.tags else []
+        cmd = ["go", "build", *tags, "-ldflags", comp.ldflags, "-o", str(staging / name), pkg]
         _run_logged(cmd, work, log, name, comp.module)
         progress(f"compiled {name} in {time.monotonic() - started:.0f}s")
     if comp.name == "kwok":
@@ -225,13 +227,13 @@ def _build_component(comp: Component, progress: Progress) -> None:
 
 def ensure_binaries(progress: Progress | None = None) -> Binaries:
     """Return the cached binaries, building whichever component is missing."""
-    report = progress or _default_progress
+    report = progress or default_progress
     found = cached()
     if found:
         return found
     if shutil.which("go") is None:
         raise BuildError("the `go` command is not on PATH; install Go >= 1.26 to build the control plane")
-    with _build_lock():
+    with build_lock():
         started = time.monotonic()
         paths = _paths()
         for comp in COMPONENTS:
@@ -240,7 +242,7 @@ def ensure_binaries(progress: Progress | None = None) -> Binaries:
                 comp.name != "kwok" or paths.kwok_stages.exists()
             ):
                 continue
-            _build_component(comp, report)
+            build_component(comp, report)
         report(
             f"control plane binaries ready in {time.monotonic() - started:.0f}s under {cache_root() / 'bin'}"
         )

@@ -32,6 +32,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--nodes", type=int, default=1, help="number of kwok fake nodes that stay Ready (default 1)"
     )
     up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        metavar="M",
+        help="also start M real nodes (kubelet + containerd + runc on this machine; needs root)",
+    )
+    up.add_argument(
         "--simulate-gpus",
         default=None,
         metavar="SPEC",
@@ -53,6 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.real_nodes < 0:
+        print("error: --real-nodes must be 0 or more", file=sys.stderr)
+        return 1
     if args.simulate_gpus:
         from gpuslice.dev.gpusim.simulate import GpuSpecError, parse_gpu_spec
 
@@ -64,6 +74,10 @@ def _up(args: argparse.Namespace) -> int:
     cluster = DevCluster(args.dir, progress=_progress)
     try:
         cluster.up(nodes=args.nodes)
+        if args.real_nodes:
+            from gpuslice.dev.devcluster.realnode import start_real_nodes
+
+            start_real_nodes(cluster, args.real_nodes)
         if args.simulate_gpus:
             from gpuslice.dev.devcluster.node_agents import start_agents
 

@@ -80,6 +80,8 @@ class State:
     ports: dict[str, int] = field(default_factory=dict)
     processes: dict[str, ProcessRecord] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
+    #: nodes run by a real kubelet + containerd on this machine (see gpuslice.dev.devcluster.realnode)
+    real_nodes: list[str] = field(default_factory=list)
 
     @property
     def kubeconfig(self) -> Path:
@@ -173,7 +175,7 @@ class DevCluster:
     def wipe(self) -> None:
         """Stop everything and delete the cluster's data (etcd, agents' and containers' files)."""
         self.down()
-        for sub in ("etcd", "agents", "containers"):
+        for sub in ("etcd", "agents", "containers", "nodes"):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
 
     def down(self) -> list[str]:
@@ -182,6 +184,11 @@ class DevCluster:
         if st is None:
             return []
         stopped: list[str] = []
+        if st.real_nodes:
+            # kubelet, pods, containerd, mounts and network of real nodes go in their own order.
+            from gpuslice.dev.devcluster import realnode
+
+            stopped += realnode.stop_all(self, st)
         # Agents and extras first, then the core in reverse start order.
         order = [n for n in st.processes if n not in CORE_COMPONENTS]
         order += [n for n in reversed(CORE_COMPONENTS) if n in st.processes]
@@ -205,10 +212,10 @@ class DevCluster:
         st.save()
         return stopped
 
-    def start_process(self, name: str, argv: list[str]) -> ProcessRecord:
+    def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ProcessRecord:
         """Start an extra process (e.g. the operator) logged and recorded like a component, so
         `status` shows it and `down` stops it."""
-        return self._spawn(self._require_state(), name, argv)
+        return self._spawn(self._require_state(), name, argv, env)
 
     def register_process(
         self, name: str, proc: subprocess.Popen[bytes], log: Path, argv: Sequence[str]
@@ -290,15 +297,16 @@ class DevCluster:
             raise DevClusterError(f"no devcluster in {self.dir}; run `gpuslice devcluster up` first")
         return st
 
-    def _spawn(self, st: State, name: str, argv: list[str]) -> ProcessRecord:
-        log = self.dir / "logs" / f"{name}.log"
+    def _spawn(self, st: State, name: str, argv: list[str], env: dict[str, str] | None = None) -> ProcessRecord:
+        log = self.dir / "logs" / f"{name.replace('/', '-')}.log"
         with log.open("ab") as fh:
             fh.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
             fh.flush()
             # A new session: the control plane outlives `gpuslice devcluster up` and a Ctrl-C in it.
             proc = subprocess.Popen(
-                argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+                argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env=env,
+            )  # fmt: skip
         rec = ProcessRecord(proc.pid, procfs.start_time(proc.pid) or 0, str(log), argv)
         st.processes[name] = rec
         st.save()
@@ -365,6 +373,9 @@ class DevCluster:
         sa = pki.service_account_keys(pkidir)
         admin = ca.issue("admin", "devcluster-admin", ["system:masters"])
         ctx = _client_ssl(ca.cert_path, admin)
+        # kube-apiserver -> kubelet (logs, exec, port-forward): as real clusters do, a client
+        # certificate the kubelets authorize by webhook, and their serving certs checked against the CA.
+        kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ["system:masters"])
 
         def argv() -> list[str]:
             st.ports["kube-apiserver"] = free_port()
@@ -383,7 +394,13 @@ class DevCluster:
                 f"--service-account-signing-key-file={sa.key}",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 "--api-audiences=https://kubernetes.default.svc",
-                "--authorization-mode=RBAC",
+                # Node + NodeRestriction: a real kubelet may touch only its own Node and its pods' objects.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                f"--kubelet-certificate-authority={ca.cert_path}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 # Privileged pods must reach admission so gpuslice's policies (not this flag) reject them.
                 "--allow-privileged=true",

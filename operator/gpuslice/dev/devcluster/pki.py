@@ -104,7 +104,7 @@ class LocalCA:
     ) -> CertPair:
         """Issue (or reuse) a certificate `<stem>.crt`/`<stem>.key` in the PKI dir."""
         pair = CertPair(self.dir / f"{stem}.crt", self.dir / f"{stem}.key")
-        if pair.cert.exists() and pair.key.exists():
+        if pair.cert.exists() and pair.key.exists() and _hosts_of(pair.cert) == set(hosts):
             return pair
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
@@ -132,6 +132,16 @@ class LocalCA:
         _write_key(key, pair.key)
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return pair
+
+
+def _hosts_of(cert_path: Path) -> set[str]:
+    """The SANs of an issued certificate, as `issue` takes them (a changed node IP means a new cert)."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(v) for v in sans.get_values_for_type(x509.IPAddress)} | set(sans.get_values_for_type(x509.DNSName))
 
 
 def service_account_keys(pki_dir: Path) -> CertPair:
