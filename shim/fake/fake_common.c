@@ -325,8 +325,12 @@ static void load_once(void)
 {
     const char *path = getenv(FAKE_ENV);
     if (path == NULL || *path == '\0') {
-        fprintf(stderr, "fake NVIDIA driver: %s is not set; no GPUs\n", FAKE_ENV);
-        return;
+        if (access(FAKE_DEFAULT_CONFIG, R_OK) != 0) {
+            fprintf(stderr, "fake NVIDIA driver: %s is not set and %s is absent; no GPUs\n", FAKE_ENV,
+                    FAKE_DEFAULT_CONFIG);
+            return;
+        }
+        path = FAKE_DEFAULT_CONFIG;
     }
     load_config(path);
 }

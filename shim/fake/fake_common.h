@@ -21,6 +21,9 @@
 #include <stdint.h>
 
 #define FAKE_ENV "GPUSLICE_FAKE_GPU_CONFIG"
+/* Where the double finds its GPUs without the variable, as the real driver needs none: the
+ * simulated NVIDIA CDI spec mounts the node's description (and the daemon's socket) here. */
+#define FAKE_DEFAULT_CONFIG "/run/nvidia-fake/fake-gpus.conf"
 #define FAKE_MAX_GPUS 16
 #define FAKE_MAX_PROCS 256
 #define FAKE_RING 8192

@@ -47,6 +47,8 @@ def spawn_agent(
     log_path: Path,
     *,
     metrics_port: int = 0,
+    dirs: dict[str, Path] | None = None,
+    fake_config: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `gpuslice agent` for one (kwok) node, simulating its GPUs with the driver test double.
 
@@ -54,19 +56,21 @@ def spawn_agent(
     kubeconfig: credentials the agent uses. state_root: parent of every agent's files; this one's live
     in `<state_root>/<node>/` (see agent_dirs): checkpoint, CDI specs, kubelet sockets. log_path: the
     agent's stdout+stderr (JSON lines). Stop it with `proc.terminate()` (SIGTERM: it withdraws its
-    ResourceSlices and exits) and `proc.wait()`.
+    ResourceSlices and exits) and `proc.wait()`. On a real node, `dirs` names the kubelet's plugin
+    dirs and containerd's CDI dir, and `fake_config` the node's GPU description (see realnode).
     """
     # Build the shim and the driver test double once here, not racing in every child.
     from gpuslice.dev.gpusim import simulate
     from gpuslice.dev.gpusim.build import ensure_built
 
     built = ensure_built()
-    dirs = agent_dirs(state_root, node)
+    dirs = dirs or agent_dirs(state_root, node)
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     # The agent is the product's, unchanged: it finds the driver test double on its library path
     # as it would find the real libnvidia-ml.so.1.
-    fake_config = simulate.write_node_config(simulate_spec, node, dirs["state"] / "simulated")
+    if fake_config is None:
+        fake_config = simulate.write_node_config(simulate_spec, node, dirs["state"] / "simulated")
     env = {**os.environ, **simulate.fake_driver_env(fake_config, built.fake_dir)}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [

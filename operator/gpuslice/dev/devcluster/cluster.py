@@ -82,6 +82,7 @@ class State:
     nodes: list[str] = field(default_factory=list)
     #: nodes run by a real kubelet + containerd on this machine (see gpuslice.dev.devcluster.realnode)
     real_nodes: list[str] = field(default_factory=list)
+    node_slots: dict[str, int] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:

@@ -63,7 +63,8 @@ class NodeDirs:
     is kubelet's root dir and containerd's state (short path: unix sockets live there)."""
 
     name: str
-    index: int
+    #: machine-wide number of the node's bridge and subnet (two devclusters may run side by side)
+    slot: int
     base: Path
     root: Path
 
@@ -122,11 +123,11 @@ class NodeDirs:
 
     @property
     def bridge(self) -> str:
-        return f"gs-br{self.index}"
+        return f"gs-br{self.slot}"
 
     @property
     def subnet(self) -> str:
-        return _SUBNET.format(i=self.index)
+        return _SUBNET.format(i=self.slot)
 
     @property
     def node_ip(self) -> str:
@@ -140,14 +141,27 @@ class NodeDirs:
         return f"/gpuslice-{digest}-{self.name}"
 
 
-def node_dirs(cluster_dir: Path, name: str) -> NodeDirs:
+def node_dirs(cluster_dir: Path, name: str, slot: int = 0) -> NodeDirs:
     base = cluster_dir / "nodes" / name
     root = base / "run"
     if len(str(root / "kubelet")) > _MAX_ROOT:
         # A deep cluster dir (a pytest tmp dir): the socket-holding dirs move to a short stable path.
         digest = hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:12]
         root = Path("/run/gpuslice-dev") / digest
-    return NodeDirs(name=name, index=int(name.rsplit("-", 1)[1]), base=base, root=root)
+    return NodeDirs(name=name, slot=slot, base=base, root=root)
+
+
+def _free_slot(taken: set[int]) -> int:
+    for slot in range(250):
+        if slot not in taken and not Path(f"/sys/class/net/gs-br{slot}").exists():
+            return slot
+    raise DevClusterError("no free bridge slot (gs-br0..249 all exist); stop other devclusters' real nodes")
+
+
+def dirs_of(cluster: DevCluster, name: str) -> NodeDirs:
+    """The dirs of a node this cluster started (its slot is in the cluster's state)."""
+    st = cluster.state()
+    return node_dirs(cluster.dir, name, (st.node_slots.get(name, 0) if st else 0))
 
 
 def process_names(node: str) -> dict[str, str]:
@@ -384,7 +398,11 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
             say(f"{name} is partly running; restarting it")
             stop_node(cluster, name, bins)
         started_at = time.monotonic()
-        d = node_dirs(cluster.dir, name)
+        st = cluster.state() or st
+        if name not in st.node_slots:
+            st.node_slots[name] = _free_slot(set(st.node_slots.values()))
+            st.save()
+        d = node_dirs(cluster.dir, name, st.node_slots[name])
         _start_containerd(cluster, d, bins, images)
         st = cluster.state() or st
         _start_kubelet(cluster, st, d, bins)
@@ -453,7 +471,7 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
     from gpuslice.dev.devcluster.cluster import _stop
 
     bins = bins or ensure_node_binaries(cluster.progress)
-    d = node_dirs(cluster.dir, name)
+    d = dirs_of(cluster, name)
     st = cluster.state()
     stopped: list[str] = []
     names = process_names(name)
@@ -483,6 +501,7 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
             st.processes.pop(n, None)
         st.ports.pop(f"kubelet/{name}", None)
         st.real_nodes = [n for n in st.real_nodes if n != name]
+        st.node_slots.pop(name, None)
         st.save()
     return stopped
 
@@ -493,19 +512,20 @@ def stop_all(cluster: DevCluster, st: State) -> list[str]:
 
     stopped: list[str] = []
     for name in list(st.real_nodes):
-        for proc_name, rec in list(st.processes.items()):
-            if proc_name.endswith(f"/{name}") and proc_name.split("/")[0] not in ("kubelet", "containerd"):
-                if _stop(rec):
-                    stopped.append(proc_name)
+        extras = [n for n in st.processes if n.endswith(f"/{name}") and n.split("/")[0] not in ("kubelet", "containerd")]
+        # the agent before the driver daemon it reads GPUs through
+        for proc_name in sorted(extras, key=lambda n: not n.startswith("agent/")):
+            if _stop(st.processes[proc_name]):
+                stopped.append(proc_name)
         stopped += stop_node(cluster, name)
     return stopped
 
 
-def leftovers(cluster_dir: Path, names: list[str]) -> dict[str, list[str]]:
-    """What a stopped node would have left behind (for `down`'s tests): mounts, bridges, processes."""
+def leftovers(cluster_dir: Path, nodes: dict[str, int]) -> dict[str, list[str]]:
+    """What stopped nodes ({name: slot}) left behind (for `down`'s tests): mounts, bridges, processes."""
     out: dict[str, list[str]] = {"mounts": [], "links": [], "processes": []}
-    for name in names:
-        d = node_dirs(cluster_dir, name)
+    for name, slot in nodes.items():
+        d = node_dirs(cluster_dir, name, slot)
         out["mounts"] += mounts_under(d.base, d.root)
         if Path(f"/sys/class/net/{d.bridge}").exists():
             out["links"].append(d.bridge)
