@@ -93,7 +93,9 @@ def pause(archives: dict[str, ImageArchive]) -> Archive:
 
 
 @pytest.mark.parametrize("ref", [PAUSE_IMAGE, PROBE_IMAGE])
-def test_archives_are_docker_archives_tagged_with_their_ref(archives: dict[str, ImageArchive], ref: str) -> None:
+def test_archives_are_docker_archives_tagged_with_their_ref(
+    archives: dict[str, ImageArchive], ref: str
+) -> None:
     archive = archives[ref]
     assert archive.path.is_file()
     assert archive.path.parent == images.images_dir() / archive.key
@@ -118,12 +120,16 @@ def test_probe_image_holds_the_probe_busybox_and_the_glibc_runtime(probe: Archiv
     m = probe.members
     assert m["usr/local/bin/gpuslice-probe"].isfile() and m["usr/local/bin/gpuslice-probe"].mode == 0o755
     assert m["bin/busybox"].isfile()
-    for applet in ("sh", "cat", "awk", "ls", "ps", "echo", "sleep", "id", "touch", "rm", "mount", "grep", "env"):
+    applets = ("sh", "cat", "awk", "ls", "ps", "echo", "sleep", "id", "touch", "rm", "mount", "grep", "env")
+    for applet in applets:
         assert m[f"bin/{applet}"].issym() and m[f"bin/{applet}"].linkname == "busybox", applet
     # the dynamic loader at the path the probe names (PT_INTERP), and the libraries it needs
     loader = m["lib64/ld-linux-x86-64.so.2"]
     assert loader.issym()
-    assert os.path.normpath(os.path.join("lib64", loader.linkname)) == "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    assert (
+        os.path.normpath(os.path.join("lib64", loader.linkname))
+        == "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    )
     for lib in ("ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6"):
         assert m[f"lib/x86_64-linux-gnu/{lib}"].isfile(), lib
     assert m[LIB_DIR].isdir()  # where the CDI spec mounts the driver's libraries
@@ -133,7 +139,9 @@ def test_probe_image_holds_the_probe_busybox_and_the_glibc_runtime(probe: Archiv
 
 def test_probe_image_leaves_the_driver_the_shim_and_the_preload_to_cdi(probe: Archive) -> None:
     names = {os.path.basename(n) for n in probe.members}
-    assert not {"libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so", "libgpuslice.so"} & names
+    assert (
+        not {"libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so", "libgpuslice.so"} & names
+    )
     assert "etc/ld.so.preload" not in probe.members
     assert "etc/ld.so.cache" not in probe.members  # glibc falls back to its system search path
 
@@ -190,7 +198,9 @@ def test_a_cold_build_is_reproducible_and_keyed_by_content(
         shared = archives[a.ref]
         assert a.key == shared.key
         assert a.path.read_bytes() == shared.path.read_bytes(), f"{a.ref} differs between two builds"
-    assert not [p for p in (tmp_path / "cache" / "gpuslice" / "images").iterdir() if p.name.startswith(".build-")]
+    assert not [
+        p for p in (tmp_path / "cache" / "gpuslice" / "images").iterdir() if p.name.startswith(".build-")
+    ]
 
     # any byte of any input changes the key; the same inputs keep it
     probe_spec = specs[1]
@@ -206,7 +216,10 @@ def test_a_cold_build_is_reproducible_and_keyed_by_content(
         labels=probe_spec.labels,
     )
     assert changed.key() != probe_spec.key()
-    assert images.ImageSpec(ref=probe_spec.ref, name="probe", entries=probe_spec.entries).key() != probe_spec.key()
+    assert (
+        images.ImageSpec(ref=probe_spec.ref, name="probe", entries=probe_spec.entries).key()
+        != probe_spec.key()
+    )
 
 
 def test_runtime_libraries_leave_out_the_driver(built: ShimPaths) -> None:
@@ -222,7 +235,9 @@ def test_runtime_libraries_leave_out_the_driver(built: ShimPaths) -> None:
 def _fake_gpu_dir(tmp_path: Path) -> Path:
     """A fake V100 description in its own directory (the double keeps its state beside it)."""
     gpu_dir = tmp_path / "gpu"
-    write_fake_config(parse_gpu_spec("1x Tesla V100-PCIE-32GB", seed="images-test"), gpu_dir / "fake-gpus.conf")
+    write_fake_config(
+        parse_gpu_spec("1x Tesla V100-PCIE-32GB", seed="images-test"), gpu_dir / "fake-gpus.conf"
+    )
     return gpu_dir
 
 
@@ -245,7 +260,9 @@ def containerd(node: NodeBinaries, tmp_path: Path) -> Iterator[Path]:
     )
     env = {**os.environ, "PATH": os.pathsep.join([*map(str, node.bin_dirs), os.environ.get("PATH", "")])}
     with (base / "containerd.log").open("w") as log:
-        proc = subprocess.Popen([str(node.containerd), "--config", str(config)], stdout=log, stderr=log, env=env)
+        proc = subprocess.Popen(
+            [str(node.containerd), "--config", str(config)], stdout=log, stderr=log, env=env
+        )
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():
@@ -260,7 +277,9 @@ def containerd(node: NodeBinaries, tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
 
-def _ctr(node: NodeBinaries, sock: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _ctr(
+    node: NodeBinaries, sock: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(node.ctr), "--address", str(sock), "--namespace", "k8s.io", *args],
         capture_output=True, text=True, timeout=timeout, check=False,
@@ -304,7 +323,12 @@ def _extract_rootfs(archive: Path, rootfs: Path) -> None:
 
 
 def _bind(src: Path | str, dst: str, ro: bool = True) -> dict[str, object]:
-    return {"type": "bind", "source": str(src), "destination": dst, "options": ["rbind", "ro" if ro else "rw"]}
+    return {
+        "type": "bind",
+        "source": str(src),
+        "destination": dst,
+        "options": ["rbind", "ro" if ro else "rw"],
+    }
 
 
 def test_the_probe_rootfs_runs_in_runc_with_the_shim_preloaded_as_cdi_would(
@@ -345,7 +369,9 @@ def test_the_probe_rootfs_runs_in_runc_with_the_shim_preloaded_as_cdi_would(
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
         )  # fmt: skip
     finally:
-        subprocess.run([str(node.runc), "--root", str(state), "delete", "--force", cid], capture_output=True, check=False)
+        subprocess.run(
+            [str(node.runc), "--root", str(state), "delete", "--force", cid], capture_output=True, check=False
+        )
         driverd.terminate()
         driverd.wait(timeout=30)
     assert result.returncode == 0, result.stderr

@@ -97,7 +97,9 @@ def test_an_unexpected_driver_error_exits_1(make_slice, gp: Path) -> None:
 def test_an_nvml_failure_is_named_and_exits_1(make_slice, gp: Path, tmp_path: Path) -> None:
     s = make_slice(memory_bytes=None)
     env = {**env_of(s, shim=False), "GPUSLICE_FAKE_GPU_CONFIG": str(tmp_path / "missing.conf")}
-    result = subprocess.run([str(gp), "smi"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(gp), "smi"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 1
     assert "gpuslice-probe: nvmlInit_v2 failed:" in result.stderr
 
@@ -125,13 +127,19 @@ def test_help_goes_to_stdout(make_slice, gp: Path) -> None:
 def test_hold_keeps_its_memory_until_sigterm_then_frees_and_exits_0(make_slice, gp: Path) -> None:
     s = make_slice(memory_bytes=LIMIT)
     holder = subprocess.Popen(
-        [str(gp), "hold", "6Gi", "0"], env=env_of(s), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [str(gp), "hold", "6Gi", "0"],
+        env=env_of(s),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == f"held {6 * GIB} -> 0 CUDA_SUCCESS"
         # the slice is shared by every process in it
-        assert _lines(run(s, [gp, "alloc", "4Gi"]).stdout) == [f"cuMemAlloc({4 * GIB}) -> 2 CUDA_ERROR_OUT_OF_MEMORY"]
+        assert _lines(run(s, [gp, "alloc", "4Gi"]).stdout) == [
+            f"cuMemAlloc({4 * GIB}) -> 2 CUDA_ERROR_OUT_OF_MEMORY"
+        ]
         holder.send_signal(signal.SIGTERM)
         assert holder.wait(timeout=30) == 0
     finally:
