@@ -93,7 +93,9 @@ class ImageSpec:
 
     def key(self) -> str:
         h = hashlib.sha256()
-        h.update(f"gpuslice-image\0{BUILDER_VERSION}\0crane {CRANE_VERSION}\0{self.ref}\0{self.name}\0".encode())
+        h.update(
+            f"gpuslice-image\0{BUILDER_VERSION}\0crane {CRANE_VERSION}\0{self.ref}\0{self.name}\0".encode()
+        )
         config = [list(self.entrypoint), list(self.cmd), self.user, list(self.env), self.workdir, self.labels]
         h.update(json.dumps(config, sort_keys=True).encode() + b"\0")
         for e in self.entries:
@@ -208,7 +210,9 @@ def runtime_libraries(binaries: Sequence[Path]) -> tuple[dict[str, Path], str]:
 
 def _glibc_entries(libs: dict[str, Path], loader: str) -> list[Entry]:
     lib_dir = f"lib/{multiarch_triplet()}"
-    entries = [Entry(f"{lib_dir}/{name}", "file", 0o755, source=host.resolve()) for name, host in libs.items()]
+    entries = [
+        Entry(f"{lib_dir}/{name}", "file", 0o755, source=host.resolve()) for name, host in libs.items()
+    ]
     loader_rel = loader.lstrip("/")
     in_lib_dir = f"{lib_dir}/{os.path.basename(loader)}"
     if loader_rel != in_lib_dir:  # e.g. /lib64/ld-linux-x86-64.so.2 -> ../lib/x86_64-linux-gnu/...
@@ -243,7 +247,9 @@ def probe_spec(built: ShimPaths, busybox: Path = BUSYBOX) -> ImageSpec:
     if not probe.is_file():
         raise BuildError(f"{probe} is missing: `make -C shim` builds it")
     if not busybox.is_file():
-        raise BuildError(f"{busybox} is missing: install Debian's busybox-static (apt-get install busybox-static)")
+        raise BuildError(
+            f"{busybox} is missing: install Debian's busybox-static (apt-get install busybox-static)"
+        )
     libs, loader = runtime_libraries([probe, built.shim, built.fake_cuda, built.fake_nvml])
     entries: list[Entry] = [
         Entry(PROBE_PATH_IN_IMAGE.lstrip("/"), "file", 0o755, source=probe),
@@ -298,7 +304,9 @@ def _registry(crane: Path, workdir: Path) -> Iterator[str]:
             if match:
                 port = match.group(1)
             elif proc.poll() is not None or time.monotonic() > deadline:
-                raise BuildError(f"`crane registry serve` did not start:\n{log_path.read_text(errors='replace')}")
+                raise BuildError(
+                    f"`crane registry serve` did not start:\n{log_path.read_text(errors='replace')}"
+                )
             else:
                 time.sleep(0.05)
         yield f"127.0.0.1:{port}"
@@ -319,7 +327,9 @@ def _crane_env(workdir: Path) -> dict[str, str]:
 
 
 def _crane(crane: Path, args: list[str], workdir: Path) -> None:
-    proc = subprocess.run([str(crane), *args], capture_output=True, text=True, env=_crane_env(workdir), check=False)
+    proc = subprocess.run(
+        [str(crane), *args], capture_output=True, text=True, env=_crane_env(workdir), check=False
+    )
     if proc.returncode != 0:
         raise BuildError(f"crane {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
 
@@ -361,7 +371,9 @@ def _images_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def build_images(specs: Sequence[ImageSpec], crane: Path, progress: Progress | None = None) -> list[ImageArchive]:
+def build_images(
+    specs: Sequence[ImageSpec], crane: Path, progress: Progress | None = None
+) -> list[ImageArchive]:
     """The archives of `specs`, building those not cached yet (one local registry for all of them)."""
     report = progress or default_progress
     keyed = [(spec, spec.key()) for spec in specs]
