@@ -305,8 +305,25 @@ static void load_config(const char *path)
     if (rc != 0) return;
     snprintf(s->state_dir, sizeof(s->state_dir), "%s.state", path);
     mkdir(s->state_dir, 0777);
+    /* The real driver shows a process only the GPUs whose device node it can reach: in a container
+     * that is what the runtime put in /dev. Where NVIDIA device nodes exist at all (/dev/nvidiactl),
+     * a GPU without its /dev/nvidia<minor> is invisible and the others are renumbered from 0; their
+     * shared state stays keyed by the GPU's place on the node. The daemon sees every GPU. */
+    int state_index[FAKE_MAX_GPUS];
+    for (int i = 0; i < s->count; i++) state_index[i] = i;
+    if (!is_daemon && access("/dev/nvidiactl", F_OK) == 0) {
+        int visible = 0;
+        for (int i = 0; i < s->count; i++) {
+            char node[64];
+            snprintf(node, sizeof(node), "/dev/nvidia%u", s->gpus[i].minor);
+            if (access(node, F_OK) != 0) continue;
+            s->gpus[visible] = s->gpus[i];
+            state_index[visible++] = i;
+        }
+        s->count = visible;
+    }
     for (int i = 0; i < s->count; i++) {
-        s->state[i] = map_state(s->state_dir, i);
+        s->state[i] = map_state(s->state_dir, state_index[i]);
         if (!s->state[i]) {
             fprintf(stderr, "fake NVIDIA driver: cannot map state in %s: %s\n", s->state_dir, strerror(errno));
             return;

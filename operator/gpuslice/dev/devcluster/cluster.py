@@ -298,7 +298,9 @@ class DevCluster:
             raise DevClusterError(f"no devcluster in {self.dir}; run `gpuslice devcluster up` first")
         return st
 
-    def _spawn(self, st: State, name: str, argv: list[str], env: dict[str, str] | None = None) -> ProcessRecord:
+    def _spawn(
+        self, st: State, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> ProcessRecord:
         log = self.dir / "logs" / f"{name.replace('/', '-')}.log"
         with log.open("ab") as fh:
             fh.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -376,7 +378,9 @@ class DevCluster:
         ctx = _client_ssl(ca.cert_path, admin)
         # kube-apiserver -> kubelet (logs, exec, port-forward): as real clusters do, a client
         # certificate the kubelets authorize by webhook, and their serving certs checked against the CA.
-        kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ["system:masters"])
+        kubelet_client = ca.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ["system:masters"]
+        )
 
         def argv() -> list[str]:
             st.ports["kube-apiserver"] = free_port()

@@ -57,7 +57,10 @@ def _start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[di
                 raise DevClusterError(f"{name} did not start serving; log: {rec.log}")
             time.sleep(0.1)
     nvidia_cdi.write_spec(
-        simulate.parse_gpu_spec(spec, seed=node), gpu_dir=gpu_dir, driver_dir=driver_dir, cdi_dir=d.cdi_dirs[1]
+        simulate.parse_gpu_spec(spec, seed=node),
+        gpu_dir=gpu_dir,
+        driver_dir=driver_dir,
+        cdi_dir=d.cdi_dirs[1],
     )
     agent = d.base / "agent"
     dirs = {

@@ -3,8 +3,8 @@
 kubelet (k8s.io/kubernetes), containerd with its runc shim and `ctr` (github.com/containerd/containerd/v2),
 runc (github.com/opencontainers/runc, with seccomp: needs Debian's libseccomp-dev), the CNI plugins a
 bridge network needs (github.com/containernetworking/plugins), crane to write OCI images
-(github.com/google/go-containerregistry), crictl (sigs.k8s.io/cri-tools) and the pause binary, compiled statically from the
-Kubernetes module's own `build/pause/linux/pause.c`.
+(github.com/google/go-containerregistry), crictl (sigs.k8s.io/cri-tools) and the pause binary,
+compiled statically from the Kubernetes module's own `build/pause/linux/pause.c`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ NODE_COMPONENTS: tuple[Component, ...] = (
         "containerd",
         _CONTAINERD,
         CONTAINERD_VERSION,
-        (f"{_CONTAINERD}/cmd/containerd", f"{_CONTAINERD}/cmd/containerd-shim-runc-v2", f"{_CONTAINERD}/cmd/ctr"),
+        (
+            f"{_CONTAINERD}/cmd/containerd",
+            f"{_CONTAINERD}/cmd/containerd-shim-runc-v2",
+            f"{_CONTAINERD}/cmd/ctr",
+        ),
         ldflags=f"-s -w -X {_CONTAINERD}/version.Version={CONTAINERD_VERSION}",
         # Snapshotters that need their own kernel headers or tools; overlayfs is the one used here.
         tags="no_btrfs,no_zfs,no_devmapper",
@@ -137,13 +141,16 @@ def _build_pause(out: Path, progress: Progress) -> None:
         cwd=work, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
-        raise BuildError(f"downloading k8s.io/kubernetes {KUBERNETES_VERSION} for pause.c failed:\n{proc.stderr}")
+        raise BuildError(
+            f"downloading k8s.io/kubernetes {KUBERNETES_VERSION} for pause.c failed:\n{proc.stderr}"
+        )
     source = Path(json.loads(proc.stdout)["Dir"]) / "build" / "pause" / "linux" / "pause.c"
     progress(f"compiling pause from {source}")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name("pause.partial")
     cc = subprocess.run(
-        ["gcc", "-Os", "-Wall", "-static", f"-DVERSION={KUBERNETES_VERSION}", "-o", str(partial), str(source)],
+        ["gcc", "-Os", "-Wall", "-static", f"-DVERSION={KUBERNETES_VERSION}", "-o", str(partial),
+         str(source)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if cc.returncode != 0:

@@ -141,7 +141,9 @@ def _hosts_of(cert_path: Path) -> set[str]:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return set()
-    return {str(v) for v in sans.get_values_for_type(x509.IPAddress)} | set(sans.get_values_for_type(x509.DNSName))
+    return {str(v) for v in sans.get_values_for_type(x509.IPAddress)} | set(
+        sans.get_values_for_type(x509.DNSName)
+    )
 
 
 def service_account_keys(pki_dir: Path) -> CertPair:

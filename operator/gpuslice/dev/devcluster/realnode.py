@@ -233,7 +233,9 @@ def cni_config(d: NodeDirs) -> dict[str, object]:
     }
 
 
-def kubelet_config(d: NodeDirs, *, ca: Path, serving: pki.CertPair, port: int, healthz: int) -> dict[str, object]:
+def kubelet_config(
+    d: NodeDirs, *, ca: Path, serving: pki.CertPair, port: int, healthz: int
+) -> dict[str, object]:
     gates = {k: v == "true" for k, v in (g.split("=") for g in FEATURE_GATES.split(","))}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -273,7 +275,9 @@ def kubelet_config(d: NodeDirs, *, ca: Path, serving: pki.CertPair, port: int, h
 
 # --- start --------------------------------------------------------------------------------------
 def _env(bins: NodeBinaries) -> dict[str, str]:
-    path = ":".join([*(str(p) for p in bins.bin_dirs), os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
+    path = ":".join(
+        [*(str(p) for p in bins.bin_dirs), os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")]
+    )
     return {**os.environ, "PATH": path}
 
 
@@ -297,20 +301,33 @@ def ctr(bins: NodeBinaries, d: NodeDirs, *args: str, check: bool = True) -> subp
     return proc
 
 
-def crictl(bins: NodeBinaries, d: NodeDirs, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def crictl(
+    bins: NodeBinaries, d: NodeDirs, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     cmd = [str(bins.crictl), "--runtime-endpoint", f"unix://{d.containerd_socket}", "--timeout", "60s", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _start_containerd(cluster: DevCluster, d: NodeDirs, bins: NodeBinaries, images: list[tuple[str, Path]]) -> None:
-    for p in (d.containerd_root, d.containerd_state, d.runc_root, d.cni_conf_dir, d.cni_ipam_dir, *d.cdi_dirs):
+def _start_containerd(
+    cluster: DevCluster, d: NodeDirs, bins: NodeBinaries, images: list[tuple[str, Path]]
+) -> None:
+    for p in (
+        d.containerd_root,
+        d.containerd_state,
+        d.runc_root,
+        d.cni_conf_dir,
+        d.cni_ipam_dir,
+        *d.cdi_dirs,
+    ):
         p.mkdir(parents=True, exist_ok=True)
     sandbox = next((ref for ref, _ in images if "/pause:" in ref), "registry.k8s.io/pause:3.10.2")
     d.containerd_config.write_text(containerd_config(d, bins, sandbox))
     (d.cni_conf_dir / "10-gpuslice.conflist").write_text(json.dumps(cni_config(d), indent=2))
     d.containerd_socket.unlink(missing_ok=True)
     name = process_names(d.name)["containerd"]
-    rec = cluster.start_process(name, [str(bins.containerd), "--config", str(d.containerd_config)], env=_env(bins))
+    rec = cluster.start_process(
+        name, [str(bins.containerd), "--config", str(d.containerd_config)], env=_env(bins)
+    )
     cluster.progress(f"starting {name} (pid {rec.pid}) ...")
     _wait(name, lambda: ctr(bins, d, "version", check=False).returncode == 0, 60, rec.log, rec.alive)
     for ref, archive in images:
@@ -336,7 +353,9 @@ def _make_bridge(d: NodeDirs) -> None:
     bridge plugin adopts an existing bridge and its gateway address)."""
     if not Path(f"/sys/class/net/{d.bridge}").exists():
         subprocess.run(["ip", "link", "add", d.bridge, "type", "bridge"], check=True, capture_output=True)
-    subprocess.run(["ip", "addr", "replace", f"{d.node_ip}/24", "dev", d.bridge], check=True, capture_output=True)
+    subprocess.run(
+        ["ip", "addr", "replace", f"{d.node_ip}/24", "dev", d.bridge], check=True, capture_output=True
+    )
     subprocess.run(["ip", "link", "set", d.bridge, "up"], check=True, capture_output=True)
 
 
@@ -346,11 +365,18 @@ def _start_kubelet(cluster: DevCluster, st: State, d: NodeDirs, bins: NodeBinari
     ca = pki.LocalCA(cluster.dir / "pki")
     client = ca.issue(f"kubelet-{d.name}", f"system:node:{d.name}", ["system:nodes"])
     pki.write_kubeconfig(d.kubeconfig, st.server, ca.cert_path, client, f"system:node:{d.name}")
-    serving = ca.issue(f"kubelet-serving-{d.name}", f"system:node:{d.name}", server=True, hosts=[d.node_ip, "127.0.0.1", d.name])
+    serving = ca.issue(
+        f"kubelet-serving-{d.name}",
+        f"system:node:{d.name}",
+        server=True,
+        hosts=[d.node_ip, "127.0.0.1", d.name],
+    )
     port, healthz = free_port(), free_port()
     st.ports[f"kubelet/{d.name}"] = port
     d.kubelet_root.mkdir(parents=True, exist_ok=True)
-    d.kubelet_config.write_text(yaml.safe_dump(kubelet_config(d, ca=ca.cert_path, serving=serving, port=port, healthz=healthz)))
+    d.kubelet_config.write_text(
+        yaml.safe_dump(kubelet_config(d, ca=ca.cert_path, serving=serving, port=port, healthz=healthz))
+    )
     argv = [
         str(bins.kubelet),
         f"--config={d.kubelet_config}",
@@ -384,7 +410,9 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
     if st is None:
         raise DevClusterError(f"no devcluster in {cluster.dir}; run `gpuslice devcluster up` first")
     if os.geteuid() != 0:
-        raise DevClusterError("real nodes run kubelet and containerd, which need root; run as root or use --nodes")
+        raise DevClusterError(
+            "real nodes run kubelet and containerd, which need root; run as root or use --nodes"
+        )
     bins = ensure_node_binaries(say)
     images = [(img.ref, img.path) for img in ensure_images(say)]
     started: list[str] = []
@@ -455,7 +483,9 @@ def _unmount_all(*dirs: Path) -> None:
 
 def _remove_cgroups(cgroup_root: str) -> None:
     base = Path("/sys/fs/cgroup")
-    for hierarchy in [p for p in base.iterdir() if p.is_dir() and p.name != "unified"] if base.exists() else []:
+    for hierarchy in (
+        [p for p in base.iterdir() if p.is_dir() and p.name != "unified"] if base.exists() else []
+    ):
         top = hierarchy / cgroup_root.lstrip("/")
         if not top.is_dir():
             continue
@@ -492,7 +522,12 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
     shutil.rmtree(d.root, ignore_errors=True)
     shutil.rmtree(d.containerd_state, ignore_errors=True)
     # containerd's machine-wide dirs (shim sockets, fifos), once no node uses them any more
-    for shared in ("/run/containerd/s", "/run/containerd/fifo", "/run/containerd/runc/k8s.io", "/run/containerd/runc"):
+    for shared in (
+        "/run/containerd/s",
+        "/run/containerd/fifo",
+        "/run/containerd/runc/k8s.io",
+        "/run/containerd/runc",
+    ):
         with contextlib.suppress(OSError):
             Path(shared).rmdir()
     if st is not None:
@@ -512,7 +547,11 @@ def stop_all(cluster: DevCluster, st: State) -> list[str]:
 
     stopped: list[str] = []
     for name in list(st.real_nodes):
-        extras = [n for n in st.processes if n.endswith(f"/{name}") and n.split("/")[0] not in ("kubelet", "containerd")]
+        extras = [
+            n
+            for n in st.processes
+            if n.endswith(f"/{name}") and n.split("/")[0] not in ("kubelet", "containerd")
+        ]
         # the agent before the driver daemon it reads GPUs through
         for proc_name in sorted(extras, key=lambda n: not n.startswith("agent/")):
             if _stop(st.processes[proc_name]):
@@ -537,6 +576,8 @@ def leftovers(cluster_dir: Path, nodes: dict[str, int]) -> dict[str, list[str]]:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if (sock in cmd or str(d.kubelet_root) in cmd or str(d.runc_root) in cmd) and procfs.alive(int(entry.name)):
+            if (sock in cmd or str(d.kubelet_root) in cmd or str(d.runc_root) in cmd) and procfs.alive(
+                int(entry.name)
+            ):
                 out["processes"].append(f"{entry.name}: {cmd[:120]}")
     return out

@@ -52,7 +52,13 @@ def _node(container: str, host: Path) -> dict[str, Any]:
     return {"path": container, "hostPath": str(host)}
 
 
-def build_spec(gpus: list[FakeGpu], *, dev_dir: Path, driver_dir: Path, fake_cuda: Path, fake_nvml: Path) -> dict[str, Any]:
+def _mount(host: Path, container: str, options: list[str]) -> dict[str, Any]:
+    return {"hostPath": str(host), "containerPath": container, "options": options}
+
+
+def build_spec(
+    gpus: list[FakeGpu], *, dev_dir: Path, driver_dir: Path, fake_cuda: Path, fake_nvml: Path
+) -> dict[str, Any]:
     """The spec (pure, given where the device nodes and the double's files are on the host)."""
     per_gpu = [_node(f"/dev/nvidia{g.minor}", dev_dir / f"nvidia{g.minor}") for g in gpus]
     devices: list[dict[str, Any]] = []
@@ -73,14 +79,13 @@ def build_spec(gpus: list[FakeGpu], *, dev_dir: Path, driver_dir: Path, fake_cud
                 _node("/dev/nvidia-uvm-tools", dev_dir / "nvidia-uvm-tools"),
             ],
             "mounts": [
-                {"hostPath": str(fake_cuda), "containerPath": f"{CONTAINER_LIB_DIR}/libcuda.so.1", "options": ro},
-                {"hostPath": str(fake_nvml), "containerPath": f"{CONTAINER_LIB_DIR}/libnvidia-ml.so.1", "options": ro},
+                _mount(fake_cuda, f"{CONTAINER_LIB_DIR}/libcuda.so.1", ro),
+                _mount(fake_nvml, f"{CONTAINER_LIB_DIR}/libnvidia-ml.so.1", ro),
                 # The kernel module's state: shared by every process of every container on the node.
-                {"hostPath": str(driver_dir), "containerPath": CONTAINER_DRIVER_DIR,
-                 "options": ["rw", "nosuid", "nodev", "noexec", "bind"]},
+                _mount(driver_dir, CONTAINER_DRIVER_DIR, ["rw", "nosuid", "nodev", "noexec", "bind"]),
             ],
         },
-    }  # fmt: skip
+    }
 
 
 def write_spec(gpus: list[FakeGpu], *, gpu_dir: Path, driver_dir: Path, cdi_dir: Path) -> Path:
@@ -94,7 +99,9 @@ def write_spec(gpus: list[FakeGpu], *, gpu_dir: Path, driver_dir: Path, cdi_dir:
     _char_device(dev_dir / "nvidiactl", 255)
     _char_device(dev_dir / "nvidia-uvm", 0, major=511)
     _char_device(dev_dir / "nvidia-uvm-tools", 1, major=511)
-    spec = build_spec(gpus, dev_dir=dev_dir, driver_dir=driver_dir, fake_cuda=built.fake_cuda, fake_nvml=built.fake_nvml)
+    spec = build_spec(
+        gpus, dev_dir=dev_dir, driver_dir=driver_dir, fake_cuda=built.fake_cuda, fake_nvml=built.fake_nvml
+    )
     cdi_dir.mkdir(parents=True, exist_ok=True)
     path = cdi_dir / SPEC_FILE
     atomic_write(path, json.dumps(spec, indent=2))
