@@ -1,0 +1,159 @@
+"""A GpuSlice pod on a real node: kubelet -> agent gRPC -> CDI -> containerd -> runc, as a tenant sees it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuslice.agent.cdi import spec_file_name
+from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.node_agents import agent_process_name, start_agents
+from gpuslice.dev.devcluster.realnode import dirs_of, leftovers, start_real_nodes
+from node.node_cluster import GPU_SPEC, TENANT, delete, exec_in, run_pod, slice_pod
+from support import get_json, wait_for
+
+pytestmark = pytest.mark.cluster
+NODE = "real-node-0"
+
+
+@pytest.fixture(scope="module")
+def probe_pod(node_cluster: DevCluster) -> Iterator[str]:
+    """One long-running slice pod the read-only checks share."""
+    pod = run_pod(node_cluster, slice_pod("probe", ["sleep", "3600"]))
+    yield pod
+    delete(node_cluster, "pod", pod)
+    delete(node_cluster, "gpuslice", pod)
+
+
+def claim_spec_file(cluster: DevCluster, claim: str) -> Path:
+    uid = get_json(cluster, "resourceclaim", claim, "-n", TENANT)["metadata"]["uid"]
+    return dirs_of(cluster, NODE).cdi_dirs[0] / spec_file_name(uid)
+
+
+def test_real_node_registers_with_its_kubelet_and_runtime(node_cluster: DevCluster) -> None:
+    node = get_json(node_cluster, "node", NODE)
+    ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True", ready
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == "v1.37.2"
+    assert info["containerRuntimeVersion"] == "containerd://2.4.2"
+    internal = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
+    assert internal and not internal[0].startswith("127."), node["status"]["addresses"]
+
+
+def test_slice_pod_sees_exactly_its_slice_through_nvml(node_cluster: DevCluster, probe_pod: str) -> None:
+    rc, out, err = exec_in(node_cluster, probe_pod, "gpuslice-probe", "smi")
+    assert rc == 0, err
+    # one card (the node has two), at the slice's size: what nvidia-smi would print
+    assert out.strip().splitlines() == ["Tesla V100-PCIE-32GB, 8192 MiB"]
+
+
+def test_allocation_past_the_slice_fails_with_out_of_memory(node_cluster: DevCluster, probe_pod: str) -> None:
+    rc, out, err = exec_in(node_cluster, probe_pod, "gpuslice-probe", "alloc", "4Gi", "3Gi", "2Gi")
+    assert rc == 0, err
+    assert out.strip().splitlines() == [
+        f"cuMemAlloc({4 << 30}) -> 0 CUDA_SUCCESS",
+        f"cuMemAlloc({3 << 30}) -> 0 CUDA_SUCCESS",
+        f"cuMemAlloc({2 << 30}) -> 2 CUDA_ERROR_OUT_OF_MEMORY",
+    ]
+
+
+@pytest.mark.parametrize(
+    "path", ["/etc/ld.so.preload", "/etc/gpuslice/slice.conf", "/etc/gpuslice/utilization"]
+)
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "echo /tmp/evil.so > {p}",
+        "echo >> {p}",
+        "rm -f {p}",
+        "mv {p} {p}.old",
+        "umount {p}",
+        "mount -o remount,rw,bind {p}",
+        "chmod 666 {p}",
+    ],
+)
+def test_container_root_cannot_change_the_shim_files(
+    node_cluster: DevCluster, probe_pod: str, path: str, attack: str
+) -> None:
+    _, before, _ = exec_in(node_cluster, probe_pod, "sh", "-c", f"id -u; md5sum {path}")
+    assert before.splitlines()[0] == "0", "the attacker is the container's root"
+    rc, _, _ = exec_in(node_cluster, probe_pod, "sh", "-c", attack.format(p=path))
+    _, after, _ = exec_in(node_cluster, probe_pod, "sh", "-c", f"id -u; md5sum {path}")
+    assert rc != 0, f"`{attack.format(p=path)}` succeeded"
+    assert after == before, f"{path} changed"
+
+
+def test_the_workload_is_pid_1_of_its_own_pid_namespace(node_cluster: DevCluster, probe_pod: str) -> None:
+    _, cmdline, _ = exec_in(node_cluster, probe_pod, "cat", "/proc/1/cmdline")
+    assert cmdline.split("\0")[:2] == ["sleep", "3600"]
+    _, ps, _ = exec_in(node_cluster, probe_pod, "ps", "-o", "comm")
+    assert not {"kubelet", "containerd", "python3"} & set(ps.split()), "the host's processes are visible"
+
+
+def test_compute_share_holds_inside_the_pid_namespace(node_cluster: DevCluster, probe_pod: str) -> None:
+    # v100-8g sells 25 % of the card's compute; unthrottled the probe takes 75-100 % of it.
+    rc, out, err = exec_in(node_cluster, probe_pod, "gpuslice-probe", "burn", "8")
+    assert rc == 0, err
+    share = float(out.strip().splitlines()[-1].split()[1])
+    assert 10 <= share <= 40, out
+
+
+def test_deleting_the_pod_unprepares_its_claim(node_cluster: DevCluster) -> None:
+    pod = run_pod(node_cluster, slice_pod("unprepare", ["sleep", "3600"]))
+    spec = claim_spec_file(node_cluster, pod)
+    assert spec.exists(), "prepare wrote the claim's CDI spec where containerd reads it"
+    delete(node_cluster, "pod", pod)
+    wait_for(lambda: not spec.exists(), 60, "kubelet's NodeUnprepareResources to remove the CDI spec")
+    delete(node_cluster, "gpuslice", pod)
+
+
+def test_agent_restart_keeps_prepared_claims(node_cluster: DevCluster) -> None:
+    pod = run_pod(node_cluster, slice_pod("restart", ["sleep", "3600"]))
+    spec = claim_spec_file(node_cluster, pod)
+    st = node_cluster.state()
+    assert st is not None
+    agent = st.processes[agent_process_name(NODE)]
+    os.kill(agent.pid, signal.SIGKILL)
+    wait_for(lambda: not agent.alive(), 30, "the agent to die")
+    assert start_agents(node_cluster, GPU_SPEC) == [NODE]
+    # the running workload keeps its slice, and kubelet still unprepares through the new agent
+    rc, out, err = exec_in(node_cluster, pod, "gpuslice-probe", "smi")
+    assert (rc, out.strip()) == (0, "Tesla V100-PCIE-32GB, 8192 MiB"), err
+    other = run_pod(node_cluster, slice_pod("after-restart", ["sleep", "3600"]))
+    delete(node_cluster, "pod", pod)
+    wait_for(lambda: not spec.exists(), 60, "the restarted agent to unprepare the old claim")
+    for name in (pod, other):
+        delete(node_cluster, "pod", name)
+        delete(node_cluster, "gpuslice", name)
+
+
+def test_down_leaves_no_process_mount_or_network_behind(tmp_path_factory: pytest.TempPathFactory) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("real nodes need root")
+    c = DevCluster(tmp_path_factory.mktemp("downtest"), progress=lambda m: print(m, file=sys.stderr))
+    try:
+        c.up(nodes=0)
+        start_real_nodes(c, 1)
+        c.create_namespace(TENANT)
+        docs = slice_pod("plain", ["sleep", "3600"])[1:]
+        docs[0]["spec"].pop("resourceClaims")  # type: ignore[union-attr]
+        docs[0]["spec"]["containers"][0].pop("resources")  # type: ignore[index]
+        run_pod(c, docs)
+        st = c.state()
+        assert st is not None
+        slots = dict(st.node_slots)
+        d = dirs_of(c, NODE)
+        assert leftovers(c.dir, slots)["mounts"], "a running pod has mounts (so the check can see them)"
+    finally:
+        c.down()
+    assert leftovers(c.dir, slots) == {"mounts": [], "links": [], "processes": []}
+    assert not list(Path("/sys/fs/cgroup/memory").glob(d.cgroup_root.lstrip("/"))), (
+        "the node's cgroups remain"
+    )
+    assert not (d.containerd_state / "netns").exists() or not list((d.containerd_state / "netns").iterdir())
