@@ -342,8 +342,8 @@ def _raw(resource: str) -> Any:
 
 
 GPU_POD_CASES = {
-    "raw-nvidia-gpu": (_raw("nvidia.com/gpu"), "may not request nvidia.com/*", "create a GpuSlice"),
-    "raw-nvidia-mig": (_raw("nvidia.com/mig-1g.5gb"), "may not request nvidia.com/*", "create a GpuSlice"),
+    "raw-nvidia-gpu": (_raw("nvidia.com/gpu"), "GPUs as extended resources", "create a GpuSlice"),
+    "raw-nvidia-mig": (_raw("nvidia.com/mig-1g.5gb"), "GPUs as extended resources", "create a GpuSlice"),
     "raw-gpuslice-resource": (_raw("gpuslice.io/slice"), "gpuslice.io/*", "create a GpuSlice"),
     "raw-deviceclass": (
         _raw("deviceclass.resource.kubernetes.io/v100-8g.gpuslice.io"),
@@ -380,7 +380,7 @@ def test_gpu_pods_may_not_take_gpus_past_their_claim(iso: Iso, case: str) -> Non
 def test_raw_gpu_requests_are_refused_without_a_claim_too(iso: Iso) -> None:
     doc = plain_pod("p", iso.tenant)
     _raw("nvidia.com/gpu")(doc)
-    refused(iso, doc, "nvidia.com/*", "resourceClaimName")
+    refused(iso, doc, "nvidia.com/gpu", "resourceClaimName")
 
 
 def test_the_documented_pod_is_accepted_and_gets_the_gpu_node_toleration(iso: Iso) -> None:

@@ -170,8 +170,9 @@ def pods_policy() -> dict[str, Any]:
             {
                 "expression": _no_container(_resource_request("ct")),
                 "message": "GPUs in this namespace are sold as gpuslice products: a container may not "
-                "request nvidia.com/*, amd.com/gpu, gpu.intel.com/*, gpuslice.io/* or "
-                "deviceclass.resource.kubernetes.io/* resources. Instead " + slice_hint,
+                "request GPUs as extended resources (nvidia.com/gpu or any nvidia.com/*, amd.com/gpu, "
+                "gpu.intel.com/*, gpuslice.io/*, deviceclass.resource.kubernetes.io/*). Instead "
+                + slice_hint,
             },
             {
                 "expression": f"{not_gpu} || "
