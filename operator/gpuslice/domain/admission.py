@@ -170,9 +170,9 @@ def pods_policy() -> dict[str, Any]:
             {
                 "expression": _no_container(_resource_request("ct")),
                 "message": "GPUs in this namespace are sold as gpuslice products: a container may not "
-                "request GPUs as extended resources (nvidia.com/gpu or any nvidia.com/*, amd.com/gpu, "
-                "gpu.intel.com/*, gpuslice.io/*, deviceclass.resource.kubernetes.io/*). Instead "
-                + slice_hint,
+                "request nvidia.com/gpu or other GPUs as extended resources (any nvidia.com/*, "
+                "amd.com/gpu, gpu.intel.com/*, gpuslice.io/*, deviceclass.resource.kubernetes.io/*). "
+                "Instead " + slice_hint,
             },
             {
                 "expression": f"{not_gpu} || "
