@@ -59,6 +59,27 @@ QUOTA_NAME: Final = "gpuslice"
 #: Prefix of the operator's ValidatingAdmissionPolicies and their bindings.
 POLICY_PREFIX: Final = "gpuslice-"
 
+# --- Isolation -----------------------------------------------------------------------------------
+#: Pod Security Admission labels the operator sets on every tenant namespace.
+PSA_PREFIX: Final = "pod-security.kubernetes.io/"
+PSA_ENFORCE: Final = "pod-security.kubernetes.io/enforce"
+PSA_ENFORCE_VERSION: Final = "pod-security.kubernetes.io/enforce-version"
+PSA_WARN: Final = "pod-security.kubernetes.io/warn"
+PSA_AUDIT: Final = "pod-security.kubernetes.io/audit"
+#: Pod Security levels from weakest to strongest; a tenant namespace is never weaker than baseline.
+PSA_LEVELS: Final = ("privileged", "baseline", "restricted")
+#: The taint the operator keeps on GPU nodes: only gpuslice claim pods of tenant namespaces (the
+#: operator adds the toleration to them) and pods of exempt platform namespaces may tolerate it.
+TAINT_GPU_KEY: Final = "gpuslice.io/gpu"
+TAINT_GPU_VALUE: Final = "present"
+TAINT_GPU_EFFECT: Final = "NoExecute"
+#: Nodes carrying this label are GPU nodes (GPU Feature Discovery sets it); `--gpu-node-label`.
+GPU_NODE_LABEL: Final = "nvidia.com/gpu.present=true"
+#: The namespace name label the API server sets on every namespace (bindings exempt by it).
+LABEL_NAMESPACE_NAME: Final = "kubernetes.io/metadata.name"
+#: Extended resources that are GPUs outside gpuslice: a tenant pod may not request them.
+RAW_GPU_RESOURCE_PREFIXES: Final = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/", "gpuslice.io/")
+
 # --- Node paths (host side) ---------------------------------------------------------------------------
 HOST_STATE_DIR: Final = "/var/lib/gpuslice"
 HOST_RUN_DIR: Final = "/var/run/gpuslice"
@@ -76,16 +97,22 @@ CONTAINER_USAGE_DIR: Final = "/var/run/gpuslice/slice"
 CONTAINER_SHIM_PATH: Final = "/usr/local/gpuslice/lib/libgpuslice.so"
 CONTAINER_LD_SO_PRELOAD: Final = "/etc/ld.so.preload"
 
-#: Environment variables a tenant must not set on a container (admission denies them).
+#: Environment variables a tenant must not set on a container that can reach a GPU node (admission
+#: denies them): the NVIDIA container runtime hands out cards by NVIDIA_* variables, and the loader
+#: variables would change which driver library the shim wraps.
 FORBIDDEN_ENV_VARS: Final = (
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES",
     "CUDA_VISIBLE_DEVICES",
     "LD_PRELOAD",
     "LD_LIBRARY_PATH",
+    "LD_AUDIT",
 )
-#: Any variable with this prefix is treated as a shim control variable.
-FORBIDDEN_ENV_PREFIXES: Final = ("GPUSLICE_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM_LIMIT")
+#: Any variable with one of these prefixes is refused too: every NVIDIA_* variable (the runtime reads
+#: several, e.g. NVIDIA_MIG_CONFIG_DEVICES, NVIDIA_REQUIRE_*), gpuslice's and HAMi-style limit names.
+#: Plain CUDA_* variables (CUDA_LAUNCH_BLOCKING, CUDA_CACHE_PATH) stay allowed: honest programs use
+#: them and none of them reaches another card.
+FORBIDDEN_ENV_PREFIXES: Final = ("NVIDIA_", "GPUSLICE_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM_LIMIT")
 
 # --- Products --------------------------------------------------------------------------------------
 GIB: Final = 1024**3

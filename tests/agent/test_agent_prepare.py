@@ -15,6 +15,7 @@ from gpuslice.agent.prepare import NodePaths, PrepareError, Preparer, resolve_cl
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.quantity import parse_int_quantity
+from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.shim.config import SliceConfig
 from gpuslice.shim.region import utilization_file_for
 
@@ -54,9 +55,11 @@ def is_dir(path: str) -> bool:
     return Path(path).is_dir()
 
 
-def claim(results: list[dict[str, str]], uid: str = UID) -> dict[str, Any]:
+def claim(results: list[dict[str, str]], uid: str = UID, package: str = "v100-8g") -> dict[str, Any]:
+    """An allocated claim of the documented form for `package` (the agent checks the request's class)."""
     return {
         "metadata": {"namespace": "team-a", "name": "job-gpu", "uid": uid},
+        "spec": documented_claim_spec(package),
         "status": {"allocation": {"devices": {"results": results}}},
     }
 

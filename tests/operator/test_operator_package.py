@@ -66,6 +66,8 @@ def idx_of(**bodies: list[dict[str, Any]]) -> Indexes:
         "gs_device_classes": "device_classes",
         "gs_admission_policies": "policies",
         "gs_admission_bindings": "bindings",
+        "gs_mutating_policies": "mutating_policies",
+        "gs_mutating_bindings": "mutating_bindings",
     }
     assert set(sources) == set(INDEX_FUNCTIONS), "every index of the operator is built here"
     return Indexes({n: build(INDEX_FUNCTIONS[n], bodies.get(src, [])) for n, src in sources.items()})

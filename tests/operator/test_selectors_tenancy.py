@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from gpuslice import constants as c
 from gpuslice.api.package import LabelSelector
+from gpuslice.domain.isolation import pod_security_labels
 from gpuslice.domain.selectors import matches
 from gpuslice.domain.tenancy import ObservedTenant, changes, entitled_slices, tenant_state
 from support import package_spec
@@ -71,7 +72,10 @@ def test_tenant_quota_lists_every_package_with_zero_where_not_entitled() -> None
         "v100-8g.gpuslice.io.deviceclass.resource.k8s.io/devices": "2",
         "v100-32g.gpuslice.io.deviceclass.resource.k8s.io/devices": "0",
     }
-    assert state.namespace_patch()["metadata"]["labels"] == {c.LABEL_TENANT: "true"}
+    assert state.namespace_patch()["metadata"]["labels"] == {
+        c.LABEL_TENANT: "true",
+        **pod_security_labels({}, "baseline"),
+    }
 
 
 def test_namespace_without_entitlement_gets_no_quota_and_loses_the_label() -> None:
@@ -102,11 +106,13 @@ def test_converged_namespace_needs_no_write(
         labeled=desired.tenant,
         quota_hard=dict(quota["spec"]["hard"]) if quota else None,
         quota_labels=dict(quota["metadata"]["labels"]) if quota else None,
+        labels={**ns_labels, **desired.labels},
     )
     assert changes(desired, observed) == (False, "")
     # ...and one that lost its quota (deleted by hand) gets it back.
     if desired.tenant:
-        assert changes(desired, ObservedTenant(labeled=True, quota_hard=None)) == (False, "apply")
+        lost = ObservedTenant(labeled=True, quota_hard=None, labels=observed.labels)
+        assert changes(desired, lost) == (False, "apply")
 
 
 def test_quota_as_the_api_server_writes_it_back_needs_no_write() -> None:
@@ -118,12 +124,16 @@ def test_quota_as_the_api_server_writes_it_back_needs_no_write() -> None:
     desired = tenant_state("ns", {"t": "a"}, packages)
     canonical = {c.quota_key("p"): "1k"}
     labels = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
-    assert changes(desired, ObservedTenant(labeled=True, quota_hard=canonical, quota_labels=labels)) == (
+    ns = {"t": "a", **desired.labels}
+    assert changes(
+        desired, ObservedTenant(labeled=True, quota_hard=canonical, quota_labels=labels, labels=ns)
+    ) == (
         False,
         "",
     )
     assert changes(
-        desired, ObservedTenant(labeled=True, quota_hard={c.quota_key("p"): "999"}, quota_labels=labels)
+        desired,
+        ObservedTenant(labeled=True, quota_hard={c.quota_key("p"): "999"}, quota_labels=labels, labels=ns),
     ) == (
         False,
         "apply",

@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants, logs, metrics
-from gpuslice.agent import cdi
+from gpuslice.agent import cdi, claimcheck
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.limits import write_limits
@@ -71,6 +71,9 @@ def resolve_claim(
                 f"{where}: device {result.device} of pool {node} lacks uuid, memory capacity or "
                 "computeShare; it was not published by this agent version"
             )
+        refused = claimcheck.refusal(claim, result.request, result.device, device.package)
+        if refused:
+            raise PrepareError(f"{where}: {refused}")
         prepared.append(
             PreparedDevice(
                 request=result.request,

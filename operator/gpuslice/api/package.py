@@ -21,7 +21,8 @@ class LabelSelector(_CamelModel):
 
 
 class Entitlement(_CamelModel):
-    """How many slices of this package the namespaces a selector matches may hold together (each)."""
+    """How many slices of this package each namespace the selector matches may hold: per namespace, not
+    shared by the selector (every selected namespace gets its own ResourceQuota of `slices`)."""
 
     namespace_selector: LabelSelector = Field(alias="namespaceSelector")
     slices: int = Field(ge=0)

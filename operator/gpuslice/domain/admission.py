@@ -1,18 +1,33 @@
-"""The ValidatingAdmissionPolicies (CEL) and bindings the operator owns.
+"""The admission policies (CEL) and bindings the operator owns, on top of Pod Security Admission.
+
+Tenant namespaces carry the label `gpuslice.io/tenant=true` and a Pod Security level (baseline or
+restricted, `tenancy.pod_security_labels`): Kubernetes' own Pod Security Admission refuses host
+namespaces, hostPath volumes, privileged containers, added capabilities, Unconfined seccomp /
+AppArmor, `procMount: Unmasked` and the rest of the baseline profile there. The policies below only
+cover what Pod Security does not know about: GPUs.
 
 Policies (all prefixed gpuslice-), what they bind to, their action and what they stop:
 
-- pods (tenant namespaces, Deny): raw GPU requests; env, envFrom, hostPath and privileged bypasses.
+- pods (tenant namespaces, Deny): raw GPU resource requests; for pods that can reach a GPU node
+  (holding claims or tolerating the GPU taint): GPU-control env, envFrom, a runtime class, nodeName.
 - pod-memory (tenant namespaces, Warn): a container holding a slice with a tiny memory limit.
+- gpu-nodes (every namespace but the exempt ones, Deny): tolerating the GPU node taint, unless the
+  pod holds claims in a tenant namespace; the tolerate-everything toleration.
+- gpu-node-toleration (MutatingAdmissionPolicy, tenant namespaces): adds the GPU taint's toleration
+  to pods that hold claims, so tenants never write it.
 - claims, claim-templates (all namespaces, Deny): gpuslice claims not in the documented form, or
   in a namespace that holds no entitlement.
+- other-claims, other-claim-templates (all namespaces, Deny): claims for other classes that reach
+  gpuslice devices by a selector or config naming gpuslice; in tenant namespaces allocationMode All
+  and adminAccess for any class.
+- namespace-labels (all namespaces, Deny): only the operator sets `gpuslice.io/tenant` and the Pod
+  Security enforce labels of tenant namespaces.
 - vms (tenant namespaces, Deny): KubeVirt VMs holding resource claims or gpuslice devices.
 - protect (objects labelled managed-by=gpuslice, Deny): writes by anyone but the operator and the
   controllers that must write them.
 
-Tenant namespaces carry the label `gpuslice.io/tenant=true`, which the operator keeps in step with
-the packages' entitlements. Policies and bindings themselves are exempt from admission in
-Kubernetes; RBAC keeps tenants away from them.
+Policies and bindings themselves are exempt from admission in Kubernetes; RBAC keeps tenants away
+from them.
 """
 
 from __future__ import annotations
@@ -26,24 +41,19 @@ from gpuslice.domain.claims import documented_form_text
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 
-#: Host paths a tenant pod must not mount: GPU device nodes and the agent's / shim's state.
-PROTECTED_HOST_PATHS: tuple[str, ...] = (
-    "/dev/nvidia",
-    c.HOST_STATE_DIR,
-    c.HOST_RUN_DIR,
-    "/run/gpuslice",
-    c.HOST_SHIM_DIR,
-    c.KUBELET_PLUGINS_DIR,
-    c.KUBELET_REGISTRY_DIR,
-    c.CDI_DIR,
-    "/etc/cdi",
-)
-
 #: Identities that legitimately write gpuslice-owned objects besides the operator: the
-#: resourceclaim controller makes claims from templates, the garbage collector and namespace
-#: controller delete them, kube-scheduler adds its finalizer when it allocates.
-CONTROLLER_IDENTITIES: tuple[str, ...] = ("system:kube-scheduler", "system:kube-controller-manager")
-CONTROLLER_IDENTITY_PREFIXES: tuple[str, ...] = ("system:serviceaccount:kube-system:",)
+#: resourceclaim controller makes claims from templates and deletes them, the garbage collector and
+#: namespace controller delete them, kube-scheduler adds its finalizer when it allocates. Named one
+#: by one: other kube-system service accounts (a tenant may run pods there in some clusters) are not
+#: trusted. `system:kube-controller-manager` is the controller manager without
+#: --use-service-account-credentials.
+CONTROLLER_IDENTITIES: tuple[str, ...] = (
+    "system:kube-scheduler",
+    "system:kube-controller-manager",
+    "system:serviceaccount:kube-system:resource-claim-controller",
+    "system:serviceaccount:kube-system:generic-garbage-collector",
+    "system:serviceaccount:kube-system:namespace-controller",
+)
 
 
 @dataclass(frozen=True)
@@ -52,16 +62,13 @@ class AdmissionConfig:
     operator_identities: tuple[str, ...]
     memory_floor: str = "1Gi"
     extra_identities: tuple[str, ...] = field(default_factory=tuple)
+    #: Platform namespaces whose pods may tolerate the GPU node taint (the agent's, kube-system).
+    exempt_namespaces: tuple[str, ...] = ("kube-system",)
 
 
 def _cel_list(values: tuple[str, ...] | list[str]) -> str:
     return "[" + ", ".join(json.dumps(v) for v in values) + "]"
 
-
-#: Pod fields that put a GPU pod into the node's namespaces.
-HOST_NAMESPACES = ("hostPID", "hostIPC", "hostNetwork")
-#: Capabilities that let a container step around the shim (mounts, ptrace of other processes).
-DANGEROUS_CAPABILITIES = ("ALL", "SYS_ADMIN", "SYS_PTRACE", "SYS_RAWIO", "SYS_MODULE")
 
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
@@ -103,13 +110,20 @@ def _policy(
     }
 
 
-def _binding(policy: str, actions: list[str], match: dict[str, Any] | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"policyName": policy, "validationActions": actions}
+def _binding(
+    policy: str,
+    actions: list[str] | None,
+    match: dict[str, Any] | None,
+    kind: str = "ValidatingAdmissionPolicy",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"policyName": policy}
+    if actions is not None:
+        spec["validationActions"] = actions
     if match:
         spec["matchResources"] = match
     return {
         "apiVersion": ADMISSION_API,
-        "kind": "ValidatingAdmissionPolicyBinding",
+        "kind": f"{kind}Binding",
         "metadata": {"name": policy, "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}},
         "spec": spec,
     }
@@ -120,29 +134,35 @@ def _rule(group: str, resources: list[str], operations: list[str]) -> dict[str, 
 
 
 def _resource_request(ct: str) -> str:
-    keys = "k == 'nvidia.com/gpu' || k.startsWith('deviceclass.resource.kubernetes.io/')"
+    prefixes = _cel_list([*c.RAW_GPU_RESOURCE_PREFIXES, "deviceclass.resource.kubernetes.io/"])
+    keys = f"{prefixes}.exists(p, k.lowerAscii().startsWith(p))"
     return (
         f"has({ct}.resources) && ((has({ct}.resources.limits) && {ct}.resources.limits.exists(k, {keys}))"
         f" || (has({ct}.resources.requests) && {ct}.resources.requests.exists(k, {keys})))"
     )
 
 
+#: The pod holds resource claims.
+HOLDS_CLAIMS = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
+#: The pod tolerates the GPU node taint (by its key, or by the tolerate-everything toleration).
+TOLERATES_GPU = (
+    "has(object.spec.tolerations) && object.spec.tolerations.exists(t, "
+    f"(has(t.key) && t.key == '{c.TAINT_GPU_KEY}') || "
+    "((!has(t.key) || t.key == '') && has(t.operator) && t.operator == 'Exists'))"
+)
+#: A pod that can land on a GPU node.
+REACHES_GPU = f"(({HOLDS_CLAIMS}) || ({TOLERATES_GPU}))"
+
+
 def pods_policy() -> dict[str, Any]:
     forbidden = _cel_list(list(c.FORBIDDEN_ENV_VARS))
     prefixes = _cel_list(list(c.FORBIDDEN_ENV_PREFIXES))
-    paths = _cel_list(list(PROTECTED_HOST_PATHS))
     slice_hint = (
         "create a GpuSlice (spec.package: <product>) and reference its claim: spec.resourceClaims: "
         "[{name: gpu, resourceClaimName: <slice>}] (or resourceClaimTemplateName for a template GpuSlice) "
         "and resources.claims: [{name: gpu}] in the container"
     )
-    no_claims = "(!has(object.spec.resourceClaims) || size(object.spec.resourceClaims) == 0)"
-    caps = _cel_list(list(DANGEROUS_CAPABILITIES))
-    host_path = (
-        "has(v.hostPath) && (v.hostPath.path.contains('//') || v.hostPath.path.contains('/./') "
-        f"|| {paths}.exists(d, v.hostPath.path.startsWith(d) || (d + '/').startsWith("
-        "v.hostPath.path.endsWith('/') ? v.hostPath.path : v.hostPath.path + '/')))"
-    )
+    not_gpu = f"!{REACHES_GPU}"
     return _policy(
         f"{c.POLICY_PREFIX}pods",
         [_rule("", ["pods", "pods/ephemeralcontainers"], ["CREATE", "UPDATE"])],
@@ -150,15 +170,17 @@ def pods_policy() -> dict[str, Any]:
             {
                 "expression": _no_container(_resource_request("ct")),
                 "message": "GPUs in this namespace are sold as gpuslice products: a container may not "
-                "request nvidia.com/gpu or deviceclass.resource.kubernetes.io/* resources. Instead "
-                + slice_hint,
+                "request nvidia.com/gpu or other GPUs as extended resources (any nvidia.com/*, "
+                "amd.com/gpu, gpu.intel.com/*, gpuslice.io/*, deviceclass.resource.kubernetes.io/*). "
+                "Instead " + slice_hint,
             },
             {
-                "expression": _no_container(
-                    f"has(ct.env) && ct.env.exists(e, e.name in {forbidden} || "
-                    f"{prefixes}.exists(p, e.name.startsWith(p)))"
+                "expression": f"{not_gpu} || "
+                + _no_container(
+                    f"has(ct.env) && ct.env.exists(e, e.name.upperAscii() in {forbidden} || "
+                    f"{prefixes}.exists(p, e.name.upperAscii().startsWith(p)))"
                 ),
-                "message": "a container may not set "
+                "message": "a container of a pod that holds a GPU slice may not set "
                 + ", ".join(c.FORBIDDEN_ENV_VARS)
                 + " or variables starting with "
                 + ", ".join(c.FORBIDDEN_ENV_PREFIXES)
@@ -166,64 +188,143 @@ def pods_policy() -> dict[str, Any]:
                 "GpuSlice's claim gives the container its GPU",
             },
             {
-                "expression": "!has(object.spec.resourceClaims) || size(object.spec.resourceClaims) == 0 || "
-                + _no_container("has(ct.envFrom) && size(ct.envFrom) > 0"),
-                "message": "a pod that uses resource claims may not use envFrom, because it could set "
-                "GPU-control variables unseen; list the variables one by one under env (valueFrom "
-                "configMapKeyRef/secretKeyRef works)",
+                "expression": f"{not_gpu} || " + _no_container("has(ct.envFrom) && size(ct.envFrom) > 0"),
+                "message": "a container of a pod that holds a GPU slice may not use envFrom: a "
+                "ConfigMap or Secret could set GPU-control variables (NVIDIA_*, GPUSLICE_*) admission "
+                "cannot see; list the variables one by one under env (valueFrom configMapKeyRef/"
+                "secretKeyRef works)",
             },
             {
-                "expression": f"!has(object.spec.volumes) || !object.spec.volumes.exists(v, {host_path})",
-                "message": "hostPath volumes of /dev/nvidia*, of gpuslice's agent and shim state "
-                "(/var/lib/gpuslice, /var/run/gpuslice, /usr/local/gpuslice), of kubelet plugins, CDI or "
-                "of a directory above them are not allowed (paths must be in canonical form): the GPU "
-                "reaches the container through its GpuSlice claim; use an emptyDir or a "
-                "PersistentVolumeClaim for data",
+                "expression": f"{not_gpu} || !has(object.spec.runtimeClassName) || "
+                "object.spec.runtimeClassName == ''",
+                "message": "a pod that holds a GPU slice may not set spec.runtimeClassName: a runtime "
+                "class such as nvidia would hand the container whole GPUs past its slice. Remove it; "
+                "the slice reaches the container through CDI with the node's default runtime",
             },
             {
-                "expression": f"{no_claims} || !("
-                + " || ".join(f"(has(object.spec.{h}) && object.spec.{h})" for h in HOST_NAMESPACES)
-                + ")",
-                "message": "a pod that holds a GPU slice may not use "
-                + ", ".join(HOST_NAMESPACES)
-                + ": in the node's namespaces it could see and signal other tenants' GPU processes or "
-                "reach the node agent. Remove them; the slice needs none",
-            },
-            {
-                "expression": f"{no_claims} || "
-                + _no_container(
-                    "has(ct.securityContext) && has(ct.securityContext.capabilities) && "
-                    "has(ct.securityContext.capabilities.add) && "
-                    f"ct.securityContext.capabilities.add.exists(x, x in {caps})"
-                ),
-                "message": "a container of a pod that holds a GPU slice may not add the capabilities "
-                + ", ".join(DANGEROUS_CAPABILITIES)
-                + ": they allow escaping the slice's limits (mounts, other processes' memory). Remove "
-                "them from securityContext.capabilities.add",
-            },
-            {
-                "expression": f"{no_claims} || "
+                "expression": f"{not_gpu} || "
                 + _no_container("has(ct.volumeDevices) && size(ct.volumeDevices) > 0"),
                 "message": "a container of a pod that holds a GPU slice may not attach raw block devices "
                 "(volumeDevices): mount the PersistentVolumeClaim as a filesystem (volumeMounts) instead",
             },
             {
                 # Only on create: after binding every update of the pod carries the scheduler's choice.
-                "expression": f"{no_claims} || request.operation != 'CREATE' || !has(object.spec.nodeName) "
+                "expression": f"{not_gpu} || request.operation != 'CREATE' || !has(object.spec.nodeName) "
                 "|| object.spec.nodeName == ''",
                 "message": "a pod that holds a GPU slice may not set spec.nodeName: kube-scheduler must "
                 "place it, because it allocates the slice on the node it picks. To steer it, use "
                 "nodeSelector or nodeAffinity",
             },
+        ],
+    )
+
+
+def gpu_nodes_policy() -> dict[str, Any]:
+    """Who may tolerate the GPU node taint. Bound to every namespace but the exempt ones."""
+    tolerations = "(has(object.spec.tolerations) ? object.spec.tolerations : [])"
+    old = "(has(oldObject.spec.tolerations) ? oldObject.spec.tolerations : [])"
+    tenant = (
+        f"has(namespaceObject.metadata.labels) && '{c.LABEL_TENANT}' in namespaceObject.metadata.labels "
+        f"&& namespaceObject.metadata.labels['{c.LABEL_TENANT}'] == 'true'"
+    )
+    return _policy(
+        f"{c.POLICY_PREFIX}gpu-nodes",
+        [_rule("", ["pods"], ["CREATE", "UPDATE"])],
+        [
             {
-                "expression": _no_container(
-                    "has(ct.securityContext) && has(ct.securityContext.privileged) && "
-                    "ct.securityContext.privileged"
-                ),
-                "message": "privileged containers are not allowed in a gpuslice tenant namespace: they "
-                "see every GPU of the node. Remove securityContext.privileged; a GpuSlice claim gives "
-                "the container its slice",
+                "expression": f"!{tolerations}.exists(t, (!has(t.key) || t.key == '') && "
+                "has(t.operator) && t.operator == 'Exists' && "
+                f"(!has(t.effect) || t.effect == '' || t.effect == '{c.TAINT_GPU_EFFECT}'))",
+                "message": "a toleration with operator Exists and no key tolerates every taint, "
+                f"including {c.TAINT_GPU_KEY} that keeps GPU nodes for gpuslice slices. Name the "
+                "taints the pod tolerates (key: ...); a platform component belongs in an exempt "
+                "namespace (the operator's --exempt-namespace)",
             },
+            {
+                "expression": f"!{tolerations}.exists(t, has(t.key) && t.key == '{c.TAINT_GPU_KEY}') || "
+                f"(({tenant}) && {HOLDS_CLAIMS})",
+                "message": f"only pods that hold a GpuSlice's claim in a namespace entitled to gpuslice "
+                f"may tolerate {c.TAINT_GPU_KEY} (the GPU nodes). Remove the toleration; to use a GPU, "
+                "create a GpuSlice and reference its claim (gpuslice adds the toleration itself), or "
+                "ask the platform team for an entitlement for this namespace",
+            },
+        ],
+        match_conditions=[
+            {
+                "name": "tolerations-set-or-changed",
+                "expression": f"request.operation == 'CREATE' || {tolerations} != {old}",
+            }
+        ],
+    )
+
+
+def gpu_toleration_mutation() -> dict[str, Any]:
+    """Adds the GPU taint's toleration to a tenant pod that holds claims (MutatingAdmissionPolicy)."""
+    toleration = (
+        f'Object.spec.tolerations{{key: "{c.TAINT_GPU_KEY}", operator: "Exists", '
+        f'effect: "{c.TAINT_GPU_EFFECT}"}}'
+    )
+    expression = (
+        "has(object.spec.tolerations) ? "
+        f'[JSONPatch{{op: "add", path: "/spec/tolerations/-", value: {toleration}}}] : '
+        f'[JSONPatch{{op: "add", path: "/spec/tolerations", value: [{toleration}]}}]'
+    )
+    return {
+        "apiVersion": ADMISSION_API,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {
+            "name": f"{c.POLICY_PREFIX}gpu-node-toleration",
+            "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE},
+        },
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {"resourceRules": [_rule("", ["pods"], ["CREATE"])]},
+            "matchConditions": [
+                {
+                    "name": "holds-claims-without-the-toleration",
+                    "expression": f"{HOLDS_CLAIMS} && !(has(object.spec.tolerations) && "
+                    f"object.spec.tolerations.exists(t, has(t.key) && t.key == '{c.TAINT_GPU_KEY}'))",
+                }
+            ],
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}],
+        },
+    }
+
+
+def namespace_labels_policy(config: AdmissionConfig) -> dict[str, Any]:
+    """Only the operator sets the tenant label, and the Pod Security enforce labels of tenants."""
+    allowed = _cel_list([*config.operator_identities, *config.extra_identities])
+
+    def label(obj: str, key: str) -> str:
+        return (
+            f"({obj} != null && has({obj}.metadata.labels) && '{key}' in {obj}.metadata.labels ? "
+            f"{obj}.metadata.labels['{key}'] : '')"
+        )
+
+    guarded = (c.PSA_ENFORCE, c.PSA_ENFORCE_VERSION)
+    return _policy(
+        f"{c.POLICY_PREFIX}namespace-labels",
+        [_rule("", ["namespaces"], ["CREATE", "UPDATE"])],
+        [
+            {
+                "expression": f"{label('object', c.LABEL_TENANT)} == {label('oldObject', c.LABEL_TENANT)}",
+                "message": f"the label {c.LABEL_TENANT} is the gpuslice operator's: it sets it on the "
+                "namespaces a GpuPackage entitlement selects, together with their quota and Pod "
+                "Security level. Remove it from the namespace; to make the namespace a tenant, ask the "
+                "platform team for an entitlement whose namespaceSelector matches its labels",
+            },
+            {
+                "expression": f"{label('oldObject', c.LABEL_TENANT)} != 'true' || "
+                + " && ".join(f"{label('object', k)} == {label('oldObject', k)}" for k in guarded),
+                "message": "the Pod Security enforce labels of a gpuslice tenant namespace are set by the "
+                "gpuslice operator (its --pod-security level, baseline or restricted): they keep pods "
+                "off the node and out of other tenants' slices. Leave them; ask the platform team for "
+                "--pod-security restricted if you want a stricter level",
+            },
+        ],
+        match_conditions=[
+            {"name": "not-the-operator", "expression": f"!(request.userInfo.username in {allowed})"}
         ],
     )
 
@@ -303,6 +404,63 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
     )
 
 
+def _other_claim_policy(name: str, resource: str, base: str) -> dict[str, Any]:
+    """Claims that name no gpuslice DeviceClass must not reach gpuslice devices another way."""
+    requests = f"{base}.devices.requests"
+    uses = (
+        f"has({base}.devices) && has({requests}) && {requests}.exists(r, "
+        f"(has(r.exactly) && r.exactly.deviceClassName.endsWith('{c.DEVICE_CLASS_SUFFIX}')) || "
+        f"(has(r.firstAvailable) && r.firstAvailable.exists(s, "
+        f"s.deviceClassName.endsWith('{c.DEVICE_CLASS_SUFFIX}'))))"
+    )
+
+    # Every exact request and every firstAvailable subrequest, as one list of maps of the same shape.
+    def each(cond: str) -> str:
+        return (
+            f"{requests}.exists(r, (has(r.exactly) && {cond.replace('X', 'r.exactly')}) || "
+            f"(has(r.firstAvailable) && r.firstAvailable.exists(s, {cond.replace('X', 's')})))"
+        )
+
+    names_us = (
+        "has(X.selectors) && X.selectors.exists(sel, has(sel.cel) && "
+        "sel.cel.expression.lowerAscii().contains('gpuslice'))"
+    )
+    tenant = (
+        f"has(namespaceObject.metadata.labels) && '{c.LABEL_TENANT}' in namespaceObject.metadata.labels "
+        f"&& namespaceObject.metadata.labels['{c.LABEL_TENANT}'] == 'true'"
+    )
+    wide = "(has(X.allocationMode) && X.allocationMode == 'All') || (has(X.adminAccess) && X.adminAccess)"
+    tail = (
+        ". gpuslice devices are reached only through a GpuSlice (or a claim of the documented form "
+        f"for <package>{c.DEVICE_CLASS_SUFFIX}): create a GpuSlice instead"
+    )
+    return _policy(
+        name,
+        [_rule(c.DRA_GROUP, [resource], ["CREATE", "UPDATE"])],
+        [
+            {
+                "expression": f"!has({base}.devices) || !has({requests}) || !({each(names_us)})",
+                "message": "a claim for another DeviceClass may not select devices with a CEL selector "
+                "that names gpuslice (for instance device.driver == 'gpuslice.io')" + tail,
+            },
+            {
+                "expression": f"!has({base}.devices) || !has({base}.devices.config) || "
+                f"!{base}.devices.config.exists(cf, has(cf.opaque) && "
+                f"cf.opaque.driver.lowerAscii().contains('gpuslice'))",
+                "message": f"a claim may not pass configuration to driver {c.DRIVER_NAME}: the product "
+                "fixes it" + tail,
+            },
+            {
+                "expression": f"!({tenant}) || !has({base}.devices) || !has({requests}) || !({each(wide)})",
+                "message": "in a gpuslice tenant namespace a claim may not use allocationMode All or "
+                "adminAccess, for any DeviceClass: either could take every GPU slice of a node. Ask for "
+                "a count of devices (allocationMode ExactCount)" + tail,
+            },
+        ],
+        match_conditions=[{"name": "names-no-gpuslice-class", "expression": f"!({uses})"}],
+    )
+
+
 def vm_policy() -> dict[str, Any]:
     def devices_ok(spec: str) -> str:
         parts = []
@@ -340,7 +498,6 @@ def vm_policy() -> dict[str, Any]:
 
 def protect_policy(config: AdmissionConfig) -> dict[str, Any]:
     allowed = _cel_list([*config.operator_identities, *config.extra_identities, *CONTROLLER_IDENTITIES])
-    prefixes = _cel_list(list(CONTROLLER_IDENTITY_PREFIXES))
     return _policy(
         f"{c.POLICY_PREFIX}protect",
         [
@@ -349,8 +506,7 @@ def protect_policy(config: AdmissionConfig) -> dict[str, Any]:
         ],
         [
             {
-                "expression": f"request.userInfo.username in {allowed} || "
-                f"{prefixes}.exists(p, request.userInfo.username.startsWith(p))",
+                "expression": f"request.userInfo.username in {allowed}",
                 "message": "this object is managed by gpuslice and only the gpuslice operator changes "
                 "it: edit or delete the GpuSlice (claims, templates) or ask the platform team to change "
                 "the GpuPackage (DeviceClasses, quotas) instead",
@@ -363,9 +519,21 @@ def admission_objects(config: AdmissionConfig) -> list[dict[str, Any]]:
     """Every policy and binding, policies first (a binding to a missing policy is inert, not an error)."""
     tenant = {"namespaceSelector": _tenant_selector()}
     managed = {"objectSelector": {"matchLabels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}}}
+    not_exempt = {
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": c.LABEL_NAMESPACE_NAME,
+                    "operator": "NotIn",
+                    "values": sorted(set(config.exempt_namespaces)),
+                }
+            ]
+        }
+    }
     pairs: list[tuple[dict[str, Any], list[str], dict[str, Any] | None]] = [
         (pods_policy(), ["Deny"], tenant),
         (pod_memory_policy(config.memory_floor), ["Warn"], tenant),
+        (gpu_nodes_policy(), ["Deny"], not_exempt),
         (
             _claim_policy(
                 f"{c.POLICY_PREFIX}claims", "resourceclaims", "object.spec", "object.metadata.labels"
@@ -383,9 +551,24 @@ def admission_objects(config: AdmissionConfig) -> list[dict[str, Any]]:
             ["Deny"],
             None,
         ),
+        (
+            _other_claim_policy(f"{c.POLICY_PREFIX}other-claims", "resourceclaims", "object.spec"),
+            ["Deny"],
+            None,
+        ),
+        (
+            _other_claim_policy(
+                f"{c.POLICY_PREFIX}other-claim-templates", "resourceclaimtemplates", "object.spec.spec"
+            ),
+            ["Deny"],
+            None,
+        ),
+        (namespace_labels_policy(config), ["Deny"], None),
         (vm_policy(), ["Deny"], tenant),
         (protect_policy(config), ["Deny"], managed),
     ]
     policies = [p for p, _, _ in pairs]
     bindings = [_binding(p["metadata"]["name"], actions, match) for p, actions, match in pairs]
-    return policies + bindings
+    mutation = gpu_toleration_mutation()
+    mutating = [mutation, _binding(mutation["metadata"]["name"], None, tenant, "MutatingAdmissionPolicy")]
+    return policies + mutating[:1] + bindings + mutating[1:]

@@ -8,12 +8,13 @@ ResourceQuota without a key does not limit that key at all.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.quantity import parse_int_quantity
+from gpuslice.domain.isolation import pod_security_labels
 from gpuslice.domain.ownership import managed_labels
 from gpuslice.domain.selectors import matches
 
@@ -35,6 +36,8 @@ class TenantState:
     namespace: str
     tenant: bool
     hard: dict[str, str]
+    #: The labels gpuslice keeps on a tenant namespace: the tenant label and its Pod Security level.
+    labels: dict[str, str] = field(default_factory=dict)
 
     def quota(self) -> dict[str, Any] | None:
         if not self.tenant:
@@ -49,21 +52,33 @@ class TenantState:
     def namespace_patch(self) -> dict[str, Any]:
         """Server-side apply body for the Namespace: it holds only the fields gpuslice owns.
 
-        Applying it without the label removes the label again, since gpuslice's field manager owns it.
+        Applying it without the labels releases them (removed unless another manager owns them too);
+        a tenant label someone else set is removed by `untenant_patch`.
         """
         meta: dict[str, Any] = {"name": self.namespace}
         if self.tenant:
-            meta["labels"] = {c.LABEL_TENANT: "true"}
+            meta["labels"] = dict(self.labels)
         return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
+def untenant_patch() -> list[dict[str, Any]]:
+    """JSON patch removing the tenant label whoever set it (server-side apply cannot remove a field
+    another field manager owns); the test makes it a no-op failure, not a wrong removal, if it is gone."""
+    path = "/metadata/labels/" + c.LABEL_TENANT.replace("~", "~0").replace("/", "~1")
+    return [{"op": "test", "path": path, "value": "true"}, {"op": "remove", "path": path}]
+
+
 def tenant_state(
-    namespace: str, namespace_labels: Mapping[str, str], packages: Mapping[str, GpuPackageSpec]
+    namespace: str,
+    namespace_labels: Mapping[str, str],
+    packages: Mapping[str, GpuPackageSpec],
+    pod_security: str = "baseline",
 ) -> TenantState:
     entitled = {name: entitled_slices(spec, namespace_labels) for name, spec in packages.items()}
     tenant = any(v is not None for v in entitled.values())
     hard = {c.quota_key(name): str(v or 0) for name, v in sorted(entitled.items())} if tenant else {}
-    return TenantState(namespace=namespace, tenant=tenant, hard=hard)
+    labels = {c.LABEL_TENANT: "true", **pod_security_labels(namespace_labels, pod_security)} if tenant else {}
+    return TenantState(namespace=namespace, tenant=tenant, hard=hard, labels=labels)
 
 
 @dataclass(frozen=True)
@@ -73,11 +88,15 @@ class ObservedTenant:
     labeled: bool
     quota_hard: dict[str, str] | None
     quota_labels: dict[str, str] | None = None
+    #: The namespace's labels (to see whether its Pod Security labels are as desired).
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def changes(desired: TenantState, observed: ObservedTenant) -> tuple[bool, str]:
-    """What to write: (namespace label needs applying, quota action 'apply' / 'delete' / '')."""
-    label_change = desired.tenant != observed.labeled
+    """What to write: (namespace labels need applying, quota action 'apply' / 'delete' / '')."""
+    label_change = desired.tenant != observed.labeled or any(
+        observed.labels.get(k) != v for k, v in desired.labels.items() if k != c.LABEL_TENANT
+    )
     if desired.tenant:
         same = observed.quota_hard is not None and _normalise(observed.quota_hard) == _normalise(desired.hard)
         same = same and (observed.quota_labels or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE

@@ -37,6 +37,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="warn at admission when a container holding a slice has a memory limit below this (default 1Gi)",
     )
     p.add_argument(
+        "--pod-security",
+        choices=("baseline", "restricted"),
+        default="baseline",
+        help="Pod Security level enforced on every tenant namespace (default baseline; never weaker)",
+    )
+    p.add_argument(
+        "--exempt-namespace",
+        action="append",
+        default=None,
+        metavar="NS",
+        help="a platform namespace whose pods may tolerate the GPU node taint; repeatable (default: "
+        "kube-system; the operator's own namespace is always exempt)",
+    )
+    p.add_argument(
+        "--gpu-node-label",
+        default="nvidia.com/gpu.present=true",
+        metavar="KEY=VALUE",
+        help="nodes with this label are GPU nodes: the operator keeps the taint gpuslice.io/gpu="
+        "present:NoExecute on them (default nvidia.com/gpu.present=true; empty: no tainting)",
+    )
+    p.add_argument(
         "--liveness",
         default=None,
         metavar="URL",
@@ -81,6 +102,9 @@ def _run(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig,
             operator_identities=tuple(args.operator_identity),
             memory_floor=args.memory_floor,
+            pod_security=args.pod_security,
+            exempt_namespaces=tuple(args.exempt_namespace or ("kube-system",)),
+            gpu_node_label=args.gpu_node_label,
             resync_seconds=args.resync_seconds,
             recheck_seconds=args.recheck_seconds,
             liveness_endpoint=args.liveness,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, field_validator
 
+from gpuslice import constants as c
 from gpuslice.api.quantity import parse_int_quantity
 
 
@@ -13,6 +16,13 @@ class OperatorConfig(BaseModel):
     #: SelfSubjectReview) is always added.
     operator_identities: tuple[str, ...] = ()
     memory_floor: str = "1Gi"
+    #: Pod Security level enforced on every tenant namespace; never weaker than baseline.
+    pod_security: Literal["baseline", "restricted"] = "baseline"
+    #: Platform namespaces whose pods may tolerate the GPU node taint; the operator's own namespace is
+    #: added at start-up (from its service account).
+    exempt_namespaces: tuple[str, ...] = ("kube-system",)
+    #: `key=value` of the label that marks GPU nodes; the operator taints them. Empty: no tainting.
+    gpu_node_label: str = c.GPU_NODE_LABEL
     #: Safety-net resync of every slice's status; changes normally arrive by watch events.
     resync_seconds: float = Field(default=30.0, gt=0)
     #: How often what no watch event announces is re-read (capacity elsewhere, for Pending slices and
@@ -33,4 +43,11 @@ class OperatorConfig(BaseModel):
             parse_int_quantity(v)
         except ValueError as exc:
             raise ValueError(f"--memory-floor {v!r} is not a quantity like 1Gi or 512Mi") from exc
+        return v
+
+    @field_validator("gpu_node_label")
+    @classmethod
+    def _node_label(cls, v: str) -> str:
+        if v and ("=" not in v or not v.split("=", 1)[0]):
+            raise ValueError(f"--gpu-node-label {v!r} is not key=value, like {c.GPU_NODE_LABEL}")
         return v

@@ -107,6 +107,8 @@ class Indexes:
         self.device_classes: kopf.Index[str, str] = kw["gs_device_classes"]
         self.admission_policies: kopf.Index[str, AdmissionView] = kw["gs_admission_policies"]
         self.admission_bindings: kopf.Index[str, AdmissionView] = kw["gs_admission_bindings"]
+        self.mutating_policies: kopf.Index[str, AdmissionView] = kw["gs_mutating_policies"]
+        self.mutating_bindings: kopf.Index[str, AdmissionView] = kw["gs_mutating_bindings"]
 
 
 # --- GpuPackages and GpuSlices ----------------------------------------------------------------------
@@ -189,6 +191,20 @@ def gs_admission_policies(
 
 @kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", labels=MANAGED)
 def gs_admission_bindings(
+    name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
+) -> dict[str, AdmissionView]:
+    return {name: AdmissionView(dict(labels), dict(spec))}
+
+
+@kopf.index("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", labels=MANAGED)
+def gs_mutating_policies(
+    name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
+) -> dict[str, AdmissionView]:
+    return {name: AdmissionView(dict(labels), dict(spec))}
+
+
+@kopf.index("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings", labels=MANAGED)
+def gs_mutating_bindings(
     name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
 ) -> dict[str, AdmissionView]:
     return {name: AdmissionView(dict(labels), dict(spec))}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -105,6 +105,39 @@ class Kube:
             return False
         except ApiException as exc:
             if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def json_patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        ops: list[dict[str, Any]],
+        namespace: str | None = None,
+        *,
+        missing_ok: bool = False,
+    ) -> bool:
+        """A JSON patch (RFC 6902); with `missing_ok`, a failed `test` op or a gone object is False."""
+        dyn = await self.dyn()
+        res = await self._resource(api_version, kind)
+        try:
+            _checked(
+                await dyn.patch(
+                    res,
+                    body=cast(Any, ops),  # a JSON patch is a list; the stubs know only objects
+                    name=name,
+                    namespace=namespace,
+                    content_type="application/json-patch+json",
+                )
+            )
+        except NotFoundError:
+            if missing_ok:
+                return False
+            raise
+        except ApiException as exc:
+            if missing_ok and exc.status in (404, 422):
                 return False
             raise
         return True

@@ -26,7 +26,9 @@ def desired_objects(state: OperatorState) -> dict[tuple[str, str], dict[str, Any
     # Built once per process: they depend on the configuration only, and the package timers ask often.
     if state.admission is None:
         cfg = AdmissionConfig(
-            operator_identities=state.config.operator_identities, memory_floor=state.config.memory_floor
+            operator_identities=state.config.operator_identities,
+            memory_floor=state.config.memory_floor,
+            exempt_namespaces=state.config.exempt_namespaces,
         )
         state.admission = {(o["kind"], o["metadata"]["name"]): o for o in admission_objects(cfg)}
     return state.admission
@@ -76,6 +78,8 @@ async def ensure_policies(state: OperatorState, idx: Indexes) -> None:
     indexes = {
         "ValidatingAdmissionPolicy": idx.admission_policies,
         "ValidatingAdmissionPolicyBinding": idx.admission_bindings,
+        "MutatingAdmissionPolicy": idx.mutating_policies,
+        "MutatingAdmissionPolicyBinding": idx.mutating_bindings,
     }
     for (kind, name), obj in desired_objects(state).items():
         seen: AdmissionView | None = one(indexes[kind], name)
@@ -94,3 +98,17 @@ async def policy_event(name: str, type: str | None, body: kopf.Body, memo: kopf.
 @kopf.on.event("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", labels=MANAGED)
 async def binding_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await fast_path(_restore("ValidatingAdmissionPolicyBinding", name, type, body, memo.state), TIMER)
+
+
+@kopf.on.event("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", labels=MANAGED)
+async def mutating_policy_event(
+    name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    await fast_path(_restore("MutatingAdmissionPolicy", name, type, body, memo.state), TIMER)
+
+
+@kopf.on.event("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings", labels=MANAGED)
+async def mutating_binding_event(
+    name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    await fast_path(_restore("MutatingAdmissionPolicyBinding", name, type, body, memo.state), TIMER)

@@ -41,17 +41,25 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     # all indexes are filled, so a limit below the number of objects deadlocks the start-up.
 
 
+def own_namespace(username: str) -> list[str]:
+    """The namespace of a service account user (`system:serviceaccount:<ns>:<name>`); none otherwise."""
+    parts = username.split(":")
+    return [parts[2]] if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] else []
+
+
 async def _prepare(config: OperatorConfig) -> OperatorState:
     api = await load_config(config.kubeconfig)
     kube = Kube(api)
     me = await kube.whoami()
     identities = tuple(dict.fromkeys([me, *config.operator_identities]))
-    state = OperatorState(config=config.model_copy(update={"operator_identities": identities}), kube=kube)
+    exempt = tuple(dict.fromkeys([*config.exempt_namespaces, *own_namespace(me)]))
+    update = {"operator_identities": identities, "exempt_namespaces": exempt}
+    state = OperatorState(config=config.model_copy(update=update), kube=kube)
     return state
 
 
 def _register_startup(state: OperatorState) -> None:
-    from gpuslice.operator import packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
+    from gpuslice.operator import nodes, packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
     # Timers take their intervals from the configuration, so they are registered now, not at import.
     slices.register(state.config)

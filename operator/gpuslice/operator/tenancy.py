@@ -15,7 +15,7 @@ import kopf
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.domain.tenancy import ObservedTenant, changes, tenant_state
+from gpuslice.domain.tenancy import ObservedTenant, changes, tenant_state, untenant_patch
 from gpuslice.logs import get
 from gpuslice.metrics import WRITES
 from gpuslice.operator.indexes import MANAGED, Indexes, PackageView, ns_of
@@ -48,12 +48,15 @@ async def reconcile_namespace(
     if ns is None or ns.terminating:
         state.unsynced_namespaces.discard(namespace)
         return
-    desired = tenant_state(namespace, ns.labels, live_packages(idx.packages, exclude))
+    desired = tenant_state(
+        namespace, ns.labels, live_packages(idx.packages, exclude), state.config.pod_security
+    )
     ours = next((q for q in values(idx.quotas, namespace) if q.name == c.QUOTA_NAME), None)
     observed = ObservedTenant(
         labeled=ns.labels.get(c.LABEL_TENANT) == "true",
         quota_hard=dict(ours.spec_hard) if ours else None,
         quota_labels=dict(ours.labels) if ours else None,
+        labels=dict(ns.labels),
     )
     label_change, quota_action = changes(desired, observed)
     state.unsynced_namespaces.add(namespace)  # until every write below is accepted
@@ -64,10 +67,14 @@ async def reconcile_namespace(
             await state.kube.apply(quota)
             WRITES.labels("ResourceQuota", "apply").inc()
             log.info("quota applied", namespace=namespace, hard=desired.hard)
+        if label_change and not desired.tenant and observed.labeled:
+            # Whoever set it (before the namespace-labels policy, or an admin): gone, not just released.
+            await state.kube.json_patch("v1", "Namespace", namespace, untenant_patch(), missing_ok=True)
+            WRITES.labels("Namespace", "patch").inc()
         if label_change:
             await state.kube.apply(desired.namespace_patch())
             WRITES.labels("Namespace", "apply").inc()
-            log.info("tenant label", namespace=namespace, tenant=desired.tenant)
+            log.info("tenant labels", namespace=namespace, tenant=desired.tenant, labels=desired.labels)
         if quota_action == "delete":
             await state.kube.delete("v1", "ResourceQuota", c.QUOTA_NAME, namespace)
             WRITES.labels("ResourceQuota", "delete").inc()

@@ -1,0 +1,58 @@
+"""Whether the agent may prepare an allocated device for a claim: the node's last word on a claim.
+
+Admission keeps tenants to the documented claim form, but a claim for another DeviceClass whose
+selector happens to match gpuslice devices (a class without a driver selector, `allocationMode: All`)
+can still be allocated a gpuslice device by kube-scheduler. The agent prepares a device only when
+the request that got it names that device's own DeviceClass (`<package>.gpuslice.io`), without
+admin access; anything else is refused, so the pod never starts with the device. (The namespace is
+admission's to check: gpuslice DeviceClasses are refused outside entitled namespaces.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuslice import constants as c
+
+
+def _request_class(claim: Mapping[str, Any], request: str) -> tuple[str | None, bool]:
+    """(deviceClassName, adminAccess) of the request (or `request/subrequest`) named in a result."""
+    name, _, sub = request.partition("/")
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if r.get("name") != name:
+            continue
+        if sub:
+            for s in r.get("firstAvailable") or []:
+                if s.get("name") == sub:
+                    return s.get("deviceClassName"), False
+            return None, False
+        exactly = r.get("exactly") or {}
+        return exactly.get("deviceClassName"), bool(exactly.get("adminAccess"))
+    return None, False
+
+
+def _result_admin_access(claim: Mapping[str, Any], request: str, device: str) -> bool:
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+    return any(
+        r.get("request") == request and r.get("device") == device and r.get("adminAccess")
+        for r in results or []
+    )
+
+
+def refusal(claim: Mapping[str, Any], request: str, device: str, package: str | None) -> str | None:
+    """Why `device` (published for `package`), allocated to `request` of the claim, must not be
+    prepared; None when it may."""
+    if package is None:
+        return f"device {device} belongs to no gpuslice package"
+    want = c.device_class_name(package)
+    cls, admin = _request_class(claim, request)
+    if cls != want:
+        return (
+            f"request {request!r} asks for DeviceClass {cls!r}, but device {device} is a slice of "
+            f"package {package} and is handed out only through DeviceClass {want}: create a GpuSlice "
+            f"(spec.package: {package}) instead"
+        )
+    if admin or _result_admin_access(claim, request, device):
+        return "adminAccess to gpuslice devices is not supported: a slice is for one workload"
+    return None

@@ -1,0 +1,39 @@
+"""GPU nodes keep the taint gpuslice.io/gpu=present:NoExecute (see domain.isolation).
+
+Level-triggered on every Node event: a GPU node without the taint gets it appended; a refused patch
+is logged and tried again at the node's next event (kubelet updates its Node status at least every
+few minutes). Nodes get no timer: a Kopf timer would put its finalizer on every Node.
+The operator never removes the taint: taking a node out of GPU service is the platform's decision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from gpuslice.domain.isolation import taint_patch
+from gpuslice.logs import get
+from gpuslice.metrics import WRITES
+from gpuslice.operator.retry import fast_path, refusal_is_temporary
+from gpuslice.operator.state import OperatorState
+
+log = get(__name__)
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(
+    name: str, type: str | None, labels: kopf.Labels, spec: kopf.Spec, memo: kopf.Memo, **_: Any
+) -> None:
+    if type == "DELETED":
+        return
+    ops = taint_patch(dict(labels), list(spec.get("taints") or []), memo.state.config.gpu_node_label)
+    if ops is not None:
+        await fast_path(_taint(memo.state, name, ops), "the next event of the Node")
+
+
+async def _taint(state: OperatorState, name: str, ops: list[dict[str, Any]]) -> None:
+    with refusal_is_temporary(f"node {name}", state.config.recheck_seconds):
+        if await state.kube.json_patch("v1", "Node", name, ops, missing_ok=True):
+            WRITES.labels("Node", "patch").inc()
+            log.info("GPU node tainted", node=name, taint=ops[-1]["value"])
