@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.dev.devcluster.node_agents import start_agents
 from gpuslice.dev.devcluster.realnode import start_real_nodes

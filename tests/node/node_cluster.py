@@ -52,9 +52,8 @@ def run_pod(cluster: DevCluster, docs: list[dict[str, object]], timeout: float =
     if proc.returncode != 0:
         events = cluster.kubectl("get", "events", "-n", TENANT, "-o", "wide", check=False).stdout
         described = cluster.kubectl("describe", "pod", pod, "-n", TENANT, check=False).stdout
-        raise AssertionError(
-            f"pod {pod} not Ready after {time.monotonic() - started:.0f}s:\n{described[-3000:]}\n{events[-2000:]}"
-        )
+        waited = time.monotonic() - started
+        raise AssertionError(f"pod {pod} not Ready after {waited:.0f}s:\n{described[-3000:]}\n{events[-2000:]}")
     return pod
 
 
