@@ -53,7 +53,7 @@ def run_pod(cluster: DevCluster, docs: list[dict[str, object]], timeout: float =
         events = cluster.kubectl("get", "events", "-n", TENANT, "-o", "wide", check=False).stdout
         described = cluster.kubectl("describe", "pod", pod, "-n", TENANT, check=False).stdout
         waited = time.monotonic() - started
-        raise AssertionError(f"pod {pod} not Ready after {waited:.0f}s:\n{described[-3000:]}\n{events[-2000:]}")
+        raise AssertionError(f"pod {pod} not Ready ({waited:.0f}s):\n{described[-2500:]}\n{events[-1500:]}")
     return pod
 
 
