@@ -1,8 +1,9 @@
 """`gpuslice demo`: the whole product on this machine, playing the field report (README.md, "make demo").
 
-A devcluster with simulated V100 nodes, the CRDs, the three V100 products, two tenant namespaces,
-the operator and one agent per node; then each lesson of the field report as a step with its result.
-It leaves the cluster running and says what to try next.
+A devcluster with real nodes (kubelet + containerd + runc on this machine) over simulated V100s, the
+CRDs, the three V100 products, two tenant namespaces, the operator and one agent per node; then each
+lesson of the field report as a step with its result, the workloads being real pods of the probe
+image. It leaves the cluster running and says what to try next.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +28,8 @@ REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "manifests" / "samples"
 GPU_MODEL = "Tesla V100-PCIE-32GB"
 
-#: Runs inside the "container": what `nvidia-smi --query-gpu=name,memory.total` prints, via NVML.
-NVIDIA_SMI_QUERY = """
-import pynvml
-pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(0)
-name = pynvml.nvmlDeviceGetName(h)
-name = name.decode() if isinstance(name, bytes) else name
-print(f"{name}, {pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20} MiB")
-"""
-
-#: Runs inside the "container": allocate through the CUDA driver API like a framework would.
-CUDA_ALLOC = """
-import ctypes, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
-ctx = ctypes.c_void_p(); assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
-for gib in [float(a) for a in sys.argv[1:]]:
-    ptr = ctypes.c_uint64()
-    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(gib * 2**30)))
-    name = {0: "CUDA_SUCCESS", 2: "CUDA_ERROR_OUT_OF_MEMORY"}.get(rc, "")
-    print(f"cuMemAlloc({gib:g} GiB) -> {rc} {name}")
-"""
+#: The workload image: busybox and `gpuslice-probe` (smi, alloc, hold, burn), built and imported at `up`.
+PROBE_IMAGE = "localhost/gpuslice/probe:dev"
 
 
 class DemoError(RuntimeError):
@@ -134,14 +113,16 @@ class Demo:
                 "kind": "Pod",
                 "metadata": {"name": name, "namespace": ns},
                 "spec": {
+                    "terminationGracePeriodSeconds": 1,
                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
                     "containers": [
                         {
                             "name": "main",
-                            "image": "ollama/ollama:latest",
+                            "image": PROBE_IMAGE,
+                            "command": ["sleep", "86400"],
                             "resources": {
                                 "claims": [{"name": "gpu"}],
-                                "requests": {"cpu": "500m", "memory": "2Gi"},
+                                "requests": {"cpu": "100m", "memory": "256Mi"},
                                 "limits": {"memory": memory_limit},
                             },
                         }
@@ -162,17 +143,22 @@ class Demo:
 
     # --- the story --------------------------------------------------------------------------------
     def run(self) -> None:
-        self.step(f"A real control plane with {self.nodes} simulated GPU node(s) of {self.spec}")
+        from gpuslice.dev.devcluster.realnode import start_real_nodes
+
+        self.step(
+            f"A real control plane and {self.nodes} real node(s) (kubelet, containerd), each with {self.spec}"
+        )
         if self.cluster.state() is not None:
             self._progress(f"starting from scratch: stopping and wiping the devcluster in {self.cluster.dir}")
-        self.cluster.up(nodes=self.nodes, fresh=True)
+        self.cluster.up(nodes=0, fresh=True)
+        start_real_nodes(self.cluster, self.nodes)
         self.setup()
         alice = self.cluster.tenant_kubeconfig("alice", ["team-a"])
         bob = self.cluster.tenant_kubeconfig("bob", ["team-b"])
         self.raw_gpu_request(alice)
         self.hand_written_template(alice)
         self.allocate(alice)
-        self.inside_the_container()
+        self.inside_the_container(alice)
         self.capacity_wait(bob)
         self.usage()
         self.bypass()
@@ -249,7 +235,7 @@ class Demo:
                 "containers": [
                     {
                         "name": "main",
-                        "image": "ollama/ollama",
+                        "image": PROBE_IMAGE,
                         "resources": {"limits": {"nvidia.com/gpu": "1"}},
                     }
                 ]
@@ -306,7 +292,9 @@ class Demo:
             "-f",
             "-",
             user=alice,
-            input=self.gpuslice("team-a", "llm", "v100-8g") + "---\n" + self.pod("team-a", "ollama", "llm"),
+            input=self.gpuslice("team-a", "llm", "v100-8g")
+            + "---\n"
+            + self.pod("team-a", "llm-worker", "llm"),
         )
         if proc.returncode != 0:
             raise DemoError(f"creating the slice failed: {proc.stderr}")
@@ -318,21 +306,30 @@ class Demo:
             f"device {status.get('device')}"
         )
 
-    def inside_the_container(self) -> None:
-        from gpuslice.dev.devcluster.kubelet import run_in_pod
+    def exec(self, ns: str, pod: str, *command: str, user: Path | None = None) -> str:
+        proc = self.kubectl("exec", "-n", ns, pod, "--", *command, user=user)
+        if proc.returncode != 0:
+            raise DemoError(f"kubectl exec {pod} -- {' '.join(command)} failed: {proc.stderr.strip()}")
+        return proc.stdout
 
+    def inside_the_container(self, alice: Path) -> None:
+        self.kubectl("wait", "--for=condition=Ready", "pod/llm-worker", "-n", "team-a", "--timeout=90s")
         self.step(
-            "Lesson 7: inside the workload, through the shim (kubelet prepare -> CDI -> libgpuslice.so)"
+            "Lesson 7: inside the pod, through the shim (kubelet -> agent -> CDI -> containerd -> runc)"
         )
-        out = run_in_pod(self.cluster, "team-a", "ollama", [sys.executable, "-c", NVIDIA_SMI_QUERY])
-        if out.returncode != 0:
-            raise DemoError(f"the workload failed: {out.stderr}")
-        self.ok("nvidia-smi --query-gpu=name,memory.total --format=csv,noheader  prints:")
-        self.show(out.stdout)
+        self.ok(
+            "kubectl exec llm-worker -- gpuslice-probe smi   (as nvidia-smi --query-gpu=name,memory.total):"
+        )
+        self.show(self.exec("team-a", "llm-worker", "gpuslice-probe", "smi", user=alice))
         self.step("Memory is enforced: allocations past the 8 GiB slice are refused")
-        out = run_in_pod(self.cluster, "team-a", "ollama", [sys.executable, "-c", CUDA_ALLOC, "4", "3", "2"])
-        self.show(out.stdout)
+        self.show(
+            self.exec("team-a", "llm-worker", "gpuslice-probe", "alloc", "4Gi", "3Gi", "2Gi", user=alice)
+        )
         self.ok("4 + 3 GiB fit in the slice; 2 GiB more would pass 8 GiB and never reaches the driver")
+        attack = "echo > /etc/ld.so.preload; rm /etc/ld.so.preload; echo > /etc/gpuslice/slice.conf"
+        proc = self.kubectl("exec", "-n", "team-a", "llm-worker", "--", "sh", "-c", attack, user=alice)
+        self.ok("the container's root cannot take the shim out or raise its limit (read-only bind mounts):")
+        self.show(proc.stderr)
 
     def capacity_wait(self, bob: Path) -> None:
         self.step("Quota is an entitlement, not a reservation: fill every V100, then ask for one more")
@@ -376,11 +373,13 @@ class Demo:
             self.ok(f"team-b/{waiting} started by itself: {st['phase']} on {st.get('node')}")
 
     def usage(self) -> None:
-        self.step("Real usage in status: a workload holds 3 GiB of its slice for a while")
-        from gpuslice.dev.devcluster.kubelet import prepare_pod
-
-        prepared = prepare_pod(self.cluster, "team-a", "ollama")
-        with _holding(prepared.env, gib=3, seconds=40):
+        self.step("Real usage in status: the workload holds 3 GiB of its slice for a while")
+        hold = subprocess.Popen(
+            [str(self.cluster.bins.kubectl), f"--kubeconfig={self.cluster.kubeconfig}", "exec",
+             "-n", "team-a", "llm-worker", "--", "gpuslice-probe", "hold", "3Gi", "60"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
             st = self.wait(
                 "the agent to report usage into GpuSlice team-a/llm",
                 lambda: (
@@ -390,23 +389,34 @@ class Demo:
                 ),
                 timeout=60,
             )
-            u = st["usage"]
-            self.ok(
-                f"status.usage: {u['memoryUsedBytes'] / c.GIB:.1f} GiB "
-                f"of {u['memoryLimitBytes'] / c.GIB:.0f} GiB used, "
-                f"{len(u.get('processes') or [])} process(es), read at {u.get('time')}"
-            )
+        finally:
+            self.kubectl("exec", "-n", "team-a", "llm-worker", "--", "killall", "gpuslice-probe")
+            hold.wait(timeout=30)
+        u = st["usage"]
+        self.ok(
+            f"status.usage: {u['memoryUsedBytes'] / c.GIB:.1f} GiB "
+            f"of {u['memoryLimitBytes'] / c.GIB:.0f} GiB used, "
+            f"{len(u.get('processes') or [])} process(es), read at {u.get('time')}"
+        )
 
     def bypass(self) -> None:
+        from gpuslice.dev.devcluster.node_agents import fake_gpu_config
+        from gpuslice.dev.gpusim import simulate
+        from gpuslice.dev.gpusim.build import ensure_built
+
         self.step(
             "Isolation is best-effort: a process that bypasses the shim is caught by the agent's NVML check"
         )
-        from gpuslice.dev.devcluster.kubelet import prepare_pod
-
-        prepared = prepare_pod(self.cluster, "team-a", "ollama")
-        # Same GPU and driver as the workload, but without libgpuslice.so: nothing limits it.
-        env = {k: v for k, v in prepared.env.items() if k != "LD_PRELOAD"}
-        with _holding(env, gib=12, seconds=60):
+        node = self.slice_status("team-a", "llm")["node"]
+        built = ensure_built()
+        # A process on the node's card without libgpuslice.so (here on the host, outside any pod):
+        # nothing limits it, and the driver shows its memory to the agent.
+        env = {**os.environ, **simulate.fake_driver_env(fake_gpu_config(self.cluster, node), built.fake_dir)}
+        holder = subprocess.Popen(
+            [str(built.tests_dir / "cuda_probe"), "hold", str(12 * c.GIB)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
             cond = self.wait(
                 "the MemoryIsolated condition of team-a/llm to turn False",
                 lambda: next(
@@ -419,14 +429,18 @@ class Demo:
                 ),
                 timeout=60,
             )
-            self.ok(f"condition MemoryIsolated=False ({cond['reason']}):")
-            self.show(textwrap.fill(cond["message"], 100))
-            events = self.kubectl(
-                "get", "events", "-n", "team-a", "--field-selector", "reason=SliceMemoryViolation",
-                "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name",
-            )  # fmt: skip
-            self.show(events.stdout)
-            self.ok("gpuslice agent --stop-violators would also have stopped that process")
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=30)
+        self.ok(f"condition MemoryIsolated=False ({cond['reason']}):")
+        self.show(textwrap.fill(cond["message"], 100))
+        events = self.kubectl(
+            "get", "events", "-n", "team-a", "--field-selector", "reason=SliceMemoryViolation",
+            "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name",
+        )  # fmt: skip
+        self.show(events.stdout)
+        self.ok("gpuslice agent --stop-violators would also have stopped that process")
 
     def tables(self) -> None:
         self.step("What tenants and the platform team see")
@@ -444,30 +458,12 @@ The cluster is still running. Try:
   export KUBECONFIG={self.cluster.kubeconfig}
   {kubectl} get gpuslices -A
   {gs} explain team-b/big-{self.nodes - 1}
-  {gs} shim run --memory 8Gi --simulate-gpus "1x {GPU_MODEL}" -- {sys.executable} -c \\
-      'import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); \\
-       print(pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetMemoryInfo(h).total)'
+  {kubectl} exec -n team-a llm-worker -- gpuslice-probe smi
+  {kubectl} exec -it -n team-a llm-worker -- sh
 Stop everything with:  {gs} devcluster down{dir_flag}
 """,
             flush=True,
         )
-
-
-@contextmanager
-def _holding(env: dict[str, str], gib: float, seconds: int) -> Iterator[subprocess.Popen[bytes]]:
-    """A workload process that allocates `gib` through the CUDA driver API and holds it a while."""
-    hold = CUDA_ALLOC + f"\nimport time; time.sleep({seconds})\n"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", hold, str(gib)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def _default_dir() -> Path:

@@ -38,6 +38,13 @@ def _registered(log: Path) -> bool:
     return False
 
 
+def fake_gpu_config(cluster: DevCluster, node: str) -> Path:
+    """The simulated GPUs of a real node, as the driver test double reads them (host path)."""
+    from gpuslice.dev.devcluster.realnode import dirs_of
+
+    return dirs_of(cluster, node).base / "gpu" / "driver" / "fake-gpus.conf"
+
+
 def _start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dict[str, Path], Path]:
     """The simulated GPUs of a real node: description, host daemon, NVIDIA CDI spec."""
     from gpuslice.dev.devcluster.realnode import dirs_of
@@ -45,9 +52,10 @@ def _start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[di
     from gpuslice.dev.gpusim.build import ensure_built
 
     d = dirs_of(cluster, node)
-    gpu_dir = d.base / "gpu"
-    driver_dir = gpu_dir / "driver"
-    fake_config = simulate.write_node_config(spec, node, driver_dir)
+    fake_config = fake_gpu_config(cluster, node)
+    driver_dir = fake_config.parent
+    gpu_dir = driver_dir.parent
+    simulate.write_node_config(spec, node, driver_dir)
     name = driverd_process_name(node)
     if not cluster.status().get(name):
         rec = cluster.start_process(name, [str(ensure_built().driverd), "--config", str(fake_config)])
