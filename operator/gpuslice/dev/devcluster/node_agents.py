@@ -1,7 +1,8 @@
 """One simulated node agent per node, so the whole allocation path runs on one machine.
 
-On kwok nodes the agent only publishes (nothing calls its kubelet sockets). On real nodes it registers with the real
-kubelet through its plugins_registry, writes CDI specs where that node's containerd reads them, and
+On kwok nodes the agent only publishes (nothing calls its kubelet sockets). On real nodes it
+registers with the real kubelet through its plugins_registry, writes CDI specs where that node's
+containerd reads them, and
 the NVIDIA side is simulated as on a GPU node: the toolkit's CDI spec (gpusim.nvidia_cdi) and the
 driver test double's host daemon (the kernel module's part: host PIDs, memory of dead processes).
 """
