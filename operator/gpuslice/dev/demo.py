@@ -26,6 +26,8 @@ from gpuslice import constants as c
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "manifests" / "samples"
+#: the demo's own objects (workload, tenant access, the lessons' wrong requests)
+MANIFESTS = Path(__file__).resolve().parent / "manifests" / "demo"
 GPU_MODEL = "Tesla V100-PCIE-32GB"
 
 #: The workload image: busybox and `gpuslice-probe` (smi, alloc, hold, burn), built and imported at `up`.
@@ -106,40 +108,15 @@ class Demo:
             timeout,
         )
 
-    def pod(self, ns: str, name: str, claim: str, memory_limit: str = "8Gi") -> str:
-        return yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": PROBE_IMAGE,
-                            "command": ["sleep", "86400"],
-                            "resources": {
-                                "claims": [{"name": "gpu"}],
-                                "requests": {"cpu": "100m", "memory": "256Mi"},
-                                "limits": {"memory": memory_limit},
-                            },
-                        }
-                    ],
-                },
-            }
-        )
-
-    def gpuslice(self, ns: str, name: str, package: str) -> str:
-        return yaml.safe_dump(
-            {
-                "apiVersion": c.GROUP_VERSION,
-                "kind": c.SLICE_KIND,
-                "metadata": {"name": name, "namespace": ns},
-                "spec": {"package": package},
-            }
-        )
+    def workload(self, ns: str, name: str, package: str, memory_limit: str = "8Gi", pod: str = "") -> str:
+        """GpuSlice `name` of `package` and a probe pod (`pod`, default `name`) holding its claim."""
+        gpuslice, workload = _manifests("workload.yaml")
+        gpuslice["metadata"] = {"name": name, "namespace": ns}
+        gpuslice["spec"]["package"] = package
+        workload["metadata"] = {"name": pod or name, "namespace": ns}
+        workload["spec"]["resourceClaims"][0]["resourceClaimName"] = name
+        workload["spec"]["containers"][0]["resources"]["limits"]["memory"] = memory_limit
+        return yaml.safe_dump_all([gpuslice, workload])
 
     # --- the story --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -184,7 +161,8 @@ class Demo:
         self.cluster.apply(REPO / "manifests" / "base" / "tenant" / "rbac.yaml")
         for team in ("team-a", "team-b"):
             self.cluster.create_namespace(team, {"tenant.example.com/project": team})
-            self.cluster.apply(yaml.safe_dump_all(_tenant_bindings(team)))
+            access = (MANIFESTS / "tenant-access.yaml").read_text().replace("team-a", team)
+            self.cluster.apply(access)
         self.start_operator()
         start_agents(self.cluster, self.spec, progress=self._progress)
         self.wait(
@@ -227,24 +205,11 @@ class Demo:
 
     def raw_gpu_request(self, alice: Path) -> None:
         self.step("Lesson 1: a tenant asks for a raw nvidia.com/gpu")
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "raw-gpu", "namespace": "team-a"},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": PROBE_IMAGE,
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    }
-                ]
-            },
-        }
+        pod = yaml.safe_dump_all(_manifests("raw-gpu-pod.yaml"))
 
         def try_create() -> subprocess.CompletedProcess[str] | None:
             # Policies reach admission asynchronously: an early create may pass; undo it and retry.
-            proc = self.kubectl("create", "-f", "-", user=alice, input=yaml.safe_dump(pod))
+            proc = self.kubectl("create", "-f", "-", user=alice, input=pod)
             if proc.returncode != 0:
                 return proc
             self.kubectl("delete", "pod", "raw-gpu", "-n", "team-a", "--wait=false")
@@ -256,28 +221,8 @@ class Demo:
 
     def hand_written_template(self, alice: Path) -> None:
         self.step("Lesson 2: a hand-written claim template that is not of the documented form")
-        template = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "my-gpu", "namespace": "team-a"},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "gpu",
-                                "exactly": {
-                                    "deviceClassName": c.device_class_name("v100-8g"),
-                                    "allocationMode": "ExactCount",
-                                    "count": 2,
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-        proc = self.kubectl("create", "-f", "-", user=alice, input=yaml.safe_dump(template))
+        template = yaml.safe_dump_all(_manifests("wrong-claim-template.yaml"))
+        proc = self.kubectl("create", "-f", "-", user=alice, input=template)
         if proc.returncode == 0:
             raise DemoError(
                 "the malformed claim template was accepted; the admission policies are not working"
@@ -292,9 +237,7 @@ class Demo:
             "-f",
             "-",
             user=alice,
-            input=self.gpuslice("team-a", "llm", "v100-8g")
-            + "---\n"
-            + self.pod("team-a", "llm-worker", "llm"),
+            input=self.workload("team-a", "llm", "v100-8g", pod="llm-worker"),
         )
         if proc.returncode != 0:
             raise DemoError(f"creating the slice failed: {proc.stderr}")
@@ -344,9 +287,7 @@ class Demo:
                 "-f",
                 "-",
                 user=bob,
-                input=self.gpuslice("team-b", name, "v100-32g")
-                + "---\n"
-                + self.pod("team-b", name, name, "16Gi"),
+                input=self.workload("team-b", name, "v100-32g", "16Gi"),
             )
         waiting = names[-1]
         for name in names[:-1]:
@@ -472,22 +413,8 @@ def _default_dir() -> Path:
     return default_dir().resolve()
 
 
-def _tenant_bindings(team: str) -> list[dict[str, Any]]:
-    def binding(kind: str, role: str, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": kind,
-            "metadata": {"name": name} | ({"namespace": team} if kind == "RoleBinding" else {}),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": team}],
-        }
-        return doc
-
-    return [
-        binding("RoleBinding", "edit", f"{team}-edit"),
-        binding("RoleBinding", "gpuslice-tenant", f"{team}-gpuslice"),
-        binding("ClusterRoleBinding", "gpuslice-catalog-reader", f"gpuslice-catalog-{team}"),
-    ]
+def _manifests(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
