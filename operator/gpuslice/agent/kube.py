@@ -49,8 +49,9 @@ class Kube:
         )
         return list(result.get("items") or [])
 
-    async def apply_slice(self, body: dict[str, Any]) -> None:
-        await self.custom.patch_cluster_custom_object(
+    async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply; returns the object as the API server stored it."""
+        stored: dict[str, Any] = await self.custom.patch_cluster_custom_object(
             *DRA,
             "resourceslices",
             body["metadata"]["name"],
@@ -59,6 +60,7 @@ class Kube:
             force=True,
             _content_type=APPLY_PATCH,  # type: ignore[call-arg]
         )
+        return stored
 
     async def delete_slice(self, name: str) -> None:
         try:
