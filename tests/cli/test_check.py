@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,25 +148,45 @@ def test_check_fails_and_names_the_gates_when_the_api_server_drops_the_counters(
     assert line(out, "consumable capacity (DRAConsumableCapacity)").startswith("\u00d7 ")
 
 
-@pytest.mark.cluster
-def test_the_agent_refuses_to_run_when_its_slices_come_back_without_counters(gates_off: DevCluster) -> None:
+def _publish(dc: DevCluster, node: str) -> list[dict[str, Any]]:
+    """The agent's publisher, against a real API server; returns the pool as stored."""
     from gpuslice.agent.kube import Kube, api_client
-    from gpuslice.agent.publisher import FieldsDropped, Publisher
+    from gpuslice.agent.publisher import Publisher
     from support import gpu
 
-    async def publish() -> None:
-        api = await api_client(gates_off.kubeconfig)
+    async def publish() -> list[dict[str, Any]]:
+        api = await api_client(dc.kubeconfig)
+        kube = Kube(api)
         try:
-            publisher = Publisher("gpu-node", [gpu(0, node="gpu-node")], Kube(api))
+            publisher = Publisher(node, [gpu(0, node=node)], kube)
             publisher.packages_listed([package_doc("v100-8g", 25)])
-            publisher.node_seen({"metadata": {"name": "gpu-node"}})
-            await publisher.sync()
+            publisher.node_seen({"metadata": {"name": node}})
+            try:
+                await publisher.sync()
+                return await kube.list_pool_slices(node)
+            finally:
+                await publisher.withdraw()
         finally:
             await api.close()
 
+    return asyncio.run(publish())
+
+
+@pytest.mark.cluster
+def test_the_agent_refuses_to_run_when_its_slices_come_back_without_counters(gates_off: DevCluster) -> None:
+    from gpuslice.agent.publisher import FieldsDropped
+
     with pytest.raises(FieldsDropped) as refused:
-        asyncio.run(publish())
+        _publish(gates_off, "gpu-node")
     message = str(refused.value)
     assert "the API server dropped spec.sharedCounters" in message
     assert "kube-scheduler would never allocate a slice" in message
     assert "--feature-gates=DRAPartitionableDevices=true" in message
+
+
+@pytest.mark.cluster
+def test_the_agent_publishes_where_the_api_server_keeps_the_counters(cluster: DevCluster) -> None:
+    # The refusal above must not be a false alarm: with the gates on, the same publish goes through.
+    stored = _publish(cluster, "check-gates-on-node")
+    assert any(s["spec"].get("sharedCounters") for s in stored)
+    assert all(d.get("consumesCounters") for s in stored for d in s["spec"].get("devices") or [])
