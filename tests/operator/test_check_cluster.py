@@ -70,14 +70,24 @@ def test_check_passes_line_by_line_on_a_cluster_set_up_for_gpuslice(
         )
         proc = gpuslice_check(cluster.kubeconfig)
     finally:
+        # The package carries the operator's finalizer: delete it while the operator still runs, and
+        # the admission policies the operator made once it is stopped (as test_operator_cluster does).
+        cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", label, "--timeout=60s", check=False)
         op.stop()
+        cluster.kubectl(
+            "delete",
+            "validatingadmissionpolicybindings,validatingadmissionpolicies",
+            "-l",
+            f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY_VALUE}",
+            check=False,
+        )
         cluster.kubectl("label", "node", node, "nvidia.com/gpu.present-", check=False)
-        cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", label, "--wait=false", check=False)
         cluster.kubectl("delete", "resourceslices", "-l", label, check=False)
         if not had_runtime_class:
             cluster.kubectl("delete", "runtimeclass", "nvidia", check=False)
     out = proc.stdout
     print(out)
+    assert get_json(cluster, "gpupackages.gpuslice.io", pkg) is None, "the test's package was left behind"
     for name in (
         "Kubernetes version: v1.37.2",
         "your RBAC allows the checks",
