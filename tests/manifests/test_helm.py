@@ -130,3 +130,48 @@ def test_catalog_gpupackages_pass_the_api_servers_validation(helm: Path, cluster
         "apply", "--server-side", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(bad), check=False
     )
     assert proc.returncode != 0 and "spec.fraction" in proc.stderr
+
+
+@pytest.mark.cluster
+def test_helm_install_and_uninstall_on_a_devcluster_of_its_own(
+    helm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # A control plane of its own: the install owns gpuslice-system, which the shared one's tests use.
+    # Its nodes are kwok's, so the pods are accepted, scheduled and shown Running, not really run.
+    dc = DevCluster(tmp_path_factory.mktemp("helm"))
+    try:
+        dc.up(nodes=1)
+        dc.kubectl("label", "node", dc.nodes[0], "nvidia.com/gpu.present=true")
+        # What the GPU Operator creates on a real cluster; the agent's pods name it.
+        dc.apply(
+            '{"apiVersion":"node.k8s.io/v1","kind":"RuntimeClass","metadata":{"name":"nvidia"},"handler":"nvidia"}'
+        )
+        catalog = json.dumps(CATALOG[1:])
+        proc = subprocess.run(
+            [str(helm), "install", "gpuslice", str(CHART), f"--kubeconfig={dc.kubeconfig}", "--wait=watcher",
+             "--timeout=90s", "--set-json", f"catalog={catalog}"],
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "STATUS: deployed" in proc.stdout
+        for crd in ("gpupackages.gpuslice.io", "gpuslices.gpuslice.io", "clusterkopfpeerings.kopf.dev"):
+            dc.kubectl("get", "crd", crd)
+        deploy = json.loads(
+            dc.kubectl("get", "deploy", "gpuslice-operator", "-n", "gpuslice-system", "-o", "json").stdout
+        )
+        assert deploy["spec"]["replicas"] == 2
+        assert (
+            json.loads(dc.kubectl("get", "gpupackage", "v100-32g", "-o", "json").stdout)["spec"]["fraction"]
+            == 100
+        )
+        proc = subprocess.run(
+            [str(helm), "uninstall", "gpuslice", f"--kubeconfig={dc.kubeconfig}", "--wait", "--timeout=120s"],
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        left = dc.kubectl(
+            "get", "clusterroles", "-l", "app.kubernetes.io/part-of=gpuslice", "-o", "name"
+        ).stdout
+        assert left == ""
+    finally:
+        dc.down()
