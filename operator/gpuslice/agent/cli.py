@@ -57,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _main(args: argparse.Namespace) -> int:
     from gpuslice import logs
     from gpuslice.agent.gpus import DiscoveryError
+    from gpuslice.agent.publisher import FieldsDropped
     from gpuslice.agent.service import AgentError, AgentOptions, run
 
     logs.configure(args.log_level)
@@ -75,6 +76,6 @@ def _main(args: argparse.Namespace) -> int:
     )
     try:
         return asyncio.run(run(opts))
-    except (AgentError, DiscoveryError) as exc:
+    except (AgentError, DiscoveryError, FieldsDropped) as exc:
         logs.get("gpuslice.agent").error(str(exc))
         return 1

@@ -108,9 +108,16 @@ class State:
 class DevCluster:
     """Start, inspect and stop the local control plane rooted at `directory`."""
 
-    def __init__(self, directory: Path | None = None, progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path | None = None,
+        progress: Progress | None = None,
+        apiserver_feature_gates: str | None = None,
+    ) -> None:
         self.dir = (directory or default_dir()).resolve()
         self.progress: Progress = progress or (lambda _msg: None)
+        #: kube-apiserver's --feature-gates (tests start one with the DRA gates off to see fields dropped).
+        self.apiserver_feature_gates = apiserver_feature_gates or FEATURE_GATES
         self._bins: Binaries | None = None
 
     # --- public API -------------------------------------------------------------------------------
@@ -409,7 +416,7 @@ class DevCluster:
                 "--service-cluster-ip-range=10.96.0.0/16",
                 # Privileged pods must reach admission so gpuslice's policies (not this flag) reject them.
                 "--allow-privileged=true",
-                f"--feature-gates={FEATURE_GATES}",
+                f"--feature-gates={self.apiserver_feature_gates}",
                 "--profiling=false",
                 "--enable-priority-and-fairness=false",
                 f"--cert-dir={pkidir / 'apiserver-generated'}",
