@@ -17,11 +17,11 @@ from gpuslice.dev.devcluster.binaries import (
     BuildError,
     Component,
     Progress,
-    _build_component,
-    _build_lock,
-    _default_progress,
-    _module_info,
+    build_component,
+    build_lock,
     cache_root,
+    default_progress,
+    module_info,
 )
 
 PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
@@ -47,14 +47,14 @@ def prometheus_operator_crds(progress: Progress | None = None) -> list[Path]:
         return files
     if shutil.which("go") is None:
         raise BuildError("the `go` command is not on PATH; it fetches the Prometheus Operator's CRDs")
-    (progress or _default_progress)(f"{PROMETHEUS_OPERATOR_MODULE} {PROMETHEUS_OPERATOR_VERSION}: CRD files")
-    with _build_lock():
+    (progress or default_progress)(f"{PROMETHEUS_OPERATOR_MODULE} {PROMETHEUS_OPERATOR_VERSION}: CRD files")
+    with build_lock():
         work = cache_root() / "build" / key
         work.mkdir(parents=True, exist_ok=True)
         # `go mod download` wants a module to run in; this one requires nothing.
         (work / "go.mod").write_text("module gpuslice.local/build/prometheus-crds\n\ngo 1.26.0\n")
         log = work / "download.log"
-        info = _module_info(PROMETHEUS_OPERATOR_MODULE, PROMETHEUS_OPERATOR_VERSION, work, log)
+        info = module_info(PROMETHEUS_OPERATOR_MODULE, PROMETHEUS_OPERATOR_VERSION, work, log)
         source = Path(info["Dir"]) / "example" / "prometheus-operator-crd"
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
@@ -76,10 +76,10 @@ def ensure_helm(progress: Progress | None = None) -> Path:
         return binary
     if shutil.which("go") is None:
         raise BuildError("the `go` command is not on PATH; install Go >= 1.26 to build helm")
-    report = progress or _default_progress
-    with _build_lock():
+    report = progress or default_progress
+    with build_lock():
         if not binary.exists():
             started = time.monotonic()
-            _build_component(HELM, report)
+            build_component(HELM, report)
             report(f"helm {HELM_VERSION} built in {time.monotonic() - started:.0f}s")
     return binary
