@@ -31,14 +31,10 @@ import yaml
 
 from gpuslice import procfs
 from gpuslice.dev.devcluster import pki
-from gpuslice.dev.devcluster.cluster import (
-    FEATURE_GATES,
-    DevCluster,
-    DevClusterError,
-    State,
-    free_port,
-)
+from gpuslice.dev.devcluster.cluster import DevCluster, State
+from gpuslice.dev.devcluster.components import FEATURE_GATES
 from gpuslice.dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
+from gpuslice.dev.devcluster.supervisor import DevClusterError, free_port, stop
 
 Progress = Callable[[str], None]
 
@@ -498,20 +494,18 @@ def _remove_cgroups(cgroup_root: str) -> None:
 
 def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) -> list[str]:
     """Stop one real node and leave nothing behind: no process, mount, netns, bridge or cgroup."""
-    from gpuslice.dev.devcluster.cluster import _stop
-
     bins = bins or ensure_node_binaries(cluster.progress)
     d = dirs_of(cluster, name)
     st = cluster.state()
     stopped: list[str] = []
     names = process_names(name)
     recs = st.processes if st else {}
-    if names["kubelet"] in recs and _stop(recs[names["kubelet"]]):
+    if names["kubelet"] in recs and stop(recs[names["kubelet"]]):
         stopped.append(names["kubelet"])
     if names["containerd"] in recs and recs[names["containerd"]].alive():
         # Through CRI: containers stop, CNI releases the pod addresses, netns are removed.
         crictl(bins, d, "rmp", "--all", "--force")
-    if names["containerd"] in recs and _stop(recs[names["containerd"]]):
+    if names["containerd"] in recs and stop(recs[names["containerd"]]):
         stopped.append(names["containerd"])
     sock = str(d.containerd_socket)
     _kill_tree_of(lambda args: "containerd-shim" in args[0] and sock in args)
@@ -543,8 +537,6 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
 
 def stop_all(cluster: DevCluster, st: State) -> list[str]:
     """Stop every real node (agents on them first: they withdraw their ResourceSlices)."""
-    from gpuslice.dev.devcluster.cluster import _stop
-
     stopped: list[str] = []
     for name in list(st.real_nodes):
         extras = [
@@ -554,7 +546,7 @@ def stop_all(cluster: DevCluster, st: State) -> list[str]:
         ]
         # the agent before the driver daemon it reads GPUs through
         for proc_name in sorted(extras, key=lambda n: not n.startswith("agent/")):
-            if _stop(st.processes[proc_name]):
+            if stop(st.processes[proc_name]):
                 stopped.append(proc_name)
         stopped += stop_node(cluster, name)
     return stopped
