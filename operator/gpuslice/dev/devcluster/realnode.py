@@ -16,6 +16,7 @@ unmounts whatever is still mounted under the node's dirs, deletes its bridge and
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +153,15 @@ def _free_slot(taken: set[int]) -> int:
         if slot not in taken and not Path(f"/sys/class/net/gs-br{slot}").exists():
             return slot
     raise DevClusterError("no free bridge slot (gs-br0..249 all exist); stop other devclusters' real nodes")
+
+
+@contextlib.contextmanager
+def _slot_lock() -> Iterator[None]:
+    lock = Path("/run/gpuslice-dev/slots.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def dirs_of(cluster: DevCluster, name: str) -> NodeDirs:
@@ -423,10 +433,14 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
             stop_node(cluster, name, bins)
         started_at = time.monotonic()
         st = cluster.state() or st
-        if name not in st.node_slots:
-            st.node_slots[name] = _free_slot(set(st.node_slots.values()))
-            st.save()
-        d = node_dirs(cluster.dir, name, st.node_slots[name])
+        with _slot_lock():
+            # The bridge is the slot's reservation: made under the machine-wide lock, so two
+            # devclusters starting at once never take the same subnet.
+            if name not in st.node_slots:
+                st.node_slots[name] = _free_slot(set(st.node_slots.values()))
+                st.save()
+            d = node_dirs(cluster.dir, name, st.node_slots[name])
+            _make_bridge(d)
         _start_containerd(cluster, d, bins, images)
         st = cluster.state() or st
         _start_kubelet(cluster, st, d, bins)
