@@ -109,8 +109,9 @@ class FakeKube:
     async def list_pool_slices(self, node: str) -> list[dict[str, Any]]:
         return list(self.slices.values())
 
-    async def apply_slice(self, body: dict[str, Any]) -> None:
+    async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         self.slices[body["metadata"]["name"]] = body
+        return body  # stored as sent
 
     async def delete_slice(self, name: str) -> None:
         self.slices.pop(name, None)

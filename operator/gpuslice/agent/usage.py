@@ -297,7 +297,8 @@ class UsageReporter:
             # a violation found or gone is written at once: a stopped process may be gone next tick
             news = usage.get("violation") != (state.last_usage or {}).get("violation")
             if news or should_write(state.last_usage, usage, state.last_write, now_s, self.interval):
-                await self._write_usage(state.key, usage)
+                # a merge patch keeps keys it does not name: a violation that is over is deleted by null
+                await self._write_usage(state.key, {"violation": None, **usage})
                 state.last_usage, state.last_write = usage, now_s
         self._forget_unprepared({r.uid for r in checkpoint.claims.values()})
 
