@@ -233,5 +233,8 @@ def stop(pid: int, seen: Seen, proc: Path = Path("/proc")) -> bool:
         return True
     except ProcessLookupError:
         return False
+    except PermissionError:
+        log.error("cannot stop the process: another uid's process needs the KILL capability", pid=pid)
+        return False
     finally:
         os.close(fd)
