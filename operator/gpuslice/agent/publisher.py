@@ -51,6 +51,8 @@ class Publisher:
         self._node_known = False
         self._dirty = asyncio.Event()
         self.published = asyncio.Event()  # set after the first successful publish
+        # why this node's GPUs must not be published now (agent.toolkit); None: they may
+        self.blocked: str | None = None
 
     # --- inputs ------------------------------------------------------------------------------------
 
@@ -78,10 +80,16 @@ class Publisher:
         self._node_known = True
         self._dirty.set()
 
+    def set_blocked(self, reason: str | None) -> None:
+        """While `reason` is set the pool is empty (its slices are withdrawn); None publishes again."""
+        self.blocked = reason
+        self._dirty.set()
+
     # --- output ------------------------------------------------------------------------------------
 
     async def sync(self) -> None:
-        desired = build_specs(self.node, self.gpus, self.packages.values()) if self.node_present else []
+        publish = self.node_present and self.blocked is None
+        desired = build_specs(self.node, self.gpus, self.packages.values()) if publish else []
         existing = await self.kube.list_pool_slices(self.node)
         plan = plan_publish(self.node, desired, existing, self.node_uid)
         for body in plan.apply:

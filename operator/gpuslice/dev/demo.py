@@ -381,7 +381,10 @@ class Demo:
             "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name",
         )  # fmt: skip
         self.show(events.stdout)
-        self.ok("gpuslice agent --stop-violators would also have stopped that process")
+        self.ok(
+            "a host process is reported, never stopped; a pod's own process past its slice is stopped "
+            "(GpuPackage spec.isolation.onViolation: Stop, the default)"
+        )
 
     def tables(self) -> None:
         self.step("What tenants and the platform team see")
