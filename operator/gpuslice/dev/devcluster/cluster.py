@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,7 +19,6 @@ from pathlib import Path
 
 import yaml
 
-from gpuslice import procfs
 from gpuslice.dev.devcluster import components, pki
 from gpuslice.dev.devcluster.binaries import Binaries, ensure_binaries
 from gpuslice.dev.devcluster.components import CORE_COMPONENTS, FEATURE_GATES, node_manifest
@@ -205,16 +203,6 @@ class DevCluster(KubectlClient):
         """Start an extra process (e.g. the operator) logged and recorded like a component, so
         `status` shows it and `down` stops it."""
         return self._spawn(self._require_state(), name, argv, env)
-
-    def register_process(
-        self, name: str, proc: subprocess.Popen[bytes], log: Path, argv: Sequence[str]
-    ) -> None:
-        """Record an extra process (e.g. a node agent) so `status` shows it and `down` stops it."""
-        st = self.state()
-        if st is None:
-            raise DevClusterError(f"no devcluster in {self.dir}; run `gpuslice devcluster up` first")
-        st.processes[name] = ProcessRecord(proc.pid, procfs.start_time(proc.pid) or 0, str(log), list(argv))
-        st.save()
 
     def tenant_kubeconfig(self, user: str, groups: Sequence[str] = ("gpuslice:tenants",)) -> Path:
         """Kubeconfig for a non-admin client-certificate user (CN=user, O=groups) — real RBAC applies."""

@@ -89,7 +89,7 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
     Each agent runs as its own client-certificate user that may write only its node's
     ResourceSlices. Returns the nodes whose agent was started now.
     """
-    from gpuslice.dev.agents import agent_kubeconfig, install_agent_rbac, spawn_agent
+    from gpuslice.dev.agents import agent_command, agent_kubeconfig, install_agent_rbac
 
     say = progress or (lambda _m: None)
     st = cluster.state()
@@ -110,14 +110,14 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
             _start_real_node_gpus(cluster, node, spec) if node in st.real_nodes else (None, None)
         )
         log.unlink(missing_ok=True)
-        proc = spawn_agent(
-            node, spec, kubeconfig, cluster.dir / "agents", log, dirs=dirs, fake_config=fake_config
+        cmd, env = agent_command(
+            node, spec, kubeconfig, cluster.dir / "agents", dirs=dirs, fake_config=fake_config
         )
-        cluster.register_process(name, proc, log, [str(a) for a in proc.args])  # type: ignore[union-attr]
+        rec = cluster.start_process(name, cmd, env)
         if node in st.real_nodes:
             deadline = time.monotonic() + 60
             while not _registered(log):
-                if time.monotonic() > deadline or proc.poll() is not None:
+                if time.monotonic() > deadline or not rec.alive():
                     raise DevClusterError(f"the agent on {node} did not register with kubelet; log: {log}")
                 time.sleep(0.2)
         started.append(node)

@@ -453,9 +453,8 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
 
 
 # --- stop ---------------------------------------------------------------------------------------
-def _kill_tree_of(pred: Callable[[list[str]], bool]) -> list[int]:
-    """SIGKILL every process whose argv `pred` accepts (shims a stopped containerd left behind)."""
-    killed = []
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, argv) of every process on the machine."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -463,11 +462,17 @@ def _kill_tree_of(pred: Callable[[list[str]], bool]) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        args = [a.decode(errors="replace") for a in argv if a]
+        yield int(entry.name), [a.decode(errors="replace") for a in argv if a]
+
+
+def _kill_tree_of(pred: Callable[[list[str]], bool]) -> list[int]:
+    """SIGKILL every process whose argv `pred` accepts (shims a stopped containerd left behind)."""
+    killed = []
+    for pid, args in _processes():
         if args and pred(args):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
     return killed
 
 
@@ -574,16 +579,9 @@ def leftovers(cluster_dir: Path, nodes: dict[str, int]) -> dict[str, list[str]]:
         out["mounts"] += mounts_under(d.base, d.root)
         if Path(f"/sys/class/net/{d.bridge}").exists():
             out["links"].append(d.bridge)
-        sock = str(d.containerd_socket)
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if (sock in cmd or str(d.kubelet_root) in cmd or str(d.runc_root) in cmd) and procfs.alive(
-                int(entry.name)
-            ):
-                out["processes"].append(f"{entry.name}: {cmd[:120]}")
+        ours = (str(d.containerd_socket), str(d.kubelet_root), str(d.runc_root))
+        for pid, args in _processes():
+            cmd = " ".join(args)
+            if any(o in cmd for o in ours) and procfs.alive(pid):
+                out["processes"].append(f"{pid}: {cmd[:120]}")
     return out
