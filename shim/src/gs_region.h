@@ -83,7 +83,8 @@ typedef struct {
     _Atomic uint64_t refused;
     _Atomic uint64_t throttled_ns;
     _Atomic uint64_t context_bytes;
-    unsigned char reserved[128 - 72];
+    _Atomic int32_t host_pid; /* the pid NVML reports for this process (learned at its first context); 0 unknown */
+    unsigned char reserved[128 - 76];
 } gs_region_entry;
 
 /* An allocation a process of the slice exported with cuIpcGetMemHandle: a process of the same slice
@@ -163,6 +164,8 @@ uint64_t gs_region_used_total(gs_region *r);
 
 /* Fills pids[] (at most max) with the pids of live entries; returns how many. */
 int gs_region_live_pids(gs_region *r, int32_t *pids, int max);
+/* 1 when `pid`, as NVML reports it, is a live process of this slice (its own pid or learned host pid). */
+int gs_region_has_nvml_pid(gs_region *r, int32_t pid);
 
 /* Records that this process exported `dptr` under handle hash `key` (no-op when the table is full:
  * the open is then charged, the old behaviour). */

@@ -49,6 +49,8 @@ static gs_table tab_vmm;   /* VMM handles held by the application -> gs_phys* */
 static gs_table tab_map;   /* VMM mapping start addresses -> gs_vmap* */
 static gs_table tab_array; /* CUarray and CUmipmappedArray handles */
 static gs_table tab_pool;  /* pools created with a non-device location (their allocations are free) */
+static gs_table tab_graph; /* graphs with memory alloc nodes -> their bytes */
+static gs_table tab_gexec; /* executable graphs with memory -> bytes | GS_GEXEC_BACKED once launched */
 static _Atomic int has_exports; /* this process exported memory for IPC: frees drop its export records */
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -93,14 +95,19 @@ typedef struct {
     X(cuDevicePrimaryCtxReset_v2) X(cuLaunchKernel)                    \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel)     \
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuLaunch) X(cuLaunchGrid) \
-    X(cuLaunchGridAsync) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+    X(cuLaunchGridAsync) X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuCtxSetLimit) X(cuMemPoolTrimTo)           \
+    X(cuMemPoolSetAttribute) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags)                      \
+    X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim)        \
+    X(cuImportExternalMemory) X(cuDestroyExternalMemory)
 
 #define GS_CUDA_HELPERS(X)                                                                               \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)                      \
-    X(cuMemGetAddressRange_v2) X(cuCtxGetCurrent) X(cuDevicePrimaryCtxGetState)
+    X(cuMemGetAddressRange_v2) X(cuCtxGetCurrent) X(cuDevicePrimaryCtxGetState) X(cuCtxGetLimit)          \
+    X(cuDeviceGetAttribute) X(cuDeviceGetMemPool) X(cuMemPoolGetAttribute)
 
 #define GS_NVML_WRAPPED(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
-#define GS_NVML_HELPERS(X) X(nvmlDeviceGetUUID)
+#define GS_NVML_HELPERS(X)                                                                               \
+    X(nvmlDeviceGetUUID) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetComputeRunningProcesses_v3)
 
 #define GS_DECLARE_REAL(name) static __typeof__(&name) real_##name;
 GS_CUDA_WRAPPED(GS_DECLARE_REAL)
@@ -222,6 +229,7 @@ GS_EXPORT GS_NO_SANITIZE void *dlsym(void *restrict handle, const char *restrict
 static _Atomic uint64_t ctx_charged; /* bit per device ordinal: context overhead charged */
 static void gs_vmm_after_fork_child(void);
 static void gs_ctx_after_fork_child(void);
+static void gs_usage_after_fork_child(void);
 
 /* A forked child owns none of its parent's driver objects, entry or locks: start it from scratch. */
 static void after_fork_child(void)
@@ -234,6 +242,7 @@ static void after_fork_child(void)
     gs_vmm_after_fork_child();
     atomic_store(&ctx_charged, 0);
     gs_ctx_after_fork_child();
+    gs_usage_after_fork_child();
     pthread_mutex_init(&init_lock, NULL);
     pthread_mutex_init(&resolve_lock, NULL);
     gs_throttle_after_fork_child();
@@ -267,7 +276,8 @@ void gs_init_slow(void)
         gs_log("%s; this process gets no GPU memory (fail closed)", err);
         mode = GS_MODE_FAIL_CLOSED;
     } else if (gs_table_init(&tab_dptr, 18) != 0 || gs_table_init(&tab_vmm, 14) != 0 || gs_table_init(&tab_map, 16) != 0 ||
-               gs_table_init(&tab_array, 14) != 0 || gs_table_init(&tab_pool, 10) != 0) {
+               gs_table_init(&tab_array, 14) != 0 || gs_table_init(&tab_pool, 10) != 0 ||
+               gs_table_init(&tab_graph, 10) != 0 || gs_table_init(&tab_gexec, 12) != 0) {
         gs_log("cannot map allocation tables; this process gets no GPU memory (fail closed)");
         mode = GS_MODE_FAIL_CLOSED;
     }
@@ -305,6 +315,11 @@ static int device_is_slice(CUdevice dev)
     return s == 1;
 }
 
+static int current_device(CUdevice *dev)
+{
+    return real_cuCtxGetDevice != NULL && real_cuCtxGetDevice(dev) == CUDA_SUCCESS ? 0 : -1;
+}
+
 /* 1 when memory on the current context's device counts against the slice and may be allocated. */
 static inline int current_device_is_slice(void)
 {
@@ -315,8 +330,22 @@ static inline int current_device_is_slice(void)
     return device_is_slice(dev);
 }
 
-/* Reserves bytes for an allocation on the current device: CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
-static inline CUresult reserve_current(uint64_t bytes)
+static _Atomic int pool_slack; /* some stream-ordered pool may hold more than its live allocations */
+static void pools_settle(void);
+
+/* Before refusing: memory pools gave back to the driver may still be charged; settle, then retry. */
+static CUresult reserve_retry(uint64_t bytes)
+{
+    if (atomic_load_explicit(&pool_slack, memory_order_relaxed)) {
+        pools_settle();
+        if (gs_region_reserve(&gs_reg, bytes) == 0) return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Reserves bytes for an allocation on the current device: CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY.
+ * `settle` 0: the caller holds the pool lock (no settling). */
+static inline CUresult reserve_current_ex(uint64_t bytes, int settle)
 {
     int mode = gs_ensure_init();
     if (GS_UNLIKELY(mode != GS_MODE_ACTIVE)) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -324,7 +353,13 @@ static inline CUresult reserve_current(uint64_t bytes)
         gs_region_count_refused(&gs_reg);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return gs_region_reserve(&gs_reg, bytes) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (GS_LIKELY(gs_region_reserve(&gs_reg, bytes) == 0)) return CUDA_SUCCESS;
+    return settle ? reserve_retry(bytes) : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static inline CUresult reserve_current(uint64_t bytes)
+{
+    return reserve_current_ex(bytes, 1);
 }
 
 static CUresult reserve_on(CUdevice dev, uint64_t bytes)
@@ -358,13 +393,21 @@ static inline int remember(gs_table *t, uint64_t key, uint64_t bytes)
  * device-pointer entry carries its context's index in the top 16 bits of its value (bytes below).
  * ---------------------------------------------------------------------------------------------- */
 
-#define GS_BYTES_MASK ((1ull << 48) - 1)
+#define GS_BYTES_MASK ((1ull << 40) - 1)
+#define GS_POOL_SHIFT 40 /* bits 40..47: 1 + the stream-ordered pool record an allocation came from */
+#define GS_POOL_OF(v) ((unsigned)((v) >> GS_POOL_SHIFT) & 0xffu)
 #define GS_MAX_CTX 4096
 static _Atomic uintptr_t ctx_slots[GS_MAX_CTX]; /* index -> CUcontext; 0 is "none" */
 static _Atomic unsigned ctx_count = 1;
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread uintptr_t tl_ctx;
 static __thread unsigned tl_idx;
+/* Device memory a context holds besides allocations: its own cost (measured at the process's first
+ * context) and what cuCtxSetLimit added above the limits it started with. Indexed like ctx_slots. */
+enum { GS_LIM_HEAP, GS_LIM_STACK, GS_LIM_FIFO, GS_LIM_N };
+static _Atomic uint64_t ctx_cost[GS_MAX_CTX];
+static _Atomic uint64_t ctx_limit_charged[GS_MAX_CTX][GS_LIM_N];
+static _Atomic uint64_t ctx_limit_base[GS_MAX_CTX][GS_LIM_N]; /* the limit before the first set, +1 */
 
 static unsigned ctx_find(uintptr_t c)
 {
@@ -397,6 +440,9 @@ static unsigned ctx_index(uintptr_t c)
 
 static void gs_ctx_after_fork_child(void)
 {
+    memset((void *)ctx_cost, 0, sizeof(ctx_cost));
+    memset((void *)ctx_limit_charged, 0, sizeof(ctx_limit_charged));
+    memset((void *)ctx_limit_base, 0, sizeof(ctx_limit_base));
     atomic_store(&ctx_count, 1);
     tl_ctx = 0;
     tl_idx = 0;
@@ -411,6 +457,48 @@ static inline uint64_t in_current_ctx(uint64_t bytes)
     return bytes | (uint64_t)ctx_index((uintptr_t)c) << 48;
 }
 
+static void pool_freed(unsigned slot, uint64_t bytes);
+
+/* A table value's bytes go back to the slice, or to the pool they came from (which keeps them). */
+static inline void credit_entry(uint64_t v)
+{
+    if (GS_UNLIKELY(GS_POOL_OF(v) != 0)) pool_freed(GS_POOL_OF(v) - 1, v & GS_BYTES_MASK);
+    else release(v & GS_BYTES_MASK);
+}
+
+static void context_bytes_add(int64_t delta)
+{
+    int self = atomic_load(&gs_reg.self);
+    if (self >= 0) atomic_fetch_add(&gs_reg.entries[self].context_bytes, (uint64_t)delta);
+}
+
+/* Credits what a context's limits took above the ones it started with (the driver resets them with
+ * the context: destroy, primary reset, last primary release). */
+static void credit_context_limits(unsigned idx)
+{
+    if (idx == 0 || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
+    for (int i = 0; i < GS_LIM_N; i++) {
+        uint64_t b = atomic_exchange(&ctx_limit_charged[idx][i], 0);
+        atomic_store(&ctx_limit_base[idx][i], 0);
+        if (b) {
+            release(b);
+            context_bytes_add(-(int64_t)b);
+        }
+    }
+}
+
+/* The context itself is gone (destroy, last primary release): its own cost and its limits. */
+static void credit_context_memory(unsigned idx)
+{
+    if (idx == 0 || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
+    credit_context_limits(idx);
+    uint64_t b = atomic_exchange(&ctx_cost[idx], 0);
+    if (b) {
+        release(b);
+        context_bytes_add(-(int64_t)b);
+    }
+}
+
 /* Credits every allocation the driver freed with context `idx`. Rare: a scan of the table is fine. */
 static void credit_context(unsigned idx)
 {
@@ -418,7 +506,7 @@ static void credit_context(unsigned idx)
     for (uint64_t i = 0; i <= tab_dptr.mask; i++) {
         uint64_t k = atomic_load_explicit(&tab_dptr.slots[i].key, memory_order_acquire), v;
         if (k <= GS_TABLE_TOMB || atomic_load(&tab_dptr.slots[i].val) >> 48 != idx) continue;
-        if (gs_table_take(&tab_dptr, k, &v) == 0) release(v & GS_BYTES_MASK);
+        if (gs_table_take(&tab_dptr, k, &v) == 0) credit_entry(v);
     }
 }
 
@@ -442,7 +530,7 @@ static void credit_context(unsigned idx)
         if (known_) {                                                                                    \
             if (rc_ == CUDA_SUCCESS && GS_UNLIKELY(atomic_load_explicit(&has_exports, memory_order_relaxed))) \
                 gs_region_export_drop(&gs_reg, (uint64_t)(key));                                         \
-            if (rc_ == CUDA_SUCCESS) release(bytes_ & GS_BYTES_MASK);                                    \
+            if (rc_ == CUDA_SUCCESS) credit_entry(bytes_);                                               \
             else (void)gs_table_put(&(table), (uint64_t)(key), bytes_);                                  \
         }                                                                                                \
         return rc_;                                                                                      \
@@ -586,23 +674,147 @@ GS_EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
  * Stream-ordered allocations and pools
  * ---------------------------------------------------------------------------------------------- */
 
+/*
+ * A stream-ordered pool keeps memory reserved after cuMemFreeAsync (up to its release threshold,
+ * until a synchronization or cuMemPoolTrimTo gives it back): the slice is charged the pool's reserved
+ * high-water, not its live allocations. Each device pool gets a record: `used` (its live allocations,
+ * as the shim charged them) and `charged` (what the slice pays for it, >= used). An allocation charges
+ * only what exceeds the pool's slack (charged - used); a free lowers `used` and credits nothing. The
+ * slack is settled against the driver's CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT after cuMemPoolTrimTo
+ * and cuMemPoolSetAttribute, when memory is reported, and before an allocation is refused.
+ */
+#define GS_MAX_POOLS 255
+typedef struct {
+    uintptr_t pool; /* 0: free record */
+    uint64_t used, charged;
+} gs_pool_rec;
+static gs_pool_rec pool_recs[GS_MAX_POOLS];
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Caller holds pool_lock. -1 when every record is taken (the allocation is then charged alone). */
+static int pool_slot(uintptr_t pool, int create)
+{
+    int free_slot = -1;
+    for (int i = 0; i < GS_MAX_POOLS; i++) {
+        if (pool_recs[i].pool == pool) return i;
+        if (pool_recs[i].pool == 0 && free_slot < 0) free_slot = i;
+    }
+    if (create && free_slot >= 0) pool_recs[free_slot] = (gs_pool_rec){pool, 0, 0};
+    return create ? free_slot : -1;
+}
+
+static void pool_freed(unsigned slot, uint64_t bytes)
+{
+    pthread_mutex_lock(&pool_lock);
+    if (slot < GS_MAX_POOLS && pool_recs[slot].pool != 0) {
+        pool_recs[slot].used -= bytes < pool_recs[slot].used ? bytes : pool_recs[slot].used;
+        atomic_store(&pool_slack, 1);
+    } else {
+        release(bytes); /* its pool was destroyed meanwhile */
+    }
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* Credits what pools hold above both their live allocations and what the driver still reserves. */
+static void pools_settle(void)
+{
+    if (!atomic_exchange(&pool_slack, 0) || real_cuMemPoolGetAttribute == NULL) return;
+    pthread_mutex_lock(&pool_lock);
+    int slack_left = 0;
+    for (int i = 0; i < GS_MAX_POOLS; i++) {
+        gs_pool_rec *r = &pool_recs[i];
+        if (r->pool == 0 || r->charged <= r->used) continue;
+        cuuint64_t reserved = 0;
+        if (real_cuMemPoolGetAttribute((CUmemoryPool)r->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
+            CUDA_SUCCESS)
+            continue;
+        uint64_t keep = reserved > r->used ? reserved : r->used;
+        if (r->charged > keep) {
+            release(r->charged - keep);
+            r->charged = keep;
+        }
+        if (r->charged > r->used) slack_left = 1;
+    }
+    if (slack_left) atomic_store(&pool_slack, 1);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* Reserve for `size` bytes from `pool`; *tag gets the table tag, *charged what the slice paid now. */
+static CUresult pool_reserve(CUmemoryPool pool, uint64_t size, uint64_t *tag, uint64_t *charged)
+{
+    *tag = 0;
+    *charged = size;
+    if (pool == NULL) return reserve_current(size);
+    gs_pool_rec *r;
+    uint64_t need;
+    for (int attempt = 0;; attempt++) {
+        pthread_mutex_lock(&pool_lock);
+        int slot = pool_slot((uintptr_t)pool, 1);
+        if (slot < 0) {
+            pthread_mutex_unlock(&pool_lock);
+            return reserve_current(size);
+        }
+        r = &pool_recs[slot];
+        uint64_t slack = r->charged - r->used;
+        need = size > slack ? size - slack : 0;
+        if (need == 0 || reserve_current_ex(need, 0) == CUDA_SUCCESS) break;
+        pthread_mutex_unlock(&pool_lock);
+        if (attempt == 1 || !atomic_load(&pool_slack)) return CUDA_ERROR_OUT_OF_MEMORY;
+        pools_settle();
+    }
+    r->charged += need;
+    r->used += size;
+    pthread_mutex_unlock(&pool_lock);
+    *tag = (uint64_t)(r - pool_recs + 1) << GS_POOL_SHIFT;
+    *charged = need;
+    return CUDA_SUCCESS;
+}
+
+static void pool_unreserve(uint64_t tag, uint64_t size, uint64_t charged)
+{
+    if (tag == 0) {
+        release(charged);
+        return;
+    }
+    pthread_mutex_lock(&pool_lock);
+    gs_pool_rec *r = &pool_recs[GS_POOL_OF(tag) - 1];
+    r->used -= size;
+    r->charged -= charged;
+    release(charged);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+static CUresult alloc_from(CUmemoryPool pool, CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
+                           CUresult (*fn_async)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t size,
+                           CUstream stream)
+{
+    uint64_t tag, charged;
+    CUresult rc = pool_reserve(pool, size, &tag, &charged);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = fn ? fn(dptr, size, pool, stream) : fn_async(dptr, size, stream);
+    if (rc != CUDA_SUCCESS) {
+        pool_unreserve(tag, size, charged);
+        return rc;
+    }
+    if (remember(&tab_dptr, *dptr, tag ? (size | tag) : in_current_ctx(size)) != 0) {
+        real_cuMemFreeAsync(*dptr, stream);
+        pool_unreserve(tag, size, charged);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
 static CUresult alloc_async(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t size,
                             CUstream stream)
 {
     if (size == 0 || dptr == NULL) return fn(dptr, size, stream);
-    CUresult rc = reserve_current(size);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = fn(dptr, size, stream);
-    if (rc != CUDA_SUCCESS) {
-        release(size);
-        return rc;
-    }
-    if (remember(&tab_dptr, *dptr, in_current_ctx(size)) != 0) {
-        real_cuMemFreeAsync(*dptr, stream);
-        release(size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return rc;
+    if (gs_ensure_init() != GS_MODE_ACTIVE) return CUDA_ERROR_OUT_OF_MEMORY;
+    /* cuMemAllocAsync takes from the device's current pool. */
+    CUdevice dev;
+    CUmemoryPool pool = NULL;
+    if (real_cuDeviceGetMemPool == NULL || current_device(&dev) != 0 || real_cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)
+        pool = NULL;
+    return alloc_from(pool, NULL, fn, dptr, size, stream);
 }
 
 GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -615,6 +827,28 @@ GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUst
 {
     NEED_REAL(cuMemAllocAsync_ptsz);
     return alloc_async(real_cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+}
+
+GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    NEED_REAL(cuMemPoolTrimTo);
+    CUresult rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
+    if (rc == CUDA_SUCCESS && atomic_load(&gs_mode) == GS_MODE_ACTIVE) {
+        atomic_store(&pool_slack, 1);
+        pools_settle();
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    NEED_REAL(cuMemPoolSetAttribute);
+    CUresult rc = real_cuMemPoolSetAttribute(pool, attr, value);
+    if (rc == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && atomic_load(&gs_mode) == GS_MODE_ACTIVE) {
+        atomic_store(&pool_slack, 1);
+        pools_settle();
+    }
+    return rc;
 }
 
 GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -644,8 +878,16 @@ GS_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     NEED_REAL(cuMemPoolDestroy);
     CUresult rc = real_cuMemPoolDestroy(pool);
     uint64_t v;
-    if (rc == CUDA_SUCCESS && atomic_load(&gs_mode) == GS_MODE_ACTIVE)
+    if (rc == CUDA_SUCCESS && atomic_load(&gs_mode) == GS_MODE_ACTIVE) {
         (void)gs_table_take(&tab_pool, (uint64_t)(uintptr_t)pool, &v);
+        pthread_mutex_lock(&pool_lock); /* the pool's reserved memory goes with it */
+        int slot = pool_slot((uintptr_t)pool, 0);
+        if (slot >= 0) {
+            release(pool_recs[slot].charged - pool_recs[slot].used); /* live ones are credited by their free */
+            pool_recs[slot].pool = 0;
+        }
+        pthread_mutex_unlock(&pool_lock);
+    }
     return rc;
 }
 
@@ -664,20 +906,10 @@ static CUresult alloc_from_pool(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPo
                                 size_t size, CUmemoryPool pool, CUstream stream)
 {
     if (size == 0 || dptr == NULL) return fn(dptr, size, pool, stream);
-    if (gs_ensure_init() == GS_MODE_ACTIVE && pool_is_host(pool)) return fn(dptr, size, pool, stream);
-    CUresult rc = reserve_current(size);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = fn(dptr, size, pool, stream);
-    if (rc != CUDA_SUCCESS) {
-        release(size);
-        return rc;
-    }
-    if (remember(&tab_dptr, *dptr, in_current_ctx(size)) != 0) {
-        real_cuMemFreeAsync(*dptr, stream);
-        release(size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return rc;
+    int mode = gs_ensure_init();
+    if (mode != GS_MODE_ACTIVE) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pool_is_host(pool)) return fn(dptr, size, pool, stream);
+    return alloc_from(pool, fn, NULL, dptr, size, stream);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -1065,13 +1297,152 @@ static int charge_context(CUdevice dev)
     return 0;
 }
 
+/*
+ * A context's own device memory (the driver's per-context state, the default heap/stack/printf
+ * reservations) is measured as the driver reports it, once per process, at its first context: what
+ * NVML's process list shows for the one process that appeared or grew across the creation (or, when
+ * that is ambiguous because other processes changed meanwhile, the device's used memory). Every later
+ * context is charged the same, and credited when the driver destroys it. The same comparison tells the
+ * process its pid as NVML reports it (the host pid inside a PID namespace), which NVML's process lists
+ * are filtered by.
+ */
+#define GS_SNAP_PROCS 128
+typedef struct {
+    int ok;
+    uint64_t dev_used;
+    unsigned n;
+    nvmlProcessInfo_t procs[GS_SNAP_PROCS];
+} gs_mem_snap;
+
+static _Atomic uint64_t ctx_measured; /* cost + 1 once measured */
+static _Atomic int32_t own_host_pid;
+static pthread_mutex_t measure_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uintptr_t nvml_slice_dev; /* nvmlDevice_t of the slice's GPU, once looked up */
+
+static nvmlDevice_t slice_nvml_device(void)
+{
+    uintptr_t d = atomic_load(&nvml_slice_dev);
+    if (d) return (nvmlDevice_t)d;
+    nvmlDevice_t h;
+    if (nvml_real() != 0 || !real_nvmlInit_v2 || !real_nvmlDeviceGetHandleByUUID || real_nvmlInit_v2() != NVML_SUCCESS ||
+        real_nvmlDeviceGetHandleByUUID(gs_cfg.gpu_uuid_text, &h) != NVML_SUCCESS)
+        return NULL;
+    atomic_store(&nvml_slice_dev, (uintptr_t)h);
+    return h;
+}
+
+static void mem_snap(gs_mem_snap *s)
+{
+    s->ok = 0;
+    nvmlDevice_t d = slice_nvml_device();
+    nvmlMemory_t m;
+    if (d == NULL || real_nvmlDeviceGetMemoryInfo == NULL || real_nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS) return;
+    s->dev_used = m.used;
+    s->n = GS_SNAP_PROCS;
+    if (real_nvmlDeviceGetComputeRunningProcesses_v3 == NULL ||
+        real_nvmlDeviceGetComputeRunningProcesses_v3(d, &s->n, s->procs) != NVML_SUCCESS)
+        s->n = 0;
+    s->ok = 1;
+}
+
+static uint64_t snap_used_of(const gs_mem_snap *s, unsigned pid)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->procs[i].pid == pid) return s->procs[i].usedGpuMemory;
+    return 0;
+}
+
+#define GS_MAX_CTX_COST (4ull << 30) /* a bound on a believable figure */
+
+static uint64_t measure_cost(const gs_mem_snap *a, const gs_mem_snap *b)
+{
+    if (!a->ok || !b->ok) return 0;
+    unsigned grown = 0, pid = 0;
+    uint64_t delta = 0;
+    for (unsigned i = 0; i < b->n; i++) {
+        uint64_t before = snap_used_of(a, b->procs[i].pid);
+        if (b->procs[i].usedGpuMemory > before) {
+            grown++;
+            pid = b->procs[i].pid;
+            delta = b->procs[i].usedGpuMemory - before;
+        }
+    }
+    if (grown == 1) {
+        atomic_store(&own_host_pid, (int32_t)pid);
+    } else {
+        delta = b->dev_used > a->dev_used ? b->dev_used - a->dev_used : 0;
+    }
+    return delta > GS_MAX_CTX_COST ? 0 : delta;
+}
+
+static void note_host_pid(void)
+{
+    int self = atomic_load(&gs_reg.self);
+    int32_t h = atomic_load(&own_host_pid);
+    if (self >= 0 && h > 0) atomic_store(&gs_reg.entries[self].host_pid, h);
+}
+
+typedef struct {
+    int measuring;
+    gs_mem_snap before;
+} gs_ctx_op;
+
+/* Before the driver creates a context on `dev`. */
+static void ctx_begin(gs_ctx_op *op, CUdevice dev)
+{
+    op->measuring = 0;
+    if (gs_ensure_init() != GS_MODE_ACTIVE || atomic_load(&ctx_measured) || !device_is_slice(dev)) return;
+    pthread_mutex_lock(&measure_lock);
+    if (atomic_load(&ctx_measured)) {
+        pthread_mutex_unlock(&measure_lock);
+        return;
+    }
+    op->measuring = 1;
+    mem_snap(&op->before);
+}
+
+/* After it: measure (first time), then charge the configured overhead and the context's cost. A
+ * refusal returns CUDA_ERROR_OUT_OF_MEMORY and the caller undoes the creation. */
+static CUresult ctx_end(gs_ctx_op *op, CUresult rc, CUdevice dev, CUcontext ctx)
+{
+    if (op->measuring) {
+        if (rc == CUDA_SUCCESS) {
+            gs_mem_snap *after = malloc(sizeof(*after));
+            uint64_t cost = 0;
+            if (after) {
+                mem_snap(after);
+                cost = measure_cost(&op->before, after);
+                free(after);
+            }
+            atomic_store(&ctx_measured, cost + 1);
+        }
+        pthread_mutex_unlock(&measure_lock);
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    if (charge_context(dev) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t m = atomic_load(&ctx_measured);
+    if (m > 1 && gs_ensure_init() == GS_MODE_ACTIVE && device_is_slice(dev)) {
+        if (gs_region_reserve(&gs_reg, m - 1) != 0 && reserve_retry(m - 1) != CUDA_SUCCESS) {
+            gs_region_count_refused(&gs_reg);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        atomic_fetch_add(&ctx_cost[ctx_index((uintptr_t)ctx)], m - 1);
+        context_bytes_add((int64_t)(m - 1));
+    }
+    note_host_pid();
+    return CUDA_SUCCESS;
+}
+
 #define CTX_CREATE(call, dev)                                                                            \
     do {                                                                                                 \
-        CUresult rc_ = (call);                                                                           \
-        if (rc_ == CUDA_SUCCESS && charge_context(dev) != 0) {                                           \
+        gs_ctx_op op_;                                                                                   \
+        ctx_begin(&op_, dev);                                                                            \
+        CUresult drv_ = (call);                                                                          \
+        CUresult rc_ = ctx_end(&op_, drv_, dev, drv_ == CUDA_SUCCESS ? *pctx : NULL);                    \
+        if (drv_ == CUDA_SUCCESS && rc_ != CUDA_SUCCESS) { /* no room for it: undo the creation */       \
             if (real_cuCtxDestroy_v2) real_cuCtxDestroy_v2(*pctx);                                       \
             *pctx = NULL;                                                                                \
-            return CUDA_ERROR_OUT_OF_MEMORY;                                                             \
         }                                                                                                \
         return rc_;                                                                                      \
     } while (0)
@@ -1104,23 +1475,39 @@ GS_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateP
 
 static _Atomic uintptr_t primary_of[GS_MAX_DEVICES]; /* each device's primary context, once retained */
 
+static int primary_active(CUdevice dev)
+{
+    unsigned flags = 0;
+    int active = 1;
+    if (real_cuDevicePrimaryCtxGetState == NULL || real_cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+        return 1;
+    return active;
+}
+
+static unsigned primary_idx(CUdevice dev)
+{
+    return dev >= 0 && dev < GS_MAX_DEVICES ? ctx_find(atomic_load(&primary_of[dev])) : 0;
+}
+
+/* The retain that makes the primary context active creates it (and its memory). */
 GS_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     NEED_REAL(cuDevicePrimaryCtxRetain);
-    CUresult rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-    if (rc == CUDA_SUCCESS && charge_context(dev) != 0) {
+    pthread_mutex_lock(&primary_lock);
+    int creates = !primary_active(dev);
+    gs_ctx_op op = {0};
+    if (creates) ctx_begin(&op, dev);
+    CUresult drv = real_cuDevicePrimaryCtxRetain(pctx, dev), rc = drv;
+    if (creates) rc = ctx_end(&op, drv, dev, drv == CUDA_SUCCESS ? *pctx : NULL);
+    else if (drv == CUDA_SUCCESS && charge_context(dev) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (drv == CUDA_SUCCESS && rc != CUDA_SUCCESS) {
         if (real_cuDevicePrimaryCtxRelease_v2) real_cuDevicePrimaryCtxRelease_v2(dev);
         *pctx = NULL;
-        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (rc == CUDA_SUCCESS && pctx != NULL && dev >= 0 && dev < GS_MAX_DEVICES)
         atomic_store(&primary_of[dev], (uintptr_t)*pctx);
+    pthread_mutex_unlock(&primary_lock);
     return rc;
-}
-
-static void credit_primary(CUdevice dev)
-{
-    if (dev >= 0 && dev < GS_MAX_DEVICES) credit_context(ctx_find(atomic_load(&primary_of[dev])));
 }
 
 GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -1128,7 +1515,10 @@ GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     NEED_REAL(cuCtxDestroy_v2);
     unsigned idx = ctx_find((uintptr_t)ctx);
     CUresult rc = real_cuCtxDestroy_v2(ctx);
-    if (rc == CUDA_SUCCESS) credit_context(idx);
+    if (rc == CUDA_SUCCESS) {
+        credit_context(idx);
+        credit_context_memory(idx);
+    }
     return rc;
 }
 
@@ -1136,12 +1526,13 @@ GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 #define PRIMARY_RELEASE(name)                                                                            \
     do {                                                                                                 \
         NEED_REAL(name);                                                                                 \
+        pthread_mutex_lock(&primary_lock);                                                               \
         CUresult rc_ = real_##name(dev);                                                                 \
-        unsigned flags_ = 0;                                                                             \
-        int active_ = 1;                                                                                 \
-        if (rc_ == CUDA_SUCCESS && real_cuDevicePrimaryCtxGetState != NULL &&                            \
-            real_cuDevicePrimaryCtxGetState(dev, &flags_, &active_) == CUDA_SUCCESS && !active_)         \
-            credit_primary(dev);                                                                         \
+        if (rc_ == CUDA_SUCCESS && !primary_active(dev)) {                                               \
+            credit_context(primary_idx(dev));                                                            \
+            credit_context_memory(primary_idx(dev));                                                     \
+        }                                                                                                \
+        pthread_mutex_unlock(&primary_lock);                                                             \
         return rc_;                                                                                      \
     } while (0)
 
@@ -1155,20 +1546,258 @@ GS_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
     PRIMARY_RELEASE(cuDevicePrimaryCtxRelease);
 }
 
+/* A reset frees the context's allocations and resets its limits; if the context is no longer
+ * active afterwards, its own memory went too. */
+#define PRIMARY_RESET(name)                                                                              \
+    do {                                                                                                 \
+        NEED_REAL(name);                                                                                 \
+        pthread_mutex_lock(&primary_lock);                                                               \
+        CUresult rc_ = real_##name(dev);                                                                 \
+        if (rc_ == CUDA_SUCCESS) {                                                                       \
+            credit_context(primary_idx(dev));                                                            \
+            if (primary_active(dev)) credit_context_limits(primary_idx(dev));                            \
+            else credit_context_memory(primary_idx(dev));                                                \
+        }                                                                                                \
+        pthread_mutex_unlock(&primary_lock);                                                             \
+        return rc_;                                                                                      \
+    } while (0)
+
 GS_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    NEED_REAL(cuDevicePrimaryCtxReset_v2);
-    CUresult rc = real_cuDevicePrimaryCtxReset_v2(dev);
-    if (rc == CUDA_SUCCESS) credit_primary(dev);
-    return rc;
+    PRIMARY_RESET(cuDevicePrimaryCtxReset_v2);
 }
 
 GS_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 {
-    NEED_REAL(cuDevicePrimaryCtxReset);
-    CUresult rc = real_cuDevicePrimaryCtxReset(dev);
-    if (rc == CUDA_SUCCESS) credit_primary(dev);
+    PRIMARY_RESET(cuDevicePrimaryCtxReset);
+}
+
+/* cuCtxSetLimit: the malloc heap, the per-thread stack (times every thread the device holds
+ * resident) and the printf FIFO are device memory the driver reserves. A limit raised above what the
+ * context started with charges the difference before the driver is asked; lowering credits it. */
+static int limit_kind(CUlimit limit)
+{
+    switch (limit) {
+    case CU_LIMIT_MALLOC_HEAP_SIZE: return GS_LIM_HEAP;
+    case CU_LIMIT_STACK_SIZE: return GS_LIM_STACK;
+    case CU_LIMIT_PRINTF_FIFO_SIZE: return GS_LIM_FIFO;
+    default: return -1;
+    }
+}
+
+static uint64_t limit_bytes(int kind, uint64_t value, CUdevice dev)
+{
+    if (kind != GS_LIM_STACK) return value;
+    int sms = 0, threads = 0;
+    if (real_cuDeviceGetAttribute == NULL ||
+        real_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+        real_cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS)
+        return value * 2048 * 128; /* unknown device: a large one */
+    return value * (uint64_t)(sms > 0 ? sms : 1) * (uint64_t)(threads > 0 ? threads : 1);
+}
+
+GS_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    NEED_REAL(cuCtxSetLimit);
+    int kind = limit_kind(limit);
+    CUcontext c = NULL;
+    CUdevice dev;
+    size_t old = 0;
+    if (kind < 0 || gs_ensure_init() != GS_MODE_ACTIVE || real_cuCtxGetCurrent == NULL || real_cuCtxGetLimit == NULL ||
+        real_cuCtxGetCurrent(&c) != CUDA_SUCCESS || c == NULL || current_device(&dev) != 0 || !device_is_slice(dev) ||
+        real_cuCtxGetLimit(&old, limit) != CUDA_SUCCESS)
+        return real_cuCtxSetLimit(limit, value);
+    unsigned idx = ctx_index((uintptr_t)c);
+    if (idx == 0) return real_cuCtxSetLimit(limit, value);
+    pthread_mutex_lock(&primary_lock); /* orders limit changes (rare) */
+    uint64_t base1 = atomic_load(&ctx_limit_base[idx][kind]);
+    if (base1 == 0) base1 = (uint64_t)old + 1; /* what the context started with is part of its cost */
+    uint64_t base = limit_bytes(kind, base1 - 1, dev), want = limit_bytes(kind, value, dev);
+    uint64_t now = atomic_load(&ctx_limit_charged[idx][kind]), next = want > base ? want - base : 0;
+    if (next > now && gs_region_reserve(&gs_reg, next - now) != 0 && reserve_retry(next - now) != CUDA_SUCCESS) {
+        gs_region_count_refused(&gs_reg);
+        pthread_mutex_unlock(&primary_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = real_cuCtxSetLimit(limit, value);
+    if (rc == CUDA_SUCCESS) {
+        if (now > next) release(now - next);
+        atomic_store(&ctx_limit_base[idx][kind], base1);
+        atomic_store(&ctx_limit_charged[idx][kind], next);
+        context_bytes_add((int64_t)next - (int64_t)now);
+    } else if (next > now) {
+        release(next - now); /* undo the reservation */
+    }
+    pthread_mutex_unlock(&primary_lock);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Graph memory nodes. The driver gives an executable graph's alloc nodes physical memory at its first
+ * launch and keeps it across launches; destroying the executable returns it to the device's graph
+ * pool, which keeps it reserved until cuDeviceGraphMemTrim. So: a graph remembers its alloc nodes'
+ * bytes, an instantiation inherits them, the first launch charges them (taking from the pool's spare
+ * first), destroying the executable moves them to the spare, and a trim credits the spare.
+ * ---------------------------------------------------------------------------------------------- */
+
+#define GS_GEXEC_BACKED (1ull << 63)
+static _Atomic int has_graph_mem; /* some graph has alloc nodes: launches look their executable up */
+static _Atomic uint64_t graph_spare;
+static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
+
+GS_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                          size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    NEED_REAL(cuGraphAddMemAllocNode);
+    CUresult rc = real_cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    if (rc != CUDA_SUCCESS || nodeParams == NULL || gs_ensure_init() != GS_MODE_ACTIVE) return rc;
+    pthread_mutex_lock(&graph_lock);
+    uint64_t v = 0;
+    (void)gs_table_take(&tab_graph, (uint64_t)(uintptr_t)hGraph, &v);
+    if (remember(&tab_graph, (uint64_t)(uintptr_t)hGraph, v + nodeParams->bytesize) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    atomic_store(&has_graph_mem, 1);
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+static void graph_instantiated(CUresult rc, CUgraphExec *exec, CUgraph g)
+{
+    uint64_t v;
+    if (rc != CUDA_SUCCESS || exec == NULL || !atomic_load(&has_graph_mem) || atomic_load(&gs_mode) != GS_MODE_ACTIVE)
+        return;
+    pthread_mutex_lock(&graph_lock);
+    if (gs_table_get(&tab_graph, (uint64_t)(uintptr_t)g, &v) == 0 && v != 0)
+        (void)remember(&tab_gexec, (uint64_t)(uintptr_t)*exec, v);
+    pthread_mutex_unlock(&graph_lock);
+}
+
+GS_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+    NEED_REAL(cuGraphInstantiateWithFlags);
+    CUresult rc = real_cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
+    graph_instantiated(rc, phGraphExec, hGraph);
+    return rc;
+}
+
+GS_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    NEED_REAL(cuGraphInstantiateWithParams);
+    CUresult rc = real_cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
+    graph_instantiated(rc, phGraphExec, hGraph);
+    return rc;
+}
+
+GS_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    NEED_REAL(cuGraphDestroy);
+    CUresult rc = real_cuGraphDestroy(hGraph);
+    uint64_t v;
+    if (rc == CUDA_SUCCESS && atomic_load(&has_graph_mem) && atomic_load(&gs_mode) == GS_MODE_ACTIVE) {
+        pthread_mutex_lock(&graph_lock);
+        (void)gs_table_take(&tab_graph, (uint64_t)(uintptr_t)hGraph, &v);
+        pthread_mutex_unlock(&graph_lock);
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    NEED_REAL(cuGraphExecDestroy);
+    CUresult rc = real_cuGraphExecDestroy(hGraphExec);
+    uint64_t v;
+    if (rc == CUDA_SUCCESS && atomic_load(&has_graph_mem) && atomic_load(&gs_mode) == GS_MODE_ACTIVE) {
+        pthread_mutex_lock(&graph_lock);
+        if (gs_table_take(&tab_gexec, (uint64_t)(uintptr_t)hGraphExec, &v) == 0 && (v & GS_GEXEC_BACKED))
+            atomic_fetch_add(&graph_spare, v & ~GS_GEXEC_BACKED); /* kept by the device's graph pool */
+        pthread_mutex_unlock(&graph_lock);
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+    NEED_REAL(cuDeviceGraphMemTrim);
+    CUresult rc = real_cuDeviceGraphMemTrim(device);
+    if (rc == CUDA_SUCCESS && atomic_load(&gs_mode) == GS_MODE_ACTIVE && device_is_slice(device)) {
+        pthread_mutex_lock(&graph_lock);
+        release(atomic_exchange(&graph_spare, 0));
+        pthread_mutex_unlock(&graph_lock);
+    }
+    return rc;
+}
+
+/* Launching an executable whose memory is not backed yet: reserve -> launch -> mark backed / undo. */
+static CUresult graph_launch(CUresult (*fn)(CUgraphExec, CUstream), CUgraphExec g, CUstream s)
+{
+    uint64_t v, key = (uint64_t)(uintptr_t)g;
+    pthread_mutex_lock(&graph_lock);
+    if (gs_table_get(&tab_gexec, key, &v) != 0 || (v & GS_GEXEC_BACKED)) {
+        pthread_mutex_unlock(&graph_lock);
+        return fn(g, s);
+    }
+    uint64_t spare = atomic_load(&graph_spare), from_spare = spare < v ? spare : v;
+    if (from_spare < v && reserve_current(v - from_spare) != CUDA_SUCCESS) {
+        pthread_mutex_unlock(&graph_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_fetch_sub(&graph_spare, from_spare);
+    CUresult rc = fn(g, s);
+    if (rc == CUDA_SUCCESS) {
+        (void)gs_table_take(&tab_gexec, key, &v);
+        (void)gs_table_put(&tab_gexec, key, v | GS_GEXEC_BACKED);
+    } else {
+        atomic_fetch_add(&graph_spare, from_spare);
+        if (from_spare < v) release(v - from_spare);
+    }
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
+/* A forked child holds none of its parent's pools, graphs or contexts, and has its own pid. */
+static void gs_usage_after_fork_child(void)
+{
+    memset(pool_recs, 0, sizeof(pool_recs));
+    atomic_store(&pool_slack, 0);
+    gs_table_clear(&tab_graph);
+    gs_table_clear(&tab_gexec);
+    atomic_store(&graph_spare, 0);
+    atomic_store(&own_host_pid, 0);
+    pthread_mutex_init(&pool_lock, NULL);
+    pthread_mutex_init(&graph_lock, NULL);
+    pthread_mutex_init(&measure_lock, NULL);
+    pthread_mutex_init(&primary_lock, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * External memory (Vulkan, EGL, ... allocations imported into CUDA): memory the slice uses that no
+ * CUDA allocation of it paid for. Charged at import by the descriptor's size, credited at destroy.
+ * ---------------------------------------------------------------------------------------------- */
+
+GS_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc)
+{
+    NEED_REAL(cuImportExternalMemory);
+    if (extMem_out == NULL || desc == NULL || desc->size == 0) return real_cuImportExternalMemory(extMem_out, desc);
+    uint64_t bytes = desc->size;
+    CUresult rc = reserve_current(bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = real_cuImportExternalMemory(extMem_out, desc);
+    if (rc != CUDA_SUCCESS) {
+        release(bytes);
+        return rc;
+    }
+    if (remember(&tab_array, (uint64_t)(uintptr_t)*extMem_out, bytes) != 0) {
+        real_cuDestroyExternalMemory(*extMem_out);
+        release(bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
+GS_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory extMem)
+{
+    NEED_REAL(cuDestroyExternalMemory);
+    FREE_WITH_CREDIT(tab_array, (uintptr_t)extMem, real_cuDestroyExternalMemory(extMem));
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -1190,16 +1819,13 @@ static int slice_mem_info(CUdevice dev, uint64_t *free_b, uint64_t *total_b)
         *total_b = 0;
         return 1;
     }
+    if (GS_UNLIKELY(atomic_load_explicit(&pool_slack, memory_order_relaxed))) pools_settle();
     uint64_t used = gs_region_used_total(&gs_reg);
     *total_b = gs_cfg.memory_bytes;
     *free_b = used < gs_cfg.memory_bytes ? gs_cfg.memory_bytes - used : 0;
     return 1;
 }
 
-static int current_device(CUdevice *dev)
-{
-    return real_cuCtxGetDevice != NULL && real_cuCtxGetDevice(dev) == CUDA_SUCCESS ? 0 : -1;
-}
 
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
@@ -1295,14 +1921,25 @@ GS_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
     LAUNCH(cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shmem, s, params);
 }
 
+#define GRAPH_LAUNCH(name)                                                                               \
+    do {                                                                                                 \
+        NEED_REAL(name);                                                                                 \
+        if (GS_UNLIKELY(gs_ensure_init() == GS_MODE_UNINIT)) return CUDA_ERROR_NOT_INITIALIZED;          \
+        gs_throttle_before_launch();                                                                     \
+        if (GS_UNLIKELY(atomic_load_explicit(&has_graph_mem, memory_order_relaxed)) &&                   \
+            atomic_load(&gs_mode) == GS_MODE_ACTIVE)                                                     \
+            return graph_launch(real_##name, g, s);                                                      \
+        return real_##name(g, s);                                                                        \
+    } while (0)
+
 GS_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch, g, s);
+    GRAPH_LAUNCH(cuGraphLaunch);
 }
 
 GS_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
-    LAUNCH(cuGraphLaunch_ptsz, g, s);
+    GRAPH_LAUNCH(cuGraphLaunch_ptsz);
 }
 
 GS_EXPORT CUresult cuLaunch(CUfunction f)

@@ -126,6 +126,9 @@ int main(int argc, char **argv)
     EXPECT_RC(pasync(&q, limit, NULL), CUDA_SUCCESS);
     EXPECT_RC(dl_alloc(&p, 1), CUDA_ERROR_OUT_OF_MEMORY);
     EXPECT_RC(dl_free(q), CUDA_SUCCESS);
+    /* q came from the device's pool, which keeps it until a synchronization releases it. */
+    CUresult (*sync)(void) = (CUresult(*)(void))dlsym(h, "cuCtxSynchronize");
+    EXPECT_RC(sync ? sync() : CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS);
 
     /* The legacy cuGetProcAddress (CUDA 11.3+ runtimes). */
     alloc_t pa1 = NULL;

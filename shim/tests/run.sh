@@ -79,6 +79,13 @@ check "VMM: charged until the last mapping goes" "$build/tests/cuda_probe" vmm "
 check "context teardown credits its allocations" "$build/tests/cuda_probe" ctx-teardown "$limit"
 check "dlsym and cuGetProcAddress" "$build/tests/dl_probe" "$limit"
 
+# A double whose contexts cost device memory (300 MiB, as a V100 shows in cuMemGetInfo).
+ctx_bytes=$((300 << 20))
+sed "s/^gpu.0.minor=0$/gpu.0.minor=0\ngpu.0.context_bytes=$ctx_bytes/" "$work/fake.conf" > "$work/fake-ctx.conf"
+slice "$limit" 100
+check "contexts, limits, pools, graph memory, external memory are charged" \
+    env GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" hidden "$limit" "$ctx_bytes"
+
 iters=4000
 [[ "$san" == thread ]] && iters=600
 rm -f "$work/counter"
