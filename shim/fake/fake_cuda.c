@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fake_common.h"
+#include "../src/gs_procs.h"
 
 #define PAGE_ALIGN 4096ull
 #define QUEUE_AHEAD_NS 20000000ull /* a launch blocks when the device is booked this far ahead */
@@ -1891,107 +1892,45 @@ typedef struct {
     void *fn, *ptsz;
 } proc_entry;
 
-#define P(base, since, fn, ptsz) {base, since, (void *)(fn), (void *)(ptsz)}
-static const proc_entry procs[] = {
-    P("cuInit", 2000, cuInit, NULL),
-    P("cuDriverGetVersion", 2020, cuDriverGetVersion, NULL),
-    P("cuDeviceGet", 2000, cuDeviceGet, NULL),
-    P("cuDeviceGetCount", 2000, cuDeviceGetCount, NULL),
-    P("cuDeviceGetName", 2000, cuDeviceGetName, NULL),
-    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid, NULL),
-    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2, NULL),
-    P("cuDeviceTotalMem", 2000, cuDeviceTotalMem, NULL),
-    P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2, NULL),
-    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute, NULL),
-    P("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId, NULL),
-    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain, NULL),
-    P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease, NULL),
-    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2, NULL),
-    P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset, NULL),
-    P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState, NULL),
-    P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2, NULL),
-    P("cuCtxCreate", 2000, cuCtxCreate, NULL),
-    P("cuCtxCreate", 3020, cuCtxCreate_v2, NULL),
-    P("cuCtxCreate", 11040, cuCtxCreate_v3, NULL),
-    P("cuCtxCreate", 12050, cuCtxCreate_v4, NULL),
-    P("cuCtxDestroy", 4000, cuCtxDestroy_v2, NULL),
-    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent, NULL),
-    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent, NULL),
-    P("cuCtxGetDevice", 2000, cuCtxGetDevice, NULL),
-    P("cuCtxSynchronize", 2000, cuCtxSynchronize, NULL),
-    P("cuMemGetInfo", 2000, cuMemGetInfo, NULL),
-    P("cuMemGetInfo", 3020, cuMemGetInfo_v2, NULL),
-    P("cuMemAlloc", 2000, cuMemAlloc, NULL),
-    P("cuMemAlloc", 3020, cuMemAlloc_v2, NULL),
-    P("cuMemAllocPitch", 2000, cuMemAllocPitch, NULL),
-    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2, NULL),
-    P("cuMemAllocManaged", 6000, cuMemAllocManaged, NULL),
-    P("cuMemFree", 2000, cuMemFree, NULL),
-    P("cuMemFree", 3020, cuMemFree_v2, NULL),
-    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2, NULL),
-    P("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
-    P("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
-    P("cuMemPoolCreate", 11020, cuMemPoolCreate, NULL),
-    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy, NULL),
-    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
-    P("cuMemCreate", 10020, cuMemCreate, NULL),
-    P("cuMemRelease", 10020, cuMemRelease, NULL),
-    P("cuMemAddressReserve", 10020, cuMemAddressReserve, NULL),
-    P("cuMemAddressFree", 10020, cuMemAddressFree, NULL),
-    P("cuMemMap", 10020, cuMemMap, NULL),
-    P("cuMemUnmap", 10020, cuMemUnmap, NULL),
-    P("cuMemSetAccess", 10020, cuMemSetAccess, NULL),
-    P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle, NULL),
-    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle, NULL),
-    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle, NULL),
-    P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity, NULL),
-    P("cuArrayCreate", 2000, cuArrayCreate, NULL),
-    P("cuArrayCreate", 3020, cuArrayCreate_v2, NULL),
-    P("cuArray3DCreate", 2000, cuArray3DCreate, NULL),
-    P("cuArray3DCreate", 3020, cuArray3DCreate_v2, NULL),
-    P("cuArrayDestroy", 2000, cuArrayDestroy, NULL),
-    P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate, NULL),
-    P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy, NULL),
-    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle, NULL),
-    P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle, NULL),
-    P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2, NULL),
-    P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle, NULL),
-    P("cuModuleLoadData", 2000, cuModuleLoadData, NULL),
-    P("cuModuleGetFunction", 2000, cuModuleGetFunction, NULL),
-    P("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz),
-    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz),
-    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz),
-    P("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
-    P("cuStreamCreate", 2000, cuStreamCreate, NULL),
-    P("cuCtxSetLimit", 3010, cuCtxSetLimit, NULL),
-    P("cuCtxGetLimit", 3010, cuCtxGetLimit, NULL),
-    P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool, NULL),
-    P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool, NULL),
-    P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo, NULL),
-    P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute, NULL),
-    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute, NULL),
-    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode, NULL),
-    P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode, NULL),
-    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim, NULL),
-    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute, NULL),
-    P("cuGraphCreate", 10000, cuGraphCreate, NULL),
-    P("cuGraphInstantiate", 11000, cuGraphInstantiateWithFlags, NULL),
-    P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags, NULL),
-    P("cuGraphExecDestroy", 10000, cuGraphExecDestroy, NULL),
-    P("cuGraphDestroy", 10000, cuGraphDestroy, NULL),
-    P("cuImportExternalMemory", 10000, cuImportExternalMemory, NULL),
-    P("cuDestroyExternalMemory", 10000, cuDestroyExternalMemory, NULL),
-    P("cuEventCreate", 2000, cuEventCreate, NULL),
-    P("cuEventRecord", 2000, cuEventRecord, NULL),
-    P("cuEventSynchronize", 2000, cuEventSynchronize, NULL),
-    P("cuEventElapsedTime", 2000, cuEventElapsedTime, NULL),
-    P("cuEventDestroy", 4000, cuEventDestroy_v2, NULL),
-    P("cuStreamSynchronize", 2000, cuStreamSynchronize, NULL),
-    P("cuGetErrorName", 6000, cuGetErrorName, NULL),
-    P("cuGetErrorString", 6000, cuGetErrorString, NULL),
-    P("cuGetProcAddress", 11030, cuGetProcAddress, NULL),
-    P("cuGetProcAddress", 12000, cuGetProcAddress_v2, NULL),
-};
+/* Derived from the one list in src/gs_procs.h (shared with the shim). */
+#define P_ENTRY(base, since, fn) {#base, since, (void *)(fn), NULL},
+#define P_ENTRY_PTSZ(base, since, fn, ptsz) {#base, since, (void *)(fn), (void *)(ptsz)},
+static const proc_entry procs[] = {GS_DRIVER_PROCS(P_ENTRY, P_ENTRY_PTSZ)};
+#define NPROCS (sizeof(procs) / sizeof(procs[0]))
+
+/* Real drivers may hand out internal entry points, not their exported symbols. With
+ * GPUSLICE_FAKE_PROC_TRAMPOLINES=1 the double does too: each entry gets a stub of its own that jumps to
+ * the function (a distinct address that behaves the same). */
+#define T_STUB(name) ".text\n.p2align 4\nfake_tramp_" #name ":\n\tjmp " #name "\n"
+#define T_ASM(base, since, fn) __asm__(T_STUB(fn));
+#define T_ASM_PTSZ(base, since, fn, ptsz) __asm__(T_STUB(fn) T_STUB(ptsz));
+#define T_DECL(base, since, fn) extern char fake_tramp_##fn[] __attribute__((visibility("hidden")));
+#define T_DECL_PTSZ(base, since, fn, ptsz) T_DECL(base, since, fn) T_DECL(base, since, ptsz)
+GS_DRIVER_PROCS_UNIQUE(T_ASM, T_ASM_PTSZ)
+GS_DRIVER_PROCS_UNIQUE(T_DECL, T_DECL_PTSZ)
+
+static void *trampoline_of(void *fn)
+{
+    static const struct {
+        void *real, *tramp;
+    } map[] = {
+#define M_ENTRY(base, since, fn) {(void *)(fn), fake_tramp_##fn},
+#define M_ENTRY_PTSZ(base, since, fn, ptsz) M_ENTRY(base, since, fn) M_ENTRY(base, since, ptsz)
+        GS_DRIVER_PROCS_UNIQUE(M_ENTRY, M_ENTRY_PTSZ)};
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+        if (map[i].real == fn) return map[i].tramp;
+    return fn;
+}
+
+static int use_trampolines(void)
+{
+    static int state; /* 0 unknown, 1 no, 2 yes */
+    if (state == 0) {
+        const char *v = getenv("GPUSLICE_FAKE_PROC_TRAMPOLINES");
+        state = v && strcmp(v, "1") == 0 ? 2 : 1;
+    }
+    return state == 2;
+}
 
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *status)
@@ -1999,7 +1938,7 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     const proc_entry *best = NULL;
     int known = 0;
-    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+    for (size_t i = 0; i < NPROCS; i++) {
         if (strcmp(procs[i].base, symbol) != 0) continue;
         known = 1;
         if (procs[i].since <= cudaVersion && (!best || procs[i].since > best->since)) best = &procs[i];
@@ -2010,6 +1949,7 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
         return CUDA_ERROR_NOT_FOUND;
     }
     *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
+    if (use_trampolines()) *pfn = trampoline_of(*pfn);
     if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
 }

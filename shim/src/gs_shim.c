@@ -8,6 +8,7 @@
  * through the shim's own handle on libcuda.so.1 / libnvidia-ml.so.1, never via RTLD_NEXT.
  */
 #define _GNU_SOURCE
+#define NVML_NO_UNVERSIONED_FUNC_DEFS /* every versioned entry point under its own name */
 #include "gs_shim.h"
 
 #include <dlfcn.h>
@@ -23,6 +24,7 @@
 #include <cuda.h>
 #include <nvml.h>
 
+#include "gs_procs.h"
 #include "gs_table.h"
 
 /*
@@ -105,7 +107,12 @@ typedef struct {
     X(cuMemGetAddressRange_v2) X(cuCtxGetCurrent) X(cuDevicePrimaryCtxGetState) X(cuCtxGetLimit)          \
     X(cuDeviceGetAttribute) X(cuDeviceGetMemPool) X(cuMemPoolGetAttribute)
 
-#define GS_NVML_WRAPPED(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
+#define GS_NVML_WRAPPED(X)                                                                               \
+    X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetComputeRunningProcesses)       \
+    X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetComputeRunningProcesses_v3)                  \
+    X(nvmlDeviceGetGraphicsRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses_v2)                   \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization)                         \
+    X(nvmlDeviceGetUtilizationRates)
 #define GS_NVML_HELPERS(X)                                                                               \
     X(nvmlDeviceGetUUID) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetComputeRunningProcesses_v3)
 
@@ -197,17 +204,80 @@ static void *substitute(void *fn, gs_sym *syms, size_t n)
     return fn;
 }
 
+/* The shim's wrapper for an entry point named `name`, NULL when it wraps none by that name. */
+static void *wrapper_named(const char *name, gs_sym *syms, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (syms[i].wrapper != NULL && strcmp(syms[i].name, name) == 0) return syms[i].wrapper;
+    return NULL;
+}
+
+/* 1 when `base` names an entry point the shim wraps in some variant (cuMemAlloc: cuMemAlloc_v2, ...). */
+static int wraps_base(const char *base)
+{
+    size_t n = strlen(base);
+    for (size_t i = 0; i < GS_NSYMS(cuda_syms); i++) {
+        const char *w = cuda_syms[i].name;
+        if (cuda_syms[i].wrapper != NULL && strncmp(w, base, n) == 0 &&
+            (w[n] == '\0' || (w[n] == '_' && (w[n + 1] == 'v' || strcmp(w + n, "_ptsz") == 0))))
+            return 1;
+    }
+    return 0;
+}
+
+typedef struct {
+    const char *base;
+    int since;
+    const char *fn, *ptsz;
+} gs_proc;
+#define GS_PROC(base, since, fn) {#base, since, #fn, NULL},
+#define GS_PROC_PTSZ(base, since, fn, ptsz) {#base, since, #fn, #ptsz},
+static const gs_proc procs[] = {GS_DRIVER_PROCS(GS_PROC, GS_PROC_PTSZ)};
+
+/*
+ * cuGetProcAddress handed out a pointer that is not the driver's exported symbol of any wrapped
+ * variant (real drivers may return internal entry points). Decide by name which variant the caller
+ * gets for (symbol, cudaVersion, flags) and return the shim's wrapper for it; a wrapped entry point
+ * whose variant cannot be told is refused, never passed through unenforced.
+ */
+static CUresult procaddr_by_name(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    if (symbol == NULL || !wraps_base(symbol)) return CUDA_SUCCESS; /* nothing of ours: keep it */
+    const gs_proc *best = NULL;
+    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++)
+        if (strcmp(procs[i].base, symbol) == 0 && procs[i].since <= version && (!best || procs[i].since > best->since))
+            best = &procs[i];
+    void *w = NULL;
+    if (best != NULL) {
+        const char *name = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
+        w = wrapper_named(name, cuda_syms, GS_NSYMS(cuda_syms));
+        if (w == NULL && !wraps_base(name)) return CUDA_SUCCESS; /* a variant the shim has no business with */
+    }
+    if (w == NULL) {
+        gs_log("cuGetProcAddress(%s): the driver's entry point is unknown to the shim; refusing it", symbol);
+        *pfn = NULL;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = w;
+    return CUDA_SUCCESS;
+}
+
+/* A wrapped name that resolves to something other than the driver's own symbol comes from another
+ * copy of the driver (a copied libcuda.so.1 opened by path, a bundled libnvidia-ml): the caller gets
+ * the shim's wrapper, which calls the driver the shim enforces over, never the copy unwrapped. */
 static void *dlsym_driver(void *handle, const char *symbol)
 {
     void *fn = real_dlsym(handle, symbol);
     if (fn == NULL) return NULL;
-    if (symbol[0] == 'c') {
-        if (resolve_lib("libcuda.so.1", &cuda_handle, cuda_syms, GS_NSYMS(cuda_syms), &cuda_ready, 0) == 0)
-            return substitute(fn, cuda_syms, GS_NSYMS(cuda_syms));
-    } else if (resolve_lib("libnvidia-ml.so.1", &nvml_handle, nvml_syms, GS_NSYMS(nvml_syms), &nvml_ready, 0) == 0) {
-        return substitute(fn, nvml_syms, GS_NSYMS(nvml_syms));
-    }
-    return fn;
+    gs_sym *syms = symbol[0] == 'c' ? cuda_syms : nvml_syms;
+    size_t n = symbol[0] == 'c' ? GS_NSYMS(cuda_syms) : GS_NSYMS(nvml_syms);
+    void *w = wrapper_named(symbol, syms, n);
+    if (w == NULL) return fn; /* not an entry point the shim wraps */
+    if (fn == w) return fn;   /* the shim's own export */
+    /* Load our driver if needed: the wrapper must have a real entry point to call. */
+    if (symbol[0] == 'c') (void)resolve_lib("libcuda.so.1", &cuda_handle, cuda_syms, n, &cuda_ready, 1);
+    else (void)resolve_lib("libnvidia-ml.so.1", &nvml_handle, nvml_syms, n, &nvml_ready, 1);
+    return w;
 }
 
 /* Every other lookup is a tail call into the real dlsym, so glibc sees the application's return
@@ -1837,7 +1907,7 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     uint64_t sf, st;
     if (current_device(&dev) == 0 && slice_mem_info(dev, &sf, &st)) {
         pf = sf < pf ? sf : pf; /* never promise more than the card has free */
-        pt = st;
+        pt = st < pt || st == 0 ? st : pt; /* nor more than the card has */
     }
     if (free) *free = pf;
     if (total) *total = pt;
@@ -1859,7 +1929,7 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     NEED_REAL(cuDeviceTotalMem_v2);
     CUresult rc = real_cuDeviceTotalMem_v2(bytes, dev);
     uint64_t sf, st;
-    if (rc == CUDA_SUCCESS && bytes != NULL && slice_mem_info(dev, &sf, &st)) *bytes = st;
+    if (rc == CUDA_SUCCESS && bytes != NULL && slice_mem_info(dev, &sf, &st) && st < *bytes) *bytes = st;
     return rc;
 }
 
@@ -1966,7 +2036,12 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 {
     NEED_REAL(cuGetProcAddress_v2);
     CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (rc == CUDA_SUCCESS && pfn != NULL) *pfn = substitute(*pfn, cuda_syms, GS_NSYMS(cuda_syms));
+    if (rc == CUDA_SUCCESS && pfn != NULL) {
+        void *got = *pfn;
+        *pfn = substitute(got, cuda_syms, GS_NSYMS(cuda_syms));
+        if (*pfn == got && got != NULL) rc = procaddr_by_name(symbol, pfn, cudaVersion, flags);
+        if (rc != CUDA_SUCCESS && symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    }
     return rc;
 }
 
@@ -1974,7 +2049,11 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
 {
     NEED_REAL(cuGetProcAddress);
     CUresult rc = real_cuGetProcAddress(symbol, pfn, cudaVersion, flags);
-    if (rc == CUDA_SUCCESS && pfn != NULL) *pfn = substitute(*pfn, cuda_syms, GS_NSYMS(cuda_syms));
+    if (rc == CUDA_SUCCESS && pfn != NULL) {
+        void *got = *pfn;
+        *pfn = substitute(got, cuda_syms, GS_NSYMS(cuda_syms));
+        if (*pfn == got && got != NULL) rc = procaddr_by_name(symbol, pfn, cudaVersion, flags);
+    }
     return rc;
 }
 
@@ -2011,9 +2090,12 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t
     nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo(device, memory);
     uint64_t total, used;
     if (rc == NVML_SUCCESS && memory != NULL && nvml_slice_info(device, &total, &used)) {
+        if (total > memory->total) total = memory->total; /* never more than the card */
+        if (used > total) used = total;
+        uint64_t free_b = total - used;
+        memory->free = free_b < memory->free ? free_b : memory->free; /* nor more than it has free */
         memory->total = total;
         memory->used = used;
-        memory->free = total - used;
     }
     return rc;
 }
@@ -2024,10 +2106,135 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
     nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo_v2(device, memory);
     uint64_t total, used;
     if (rc == NVML_SUCCESS && memory != NULL && nvml_slice_info(device, &total, &used)) {
+        if (total > memory->total) total = memory->total;
+        if (used > total) used = total;
+        uint64_t free_b = total - used;
+        memory->free = free_b < memory->free ? free_b : memory->free;
         memory->total = total;
         memory->reserved = 0;
         memory->used = used;
-        memory->free = total - used;
     }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * NVML process lists and utilization: the slice's own processes, its own share.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* 1 when the device's per-process figures must be restricted to the slice (0: show the driver's). */
+static int nvml_filters(nvmlDevice_t device)
+{
+    int mode = gs_ensure_init();
+    if (mode == GS_MODE_FAIL_CLOSED) return 1;
+    (void)device;
+    return 1; /* other tenants' processes on the card, or other cards, are never the slice's */
+}
+
+static int nvml_pid_visible(nvmlDevice_t device, unsigned int pid)
+{
+    if (gs_ensure_init() != GS_MODE_ACTIVE) return 0;
+    char uuid[96] = {0};
+    if (real_nvmlDeviceGetUUID == NULL || real_nvmlDeviceGetUUID(device, uuid, sizeof(uuid)) != NVML_SUCCESS ||
+        strcasecmp(uuid, gs_cfg.gpu_uuid_text) != 0)
+        return 0; /* a device the slice is not on */
+    note_host_pid();
+    return gs_region_has_nvml_pid(&gs_reg, (int32_t)pid);
+}
+
+typedef nvmlReturn_t (*gs_list_fn)(nvmlDevice_t, unsigned int *, void *);
+
+/* Calls a process-list entry point and keeps the slice's processes (pid is each record's first field). */
+static nvmlReturn_t filter_list(gs_list_fn fn, nvmlDevice_t device, unsigned int *count, void *infos, size_t stride)
+{
+    if (count == NULL || !nvml_filters(device)) return fn(device, count, infos);
+    unsigned int cap = infos ? *count : 0, n = 64;
+    for (int attempt = 0; attempt < 4; attempt++) {
+        char *buf = malloc((size_t)n * stride);
+        if (buf == NULL) return NVML_ERROR_MEMORY;
+        unsigned int got = n;
+        nvmlReturn_t rc = fn(device, &got, buf);
+        if (rc == NVML_ERROR_INSUFFICIENT_SIZE) {
+            free(buf);
+            n = got + 16;
+            continue;
+        }
+        if (rc != NVML_SUCCESS) {
+            free(buf);
+            return rc;
+        }
+        unsigned int kept = 0;
+        for (unsigned int i = 0; i < got; i++) {
+            unsigned int pid;
+            memcpy(&pid, buf + (size_t)i * stride, sizeof(pid));
+            if (!nvml_pid_visible(device, pid)) continue;
+            if (kept < cap) memcpy((char *)infos + (size_t)kept * stride, buf + (size_t)i * stride, stride);
+            kept++;
+        }
+        free(buf);
+        *count = kept;
+        return kept > cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    return NVML_ERROR_UNKNOWN;
+}
+
+#define NVML_LIST(name, type)                                                                            \
+    GS_EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *infoCount, type *infos)               \
+    {                                                                                                    \
+        if (nvml_real() != 0 || real_##name == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;               \
+        return filter_list((gs_list_fn)real_##name, device, infoCount, infos, sizeof(type));             \
+    }
+
+NVML_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
+NVML_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+NVML_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+NVML_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
+NVML_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t)
+NVML_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+
+typedef struct {
+    unsigned long long since;
+    nvmlReturn_t (*fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *, unsigned long long);
+} gs_util_call;
+static __thread gs_util_call tl_util;
+
+static nvmlReturn_t util_as_list(nvmlDevice_t device, unsigned int *count, void *samples)
+{
+    return tl_util.fn(device, samples, count, tl_util.since);
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                        unsigned int *processSamplesCount,
+                                                        unsigned long long lastSeenTimeStamp)
+{
+    if (nvml_real() != 0 || real_nvmlDeviceGetProcessUtilization == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    tl_util = (gs_util_call){lastSeenTimeStamp, real_nvmlDeviceGetProcessUtilization};
+    return filter_list(util_as_list, device, processSamplesCount, utilization, sizeof(*utilization));
+}
+
+/* The card's utilization is other tenants' business: the slice sees its own, as a share of its
+ * compute quota (a 25 % slice running flat out reads 100 %). */
+GS_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    if (nvml_real() != 0 || real_nvmlDeviceGetUtilizationRates == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = real_nvmlDeviceGetUtilizationRates(device, utilization);
+    if (rc != NVML_SUCCESS || utilization == NULL) return rc;
+    int mode = gs_ensure_init();
+    if (mode == GS_MODE_FAIL_CLOSED) {
+        utilization->gpu = utilization->memory = 0;
+        return rc;
+    }
+    if (gs_cfg.memory_bytes == GS_UNLIMITED && gs_cfg.compute_share >= 100) return rc;
+    char uuid[96] = {0};
+    if (real_nvmlDeviceGetUUID == NULL || real_nvmlDeviceGetUUID(device, uuid, sizeof(uuid)) != NVML_SUCCESS ||
+        strcasecmp(uuid, gs_cfg.gpu_uuid_text) != 0) {
+        utilization->gpu = utilization->memory = 0;
+        return rc;
+    }
+    double u = gs_slice_utilization();
+    if (u < 0) u = 0;
+    double share = gs_cfg.compute_share ? (double)gs_cfg.compute_share : 100.0;
+    double pct = u * 100.0 / share;
+    utilization->gpu = (unsigned int)(pct > 100 ? 100 : pct + 0.5);
+    if (utilization->memory > utilization->gpu) utilization->memory = utilization->gpu;
     return rc;
 }

@@ -78,6 +78,12 @@ check "every allocation path counted" "$build/tests/cuda_probe" paths "$limit"
 check "VMM: charged until the last mapping goes" "$build/tests/cuda_probe" vmm "$limit"
 check "context teardown credits its allocations" "$build/tests/cuda_probe" ctx-teardown "$limit"
 check "dlsym and cuGetProcAddress" "$build/tests/dl_probe" "$limit"
+# Entry points the driver hands out that are not its exported symbols; a copy of libcuda by another path.
+check "cuGetProcAddress: internal entry points are wrapped by name" \
+    env GPUSLICE_FAKE_PROC_TRAMPOLINES=1 "$build/tests/dl_probe" "$limit"
+mkdir -p "$work/copy"
+cp "$build/fake/libcuda.so.1" "$work/copy/libcuda-copy.so"
+check "a copy of libcuda opened by path is wrapped" "$build/tests/dl_probe" "$limit" "$work/copy/libcuda-copy.so"
 
 # A double whose contexts cost device memory (300 MiB, as a V100 shows in cuMemGetInfo).
 ctx_bytes=$((300 << 20))
