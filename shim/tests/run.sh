@@ -109,7 +109,7 @@ if ((stress_ok)) && ! grep -q "Sanitizer" "$work"/stress.*; then
 else
     failed=$((failed + 1))
     echo "FAIL concurrency stress"
-    tail -20 "$work"/stress.* | sed 's/^/    /'
+    tail -n 20 "$work"/stress.* | sed 's/^/    /'
 fi
 
 # IPC within one slice: the exporter's memory is already charged; opening it is not new memory.
