@@ -19,62 +19,28 @@
  * Linear allocations
  * ---------------------------------------------------------------------------------------------- */
 
-
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     NEED_REAL(cuMemAlloc_v2);
     if (GS_UNLIKELY(bytesize == 0 || dptr == NULL)) return real_cuMemAlloc_v2(dptr, bytesize);
-    CUresult rc = reserve_current(bytesize);
-    if (GS_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    rc = real_cuMemAlloc_v2(dptr, bytesize);
-    if (GS_UNLIKELY(rc != CUDA_SUCCESS)) {
-        release(bytesize);
-        return rc;
-    }
-    if (GS_UNLIKELY(remember(&tab_dptr, *dptr, in_current_ctx(bytesize)) != 0)) {
-        real_cuMemFree_v2(*dptr);
-        release(bytesize);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return rc;
+    GS_CHARGE(reserve_current, bytesize, real_cuMemAlloc_v2(dptr, bytesize), tab_dptr, *dptr, in_current_ctx(bytesize),
+              real_cuMemFree_v2(*dptr));
 }
 
 GS_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
     NEED_REAL(cuMemAlloc);
     if (bytesize == 0 || dptr == NULL) return real_cuMemAlloc(dptr, bytesize);
-    CUresult rc = reserve_current(bytesize);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = real_cuMemAlloc(dptr, bytesize);
-    if (rc != CUDA_SUCCESS) {
-        release(bytesize);
-        return rc;
-    }
-    if (remember(&tab_dptr, *dptr, in_current_ctx(bytesize)) != 0) {
-        if (real_cuMemFree) real_cuMemFree(*dptr);
-        release(bytesize);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return rc;
+    GS_CHARGE(reserve_current, bytesize, real_cuMemAlloc(dptr, bytesize), tab_dptr, *dptr, in_current_ctx(bytesize),
+              if (real_cuMemFree) real_cuMemFree(*dptr));
 }
 
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     NEED_REAL(cuMemAllocManaged);
     if (bytesize == 0 || dptr == NULL) return real_cuMemAllocManaged(dptr, bytesize, flags);
-    CUresult rc = reserve_current(bytesize);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = real_cuMemAllocManaged(dptr, bytesize, flags);
-    if (rc != CUDA_SUCCESS) {
-        release(bytesize);
-        return rc;
-    }
-    if (remember(&tab_dptr, *dptr, in_current_ctx(bytesize)) != 0) {
-        real_cuMemFree_v2(*dptr);
-        release(bytesize);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return rc;
+    GS_CHARGE(reserve_current, bytesize, real_cuMemAllocManaged(dptr, bytesize, flags), tab_dptr, *dptr,
+              in_current_ctx(bytesize), real_cuMemFree_v2(*dptr));
 }
 
 /* Pitch is chosen by the driver: reserve an estimate, then settle on pitch * height. */
@@ -186,21 +152,7 @@ static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)
 }
 
 #define ARRAY_CREATE(realfn, handle, bytes, call, destroy)                                               \
-    do {                                                                                                 \
-        CUresult rc_ = reserve_current(bytes);                                                           \
-        if (rc_ != CUDA_SUCCESS) return rc_;                                                             \
-        rc_ = (call);                                                                                    \
-        if (rc_ != CUDA_SUCCESS) {                                                                       \
-            release(bytes);                                                                              \
-            return rc_;                                                                                  \
-        }                                                                                                \
-        if (remember(&tab_array, (uint64_t)(uintptr_t)*(handle), bytes) != 0) {                          \
-            destroy(*(handle));                                                                          \
-            release(bytes);                                                                              \
-            return CUDA_ERROR_OUT_OF_MEMORY;                                                             \
-        }                                                                                                \
-        return CUDA_SUCCESS;                                                                             \
-    } while (0)
+    GS_CHARGE(reserve_current, bytes, call, tab_array, (uintptr_t)*(handle), bytes, destroy(*(handle)))
 
 GS_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
 {
@@ -356,20 +308,8 @@ GS_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *extMem_out, const CU
 {
     NEED_REAL(cuImportExternalMemory);
     if (extMem_out == NULL || desc == NULL || desc->size == 0) return real_cuImportExternalMemory(extMem_out, desc);
-    uint64_t bytes = desc->size;
-    CUresult rc = reserve_current(bytes);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = real_cuImportExternalMemory(extMem_out, desc);
-    if (rc != CUDA_SUCCESS) {
-        release(bytes);
-        return rc;
-    }
-    if (remember(&tab_array, (uint64_t)(uintptr_t)*extMem_out, bytes) != 0) {
-        real_cuDestroyExternalMemory(*extMem_out);
-        release(bytes);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    return rc;
+    GS_CHARGE(reserve_current, desc->size, real_cuImportExternalMemory(extMem_out, desc), tab_array,
+              (uintptr_t)*extMem_out, desc->size, real_cuDestroyExternalMemory(*extMem_out));
 }
 
 GS_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory extMem)
