@@ -12,8 +12,8 @@
  *    32  u32      compute_share             40  u64 peak       high-water mark of used
  *    36  u32      reserved                  48  u64 refused    allocations refused
  *    40  u64      refused_allocations_total 56  u64 throttled_ns time slept in launch throttling
- *    48  u64      throttled_ns_total        64  u64 context_bytes context overhead charged (part of used)
- *    56  u64      agent_utilization         72..127 reserved
+ *    48  u64      throttled_ns_total        64  u64 context_bytes contexts' memory charged (part of used)
+ *    56  u64      agent_utilization         72  i32 host_pid (as NVML reports it; 0 unknown), 76..127 reserved
  *    64  u64      shim_utilization
  *    72  u64      throttle_delay_ns
  *    80  u64      lock_recoveries_total

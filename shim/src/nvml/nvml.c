@@ -78,14 +78,6 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
  * NVML process lists and utilization: the slice's own processes, its own share.
  * ---------------------------------------------------------------------------------------------- */
 
-/* 1 when the device's per-process figures must be restricted to the slice (0: show the driver's). */
-static int nvml_filters(nvmlDevice_t device)
-{
-    int mode = gs_ensure_init();
-    if (mode == GS_MODE_FAIL_CLOSED) return 1;
-    (void)device;
-    return 1; /* other tenants' processes on the card, or other cards, are never the slice's */
-}
 
 static int nvml_pid_visible(nvmlDevice_t device, unsigned int pid)
 {
@@ -103,7 +95,7 @@ typedef nvmlReturn_t (*gs_list_fn)(nvmlDevice_t, unsigned int *, void *);
 /* Calls a process-list entry point and keeps the slice's processes (pid is each record's first field). */
 static nvmlReturn_t filter_list(gs_list_fn fn, nvmlDevice_t device, unsigned int *count, void *infos, size_t stride)
 {
-    if (count == NULL || !nvml_filters(device)) return fn(device, count, infos);
+    if (count == NULL) return fn(device, count, infos);
     unsigned int cap = infos ? *count : 0, n = 64;
     for (int attempt = 0; attempt < 4; attempt++) {
         char *buf = malloc((size_t)n * stride);
