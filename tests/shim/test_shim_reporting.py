@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import pytest
+
+from gpuslice.dev.gpusim.simulate import start_fake_driverd
 from shim.shim_helpers import GIB, Holder, env_of, probe, run, values
 
 LIMIT = 8 * GIB
 PHYSICAL = 32 * GIB
+CONTEXT = 300 << 20  # a V100 context, as the driver reports it
 
 NVML_VIEW = textwrap.dedent(
     """
@@ -107,3 +113,52 @@ def test_utilization_is_the_slices_own_as_a_share_of_its_quota(make_slice, built
     expected = min(100, 2 * int(card["gpu_util"]))
     assert int(card["gpu_util"]) > 10
     assert abs(int(inside["gpu_util"]) - expected) <= 25, (inside["gpu_util"], card["gpu_util"])
+
+
+INSIDE_A_POD = textwrap.dedent(
+    """
+    import subprocess, sys, pynvml
+    holder = subprocess.Popen(
+        [sys.argv[1], "hold", str(1 << 30)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().startswith("held rc=0")
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    print(f"namespace_pid={holder.pid}")
+    print("listed=" + ",".join(f"{p.pid}:{p.usedGpuMemory}" for p in procs))
+    holder.stdin.close()
+    holder.wait()
+    """
+)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_inside_a_pid_namespace_the_slice_learns_its_host_pids_and_context_cost(make_slice, built):
+    """In a pod NVML reports host pids: a process learns its own at its first context (and what the
+    context costs), so the slice's lists show it and nobody else."""
+    s = make_slice(memory_bytes=LIMIT)
+    conf = s.workdir / "fake-gpus.conf"
+    with conf.open("a") as f:
+        f.write(f"gpu.0.context_bytes={CONTEXT}\n")
+    daemon = start_fake_driverd(conf)
+    other = _outsider(s, built, "hold", str(5 * GIB))
+    try:
+        assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
+        result = run(
+            s,
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", INSIDE_A_POD, probe(built)],
+        )
+        assert result.returncode == 0, result.stderr
+        v = values(result.stdout)
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+    listed = [entry.split(":") for entry in v["listed"].split(",")]
+    assert len(listed) == 1, v["listed"]
+    pid, used = int(listed[0][0]), int(listed[0][1])
+    assert pid != int(v["namespace_pid"]), "NVML reports the host pid"
+    assert used == GIB + CONTEXT
