@@ -91,6 +91,16 @@ sed "s/^gpu.0.minor=0$/gpu.0.minor=0\ngpu.0.context_bytes=$ctx_bytes/" "$work/fa
 slice "$limit" 100
 check "contexts, limits, pools, graph memory, external memory are charged" \
     env GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" hidden "$limit" "$ctx_bytes"
+# ... measured exactly while another tenant's process allocates and frees on the same card.
+GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" stress "$limit" 2 100000000 "$work/churn" \
+    > /dev/null 2>&1 &
+churner=$!
+sleep 0.3
+slice "$limit" 100
+check "a context's cost is measured exactly beside a busy neighbour" \
+    env GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" hidden "$limit" "$ctx_bytes"
+kill "$churner" 2>/dev/null
+wait "$churner" 2>/dev/null
 
 iters=4000
 [[ "$san" == thread ]] && iters=600

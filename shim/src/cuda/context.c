@@ -140,7 +140,7 @@ int charge_context(CUdevice dev)
  */
 #define GS_SNAP_PROCS 128
 typedef struct {
-    int ok;
+    int ok, lists; /* lists: the process list could be read */
     uint64_t dev_used;
     unsigned n;
     nvmlProcessInfo_t procs[GS_SNAP_PROCS];
@@ -172,40 +172,44 @@ static void mem_snap(gs_mem_snap *s)
     if (d == NULL || real_nvmlDeviceGetMemoryInfo == NULL || real_nvmlDeviceGetMemoryInfo(d, &m) != NVML_SUCCESS) return;
     s->dev_used = m.used;
     s->n = GS_SNAP_PROCS;
-    if (real_nvmlDeviceGetComputeRunningProcesses_v3 == NULL ||
-        real_nvmlDeviceGetComputeRunningProcesses_v3(d, &s->n, s->procs) != NVML_SUCCESS)
-        s->n = 0;
+    s->lists = real_nvmlDeviceGetComputeRunningProcesses_v3 != NULL &&
+               real_nvmlDeviceGetComputeRunningProcesses_v3(d, &s->n, s->procs) == NVML_SUCCESS;
+    if (!s->lists) s->n = 0;
     s->ok = 1;
 }
 
-static uint64_t snap_used_of(const gs_mem_snap *s, unsigned pid)
+static int snap_has(const gs_mem_snap *s, unsigned pid)
 {
     for (unsigned i = 0; i < s->n; i++)
-        if (s->procs[i].pid == pid) return s->procs[i].usedGpuMemory;
+        if (s->procs[i].pid == pid) return 1;
     return 0;
 }
 
 #define GS_MAX_CTX_COST (4ull << 30) /* a bound on a believable figure */
 
+/* The process had no context before, so NVML did not list it: it is among the pids the list gained.
+ * One new pid: that is this process (its host pid), and what it holds is the context's cost. Several
+ * (processes starting together): the smallest holding is the bound that every one of them, this one
+ * included, holds at least a context; the pid stays unknown. None: the context costs nothing the
+ * driver reports. Without process lists, the device's used memory across the creation. */
 static uint64_t measure_cost(const gs_mem_snap *a, const gs_mem_snap *b)
 {
     if (!a->ok || !b->ok) return 0;
-    unsigned grown = 0, pid = 0;
-    uint64_t delta = 0;
-    for (unsigned i = 0; i < b->n; i++) {
-        uint64_t before = snap_used_of(a, b->procs[i].pid);
-        if (b->procs[i].usedGpuMemory > before) {
-            grown++;
-            pid = b->procs[i].pid;
-            delta = b->procs[i].usedGpuMemory - before;
+    uint64_t cost = 0;
+    if (a->lists && b->lists) {
+        unsigned fresh = 0, pid = 0;
+        for (unsigned i = 0; i < b->n; i++) {
+            if (snap_has(a, b->procs[i].pid)) continue;
+            if (fresh++ == 0 || b->procs[i].usedGpuMemory < cost) {
+                cost = b->procs[i].usedGpuMemory;
+                pid = b->procs[i].pid;
+            }
         }
-    }
-    if (grown == 1) {
-        atomic_store(&own_host_pid, (int32_t)pid);
+        if (fresh == 1) atomic_store(&own_host_pid, (int32_t)pid);
     } else {
-        delta = b->dev_used > a->dev_used ? b->dev_used - a->dev_used : 0;
+        cost = b->dev_used > a->dev_used ? b->dev_used - a->dev_used : 0;
     }
-    return delta > GS_MAX_CTX_COST ? 0 : delta;
+    return cost > GS_MAX_CTX_COST ? 0 : cost;
 }
 
 void note_host_pid(void)
