@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck pytest shim clean
+.PHONY: install demo test lint typecheck pytest shim image clean
 
 $(BIN)/gpuslice: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,12 @@ install: $(BIN)/gpuslice
 
 shim: install
 	$(MAKE) -C shim
+
+# The product image without a Docker engine (root: mmdebstrap + chroot; cached by content), the
+# same image as the Dockerfile's. Load it into the devcluster's real nodes with
+# `gpuslice devcluster load-image build/gpuslice-image.oci.tar`.
+image: install shim
+	$(BIN)/python -m gpuslice.dev.image --output build/gpuslice-image.oci.tar
 
 demo: install shim
 	$(BIN)/gpuslice demo
@@ -35,4 +41,4 @@ pytest: install shim
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) shim/build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build shim/build .mypy_cache .ruff_cache .pytest_cache
