@@ -33,6 +33,8 @@ TENANT = "team-a"
 PROBE = "localhost/gpuslice/probe:dev"
 IMAGE = "localhost/gpuslice/gpuslice:dev"
 OPERATOR = "app.kubernetes.io/name=gpuslice-operator"
+#: an allocated slice: Allocated, or InUse once its pod runs
+IN_USE = ("Allocated", "InUse")
 
 
 def _progress(msg: str) -> None:
@@ -218,7 +220,7 @@ def test_tenant_slice_pod_gets_its_slice_through_the_deployed_product(
     )
     out = kubectl(c, "exec", "-n", TENANT, "first", "--", "gpuslice-probe", "smi")
     assert out.strip().splitlines() == ["Tesla V100-PCIE-32GB, 8192 MiB"]
-    wait_for(lambda: slice_phase(c, "first") == "Allocated", 60, "slice first Allocated")
+    wait_for(lambda: slice_phase(c, "first") in IN_USE, 60, "slice first allocated")
 
 
 def test_standby_takes_over_when_the_active_operator_is_killed(deployed: tuple[DevCluster, Path]) -> None:
@@ -228,30 +230,43 @@ def test_standby_takes_over_when_the_active_operator_is_killed(deployed: tuple[D
     active = active_operator(c, pods)
     assert active, peering_status(c)
     (standby,) = [p for p in pods if p != active]
-    # SIGKILL, no goodbye: the standby resumes once the dead peer's record expires (60 s)
-    kubectl(c, "delete", "pod", active, "-n", NAMESPACE, "--grace-period=0", "--force")
+    # The pod deleted as kubectl, a drain or a rollout delete it (SIGTERM): Kopf withdraws its
+    # peering record on the way out, and the standby resumes at once.
+    kubectl(c, "delete", "pod", active, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     killed_at = time.monotonic()
-    apply_docs(c, slice_and_pod("second", ["sleep", "3600"]))
     wait_for(
-        lambda: slice_phase(c, "second") == "Allocated",
-        240,
-        "slice second Allocated after the kill",
+        lambda: (
+            "Resuming operations after the pause" in kubectl(c, "logs", "-n", NAMESPACE, standby, check=False)
+        ),
+        90,
+        f"the standby {standby} resuming",
         interval=1,
     )
-    took = time.monotonic() - killed_at
-    _progress(f"new slice Allocated {took:.0f}s after the active operator was killed")
-    log = kubectl(c, "logs", "-n", NAMESPACE, standby, check=False)
-    new_pods = [p for p in operator_pods(c) if p not in pods]
-    resumed = "Resuming operations after the pause" in log
-    assert resumed or new_pods, f"nobody took over:\n{log[-3000:]}"
-    # no slice lost: the first one still holds the same claim, its pod still runs on its card
+    # ... and serves a new slice: its claim, allocation and the tenant's pod on the card
+    apply_docs(c, slice_and_pod("second", ["sleep", "3600"]))
+    ready = c.kubectl(
+        "wait", "--for=condition=Ready", "pod/second", "-n", TENANT, "--timeout=120s", check=False
+    )
+    assert ready.returncode == 0, f"{ready.stderr}\n{diagnose(c)}"
+    wait_for(lambda: slice_phase(c, "second") in IN_USE, 60, "slice second allocated after the kill")
+    _progress(f"new slice allocated {time.monotonic() - killed_at:.0f}s after the active operator was killed")
+    out = kubectl(c, "exec", "-n", TENANT, "second", "--", "gpuslice-probe", "smi")
+    assert out.strip().splitlines() == ["Tesla V100-PCIE-32GB, 8192 MiB"]
+    # no slice lost: the first one keeps its claim and card, its pod still sees its slice
     after = get_json(c, "gpuslice", "first", "-n", TENANT)
-    assert after["status"]["phase"] == "Allocated"
-    assert after["status"].get("claim") == before["status"].get("claim")
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["phase"] in IN_USE
+    assert after["status"]["allocations"] == before["status"]["allocations"]
     out = kubectl(c, "exec", "-n", TENANT, "first", "--", "gpuslice-probe", "smi")
     assert out.strip().splitlines() == ["Tesla V100-PCIE-32GB, 8192 MiB"]
-    rollout(c, "deploy/gpuslice-operator")
+    rollout(c, "deploy/gpuslice-operator")  # the Deployment's replacement replica is Ready too
+
+
+#: what the operator writes at run time and leaves when it is stopped (the README deletes it by label)
+OPERATOR_WRITTEN = (
+    "validatingadmissionpolicies,validatingadmissionpolicybindings,"
+    "mutatingadmissionpolicies,mutatingadmissionpolicybindings",
+)
 
 
 def _leftovers(c: DevCluster) -> dict[str, list[str]]:

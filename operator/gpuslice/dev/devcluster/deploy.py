@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import socket
 import sys
 import time
@@ -217,7 +218,8 @@ def write_overlay(cluster: DevCluster, node: str, gpus: str, out: Path | None = 
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [str(OVERLAY)],
+        # kustomize takes relative paths only (a base outside the kustomization's dir is fine)
+        "resources": [os.path.relpath(OVERLAY, out)],
         "patches": [
             {"patch": yaml.safe_dump(api_patch("Deployment", "gpuslice-operator", host_ip, port))},
             {"patch": yaml.safe_dump(api_patch("DaemonSet", "gpuslice-agent", host_ip, port))},
