@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import yaml
 
 from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.dev.devcluster.deploy import NAMESPACE, write_overlay
-from gpuslice.dev.devcluster.realnode import import_image, start_real_nodes
+from gpuslice.dev.devcluster.realnode import start_real_nodes
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -143,7 +144,12 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevClus
     try:
         c.up(nodes=0)
         start_real_nodes(c, 1)
-        import_image(c, archive)
+        # the command a developer runs (ctr images import on every real node)
+        load = subprocess.run(
+            [sys.executable, "-m", "gpuslice", "devcluster", "load-image", "--dir", str(c.dir), str(archive)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert load.returncode == 0, load.stderr
         overlay = write_overlay(c, NODE, GPU_SPEC)
         kubectl(c, "apply", "--server-side", "-k", str(REPO / "manifests" / "crds"))
         kubectl(c, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
