@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,8 @@ import yaml
 
 from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.dev.devcluster.deploy import NAMESPACE, write_overlay
-from gpuslice.dev.devcluster.realnode import start_real_nodes
+from gpuslice.dev.devcluster.node_binaries import ensure_node_binaries
+from gpuslice.dev.devcluster.realnode import crictl, dirs_of, start_real_nodes
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -264,6 +266,35 @@ def test_standby_takes_over_when_the_active_operator_is_killed(deployed: tuple[D
     rollout(c, "deploy/gpuslice-operator")  # the Deployment's replacement replica is Ready too
 
 
+def test_a_sigkilled_active_operator_loses_no_slice(deployed: tuple[DevCluster, Path]) -> None:
+    """No goodbye: the active replica's process is SIGKILLed from the host. Its peering record stays
+    until it expires (60 s) or its restarted container overwrites it (same pod, same identity); either
+    way a replica takes over, and a slice created meanwhile gets allocated."""
+    c, _ = deployed
+    rollout(c, "deploy/gpuslice-operator")
+    pods = operator_pods(c)
+    active = wait_for(lambda: active_operator(c, pods), 60, "an active operator")
+    status = get_json(c, "pod", active, "-n", NAMESPACE)["status"]["containerStatuses"][0]
+    container = status["containerID"].split("://", 1)[1]
+    inspect = crictl(ensure_node_binaries(), dirs_of(c, NODE), "inspect", container)
+    pid = json.loads(inspect.stdout)["info"]["pid"]
+    before = get_json(c, "gpuslice", "first", "-n", TENANT)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    apply_docs(c, slice_and_pod("third", ["sleep", "3600"]))
+    ready = c.kubectl(
+        "wait", "--for=condition=Ready", "pod/third", "-n", TENANT, "--timeout=180s", check=False, timeout=200
+    )
+    assert ready.returncode == 0, f"{ready.stderr}\n{diagnose(c)}"
+    wait_for(lambda: slice_phase(c, "third") in IN_USE, 60, "slice third allocated after the SIGKILL")
+    _progress(f"new slice allocated {time.monotonic() - killed_at:.0f}s after the active operator's SIGKILL")
+    restarts = get_json(c, "pod", active, "-n", NAMESPACE)["status"]["containerStatuses"][0]["restartCount"]
+    assert restarts >= 1
+    after = get_json(c, "gpuslice", "first", "-n", TENANT)
+    assert after["status"]["allocations"] == before["status"]["allocations"]
+    assert after["status"]["phase"] in IN_USE
+
+
 #: what the operator writes at run time and leaves when it is stopped (the README deletes it by label)
 OPERATOR_WRITTEN = (
     "validatingadmissionpolicies,validatingadmissionpolicybindings,"
@@ -304,7 +335,7 @@ def _leftovers(c: DevCluster) -> dict[str, list[str]]:
 
 def test_uninstall_as_the_readme_says_leaves_nothing_behind(deployed: tuple[DevCluster, Path]) -> None:
     c, overlay = deployed
-    for pod in ("first", "second"):
+    for pod in ("first", "second", "third"):
         kubectl(c, "delete", "pod", pod, "-n", TENANT, "--ignore-not-found", "--wait=true", "--timeout=60s")
     # the README's uninstall, with the overlay this cluster was installed from
     kubectl(c, "delete", "gpuslices", "--all", "-A", "--wait=true", "--timeout=120s")
