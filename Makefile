@@ -5,7 +5,20 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck pytest shim image clean
+.PHONY: install demo test lint typecheck pytest shim image clean debian-packages
+
+# Debian packages real nodes need: libseccomp-dev to build runc with seccomp, busybox-static for the
+# probe image. Installed with apt-get when missing (as root: CI and the demo machine are root).
+DEBIAN_PACKAGES := libseccomp-dev busybox-static
+debian-packages:
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages: $$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+	      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
+	  else echo "missing Debian packages (real nodes need them): sudo apt-get install $$missing" >&2; exit 1; fi; \
+	fi
 
 $(BIN)/gpuslice: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +26,7 @@ $(BIN)/gpuslice: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-install: $(BIN)/gpuslice
+install: $(BIN)/gpuslice debian-packages
 
 shim: install
 	$(MAKE) -C shim
@@ -35,7 +48,7 @@ typecheck: install
 	$(BIN)/mypy
 
 pytest: install shim
-	$(BIN)/gpuslice devcluster build
+	$(BIN)/gpuslice devcluster build --with-node
 	$(BIN)/pytest -ra --durations=15 $(PYTEST_ARGS)
 
 test: lint typecheck pytest

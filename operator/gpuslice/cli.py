@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "gpuslice.operator.cli",
     "gpuslice.agent.cli",
     "gpuslice.explain",
+    "gpuslice.check",
     # Dev tooling (gpuslice.dev): absent from a product install, so skipped when missing.
     "gpuslice.dev.devcluster.cli",
     "gpuslice.dev.demo",

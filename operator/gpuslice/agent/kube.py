@@ -8,6 +8,7 @@ round trip, whatever models this client version ships.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,10 @@ class Kube:
         )
         return list(result.get("items") or [])
 
-    async def apply_slice(self, body: dict[str, Any]) -> None:
-        await self.custom.patch_cluster_custom_object(
+    async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply; returns the object as the API server stored it (read from the raw
+        response: the client does not deserialize the answer to an apply patch)."""
+        response = await self.custom.patch_cluster_custom_object(
             *DRA,
             "resourceslices",
             body["metadata"]["name"],
@@ -58,7 +61,10 @@ class Kube:
             field_manager=constants.FIELD_MANAGER,
             force=True,
             _content_type=APPLY_PATCH,  # type: ignore[call-arg]
+            _preload_content=False,
         )
+        stored: dict[str, Any] = json.loads(await response.read())
+        return stored
 
     async def delete_slice(self, name: str) -> None:
         try:

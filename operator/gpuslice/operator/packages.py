@@ -103,6 +103,7 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
     await state.kube.delete(DRA_API, "DeviceClass", c.device_class_name(name))
     await reconcile_all(state, idx, exclude=name)
     forget_package(name)
+    state.package_capacity.pop(name, None)
     log.info("package deleted", package=name)
 
 
@@ -158,8 +159,10 @@ async def _write_status(
     )
     desired = new.model_dump(by_alias=True, exclude_none=True)
     if same_status(current, desired):
+        state.package_capacity[name] = desired["capacity"]
         return
     await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, name, None, desired)
+    state.package_capacity[name] = desired["capacity"]
     STATUS_UPDATES.labels("GpuPackage").inc()
 
 

@@ -62,6 +62,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     load.set_defaults(func=_load_image)
 
     build = cmds.add_parser("build", help="only build (or find cached) control-plane binaries")
+    build.add_argument(
+        "--with-node",
+        action="store_true",
+        help="also the real nodes' binaries (kubelet, containerd, runc, CNI, crictl, crane) and images",
+    )
     build.set_defaults(func=_build)
 
 
@@ -135,12 +140,19 @@ def _load_image(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build(_args: argparse.Namespace) -> int:
+def _build(args: argparse.Namespace) -> int:
+    built: dict[str, object] = {}
     try:
-        bins = ensure_binaries(_progress)
+        built.update(vars(ensure_binaries(_progress)))
+        if args.with_node:
+            from gpuslice.dev.devcluster.images import ensure_images
+            from gpuslice.dev.devcluster.node_binaries import ensure_node_binaries
+
+            built.update(vars(ensure_node_binaries(_progress)))
+            built.update({img.ref: img.path for img in ensure_images(_progress)})
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for name, path in vars(bins).items():
-        print(f"{name:24} {path}")
+    for name, path in built.items():
+        print(f"{name:30} {path}")
     return 0

@@ -1,7 +1,8 @@
 """One simulated node agent per node, so the whole allocation path runs on one machine.
 
-On kwok nodes the agent serves an emulated kubelet's sockets. On real nodes it registers with the real
-kubelet through its plugins_registry, writes CDI specs where that node's containerd reads them, and
+On kwok nodes the agent only publishes (nothing calls its kubelet sockets). On real nodes it
+registers with the real kubelet through its plugins_registry, writes CDI specs where that node's
+containerd reads them, and
 the NVIDIA side is simulated as on a GPU node: the toolkit's CDI spec (gpusim.nvidia_cdi) and the
 driver test double's host daemon (the kernel module's part: host PIDs, memory of dead processes).
 """
@@ -38,6 +39,13 @@ def _registered(log: Path) -> bool:
     return False
 
 
+def fake_gpu_config(cluster: DevCluster, node: str) -> Path:
+    """The simulated GPUs of a real node, as the driver test double reads them (host path)."""
+    from gpuslice.dev.devcluster.realnode import dirs_of
+
+    return dirs_of(cluster, node).base / "gpu" / "driver" / "fake-gpus.conf"
+
+
 def _start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dict[str, Path], Path]:
     """The simulated GPUs of a real node: description, host daemon, NVIDIA CDI spec."""
     from gpuslice.dev.devcluster.realnode import dirs_of
@@ -45,9 +53,10 @@ def _start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[di
     from gpuslice.dev.gpusim.build import ensure_built
 
     d = dirs_of(cluster, node)
-    gpu_dir = d.base / "gpu"
-    driver_dir = gpu_dir / "driver"
-    fake_config = simulate.write_node_config(spec, node, driver_dir)
+    fake_config = fake_gpu_config(cluster, node)
+    driver_dir = fake_config.parent
+    gpu_dir = driver_dir.parent
+    simulate.write_node_config(spec, node, driver_dir)
     name = driverd_process_name(node)
     if not cluster.status().get(name):
         rec = cluster.start_process(name, [str(ensure_built().driverd), "--config", str(fake_config)])

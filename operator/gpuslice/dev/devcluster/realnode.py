@@ -16,6 +16,7 @@ unmounts whatever is still mounted under the node's dirs, deletes its bridge and
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +32,10 @@ import yaml
 
 from gpuslice import procfs
 from gpuslice.dev.devcluster import pki
-from gpuslice.dev.devcluster.cluster import (
-    FEATURE_GATES,
-    DevCluster,
-    DevClusterError,
-    State,
-    free_port,
-)
+from gpuslice.dev.devcluster.cluster import DevCluster, State
+from gpuslice.dev.devcluster.components import FEATURE_GATES
 from gpuslice.dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
+from gpuslice.dev.devcluster.supervisor import DevClusterError, free_port, stop
 
 Progress = Callable[[str], None]
 
@@ -156,6 +153,15 @@ def _free_slot(taken: set[int]) -> int:
         if slot not in taken and not Path(f"/sys/class/net/gs-br{slot}").exists():
             return slot
     raise DevClusterError("no free bridge slot (gs-br0..249 all exist); stop other devclusters' real nodes")
+
+
+@contextlib.contextmanager
+def _slot_lock() -> Iterator[None]:
+    lock = Path("/run/gpuslice-dev/slots.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def dirs_of(cluster: DevCluster, name: str) -> NodeDirs:
@@ -427,10 +433,14 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
             stop_node(cluster, name, bins)
         started_at = time.monotonic()
         st = cluster.state() or st
-        if name not in st.node_slots:
-            st.node_slots[name] = _free_slot(set(st.node_slots.values()))
-            st.save()
-        d = node_dirs(cluster.dir, name, st.node_slots[name])
+        with _slot_lock():
+            # The bridge is the slot's reservation: made under the machine-wide lock, so two
+            # devclusters starting at once never take the same subnet.
+            if name not in st.node_slots:
+                st.node_slots[name] = _free_slot(set(st.node_slots.values()))
+                st.save()
+            d = node_dirs(cluster.dir, name, st.node_slots[name])
+            _make_bridge(d)
         _start_containerd(cluster, d, bins, images)
         st = cluster.state() or st
         _start_kubelet(cluster, st, d, bins)
@@ -512,20 +522,18 @@ def _remove_cgroups(cgroup_root: str) -> None:
 
 def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) -> list[str]:
     """Stop one real node and leave nothing behind: no process, mount, netns, bridge or cgroup."""
-    from gpuslice.dev.devcluster.cluster import _stop
-
     bins = bins or ensure_node_binaries(cluster.progress)
     d = dirs_of(cluster, name)
     st = cluster.state()
     stopped: list[str] = []
     names = process_names(name)
     recs = st.processes if st else {}
-    if names["kubelet"] in recs and _stop(recs[names["kubelet"]]):
+    if names["kubelet"] in recs and stop(recs[names["kubelet"]]):
         stopped.append(names["kubelet"])
     if names["containerd"] in recs and recs[names["containerd"]].alive():
         # Through CRI: containers stop, CNI releases the pod addresses, netns are removed.
         crictl(bins, d, "rmp", "--all", "--force")
-    if names["containerd"] in recs and _stop(recs[names["containerd"]]):
+    if names["containerd"] in recs and stop(recs[names["containerd"]]):
         stopped.append(names["containerd"])
     sock = str(d.containerd_socket)
     _kill_tree_of(lambda args: "containerd-shim" in args[0] and sock in args)
@@ -557,8 +565,6 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
 
 def stop_all(cluster: DevCluster, st: State) -> list[str]:
     """Stop every real node (agents on them first: they withdraw their ResourceSlices)."""
-    from gpuslice.dev.devcluster.cluster import _stop
-
     stopped: list[str] = []
     for name in list(st.real_nodes):
         extras = [
@@ -568,7 +574,7 @@ def stop_all(cluster: DevCluster, st: State) -> list[str]:
         ]
         # the agent before the driver daemon it reads GPUs through
         for proc_name in sorted(extras, key=lambda n: not n.startswith("agent/")):
-            if _stop(st.processes[proc_name]):
+            if stop(st.processes[proc_name]):
                 stopped.append(proc_name)
         stopped += stop_node(cluster, name)
     return stopped
