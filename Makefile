@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck pytest shim clean debian-packages
+.PHONY: install demo test lint typecheck pytest shim image clean debian-packages
 
 # Debian packages real nodes need: libseccomp-dev to build runc with seccomp, busybox-static for the
 # probe image. Installed with apt-get when missing (as root: CI and the demo machine are root).
@@ -31,6 +31,12 @@ install: $(BIN)/gpuslice debian-packages
 shim: install
 	$(MAKE) -C shim
 
+# The product image without a Docker engine (root: mmdebstrap + chroot; cached by content), the
+# same image as the Dockerfile's. Load it into the devcluster's real nodes with
+# `gpuslice devcluster load-image build/gpuslice-image.oci.tar`.
+image: install shim
+	$(BIN)/python -m gpuslice.dev.image --output build/gpuslice-image.oci.tar
+
 demo: install shim
 	$(BIN)/gpuslice demo
 
@@ -48,4 +54,4 @@ pytest: install shim
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) shim/build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build shim/build .mypy_cache .ruff_cache .pytest_cache

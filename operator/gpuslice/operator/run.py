@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -58,6 +59,17 @@ async def _prepare(config: OperatorConfig) -> OperatorState:
     return state
 
 
+def _in_cluster(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
+    """Kopf's service-account login names the API server `https://kubernetes.default.svc` (cluster
+    DNS); client-go and kubernetes_asyncio use KUBERNETES_SERVICE_HOST/PORT, which kubelet sets in
+    every pod. Use those too, so both clients reach the same address, with or without cluster DNS."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is None or not host or not port:
+        return info
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    return dataclasses.replace(info, server=server)
+
+
 def _register_startup(state: OperatorState) -> None:
     from gpuslice.operator import nodes, packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
@@ -76,7 +88,7 @@ def _register_startup(state: OperatorState) -> None:
         # is too early for --kubeconfig; its own parser reads it now.
         if state.config.kubeconfig or os.environ.get("KUBECONFIG"):
             return kopf.login_with_kubeconfig(**kwargs)
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        return _in_cluster(kopf.login_with_service_account(**kwargs)) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.cleanup()
     async def cleanup(**_: Any) -> None:

@@ -1,4 +1,4 @@
-"""`gpuslice devcluster up|down|status|build`: the local control plane from the command line."""
+"""`gpuslice devcluster up|down|status|load-image|build`: the local control plane from the command line."""
 
 from __future__ import annotations
 
@@ -53,6 +53,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = cmds.add_parser("status", help="say which components run")
     with_dir(status)
     status.set_defaults(func=_status)
+
+    load = cmds.add_parser(
+        "load-image", help="import an OCI or docker image archive into every real node (no registry)"
+    )
+    with_dir(load)
+    load.add_argument("archive", type=Path, metavar="PATH", help="e.g. build/gpuslice-image.oci.tar")
+    load.set_defaults(func=_load_image)
 
     build = cmds.add_parser("build", help="only build (or find cached) control-plane binaries")
     build.add_argument(
@@ -118,6 +125,19 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print(f"kubeconfig: {cluster.kubeconfig}")
     return 0 if running and all(running.values()) else 1
+
+
+def _load_image(args: argparse.Namespace) -> int:
+    from gpuslice.dev.devcluster.realnode import import_image
+
+    cluster = DevCluster(args.dir, progress=_progress)
+    try:
+        nodes = import_image(cluster, args.archive)
+    except (BuildError, DevClusterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _progress(f"imported {args.archive} into {', '.join(nodes)}")
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -452,6 +452,20 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
     return started
 
 
+def import_image(cluster: DevCluster, archive: Path) -> list[str]:
+    """`ctr -n k8s.io images import ARCHIVE` (an OCI or docker archive) on every real node of the
+    cluster; returns the nodes it was imported on. kubelet then runs it without pulling."""
+    st = cluster.state()
+    if st is None or not st.real_nodes:
+        raise DevClusterError(f"no real node runs in {cluster.dir}; `gpuslice devcluster up --real-nodes 1`")
+    if not archive.is_file():
+        raise DevClusterError(f"{archive} is not a file (build it with `make image`)")
+    bins = ensure_node_binaries(cluster.progress)
+    for name in st.real_nodes:
+        ctr(bins, dirs_of(cluster, name), "images", "import", str(archive.resolve()))
+    return list(st.real_nodes)
+
+
 # --- stop ---------------------------------------------------------------------------------------
 def _processes() -> Iterator[tuple[int, list[str]]]:
     """(pid, argv) of every process on the machine."""
