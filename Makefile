@@ -8,8 +8,9 @@ BIN := $(VENV)/bin
 .PHONY: install demo test lint typecheck pytest shim image clean debian-packages
 
 # Debian packages real nodes need: libseccomp-dev to build runc with seccomp, busybox-static for the
-# probe image. Installed with apt-get when missing (as root: CI and the demo machine are root).
-DEBIAN_PACKAGES := libseccomp-dev busybox-static
+# probe image, mmdebstrap for the product image. Installed with apt-get when missing (as root: CI
+# and the demo machine are root).
+DEBIAN_PACKAGES := libseccomp-dev busybox-static mmdebstrap
 debian-packages:
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

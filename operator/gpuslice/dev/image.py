@@ -43,12 +43,12 @@ from pathlib import Path
 from gpuslice.dev.devcluster.binaries import BuildError, Progress, default_progress
 from gpuslice.dev.devcluster.images import (
     Entry,
-    _crane,
-    _images_lock,
-    _registry,
-    _with_parents,
     image_platform,
     images_dir,
+    images_lock,
+    local_registry,
+    run_crane,
+    with_parents,
     write_layer,
 )
 from gpuslice.dev.devcluster.node_binaries import CRANE_VERSION, ensure_node_binaries
@@ -354,7 +354,7 @@ def _with_user(root: Path, file: str, line: str) -> bytes:
 
 
 def app_entries(root: Path, shim: Path) -> tuple[Entry, ...]:
-    return _with_parents(
+    return with_parents(
         [
             *_tree_entries(root, VENV.lstrip("/")),
             Entry(SHIM_IN_IMAGE.lstrip("/"), "file", 0o755, source=shim),
@@ -419,10 +419,11 @@ def _tar_oci_layout(layout: Path, out: Path) -> None:
 
 
 def _assemble(base: Path, app: Path, key: str, crane: Path, workdir: Path, out: Path) -> None:
-    with _registry(crane, workdir) as registry:
+    with local_registry(crane, workdir) as registry:
         staging = f"{registry}/gpuslice/gpuslice:{key[:20]}"
         final = f"{registry}/gpuslice/gpuslice:final-{key[:20]}"
-        _crane(crane, ["append", "--oci-empty-base", "-f", str(base), "-f", str(app), "-t", staging], workdir)
+        append = ["append", "--oci-empty-base", "-f", str(base), "-f", str(app), "-t", staging]
+        run_crane(crane, append, workdir)
         args = ["mutate", staging, "--set-platform", image_platform(), "-t", final]
         args += ["--entrypoint", ",".join(ENTRYPOINT), "--user", USER, "--workdir", "/"]
         for env in ENV:
@@ -435,9 +436,9 @@ def _assemble(base: Path, app: Path, key: str, crane: Path, workdir: Path, out: 
         }
         for k, v in sorted(labels.items()):
             args += ["--label", f"{k}={v}"]
-        _crane(crane, args, workdir)
+        run_crane(crane, args, workdir)
         layout = workdir / "layout"
-        _crane(crane, ["pull", "--format=oci", final, str(layout)], workdir)
+        run_crane(crane, ["pull", "--format=oci", final, str(layout)], workdir)
     _tar_oci_layout(layout, out)
 
 
@@ -455,7 +456,7 @@ def build_image(output: Path | None = DEFAULT_OUTPUT, progress: Progress | None 
     key = image_key(base, wheelhouse, shim)
     cached = images_dir() / key / "gpuslice.oci.tar"
     if not cached.is_file():
-        with _images_lock():
+        with images_lock():
             if not cached.is_file():
                 if os.geteuid() != 0:
                     raise BuildError("the image build runs chroot as root; run it as root")

@@ -117,9 +117,9 @@ def start_apiserver_proxy(cluster: DevCluster, host: str) -> int:
 def _agent_paths(cluster: DevCluster, node: str, gpus: str) -> tuple[dict[str, Path], Path]:
     """The node's agent dirs and its GPU description; starts the simulated driver's host daemon and
     writes the simulated NVIDIA CDI spec (what a GPU node's driver and toolkit provide)."""
-    from gpuslice.dev.devcluster.node_agents import _start_real_node_gpus
+    from gpuslice.dev.devcluster.node_agents import start_real_node_gpus
 
-    dirs, fake_config = _start_real_node_gpus(cluster, node, gpus)
+    dirs, fake_config = start_real_node_gpus(cluster, node, gpus)
     dirs = {**dirs, "shim": dirs["state"].parent / "shim"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ def fake_gpu_config(cluster: DevCluster, node: str) -> Path:
     return dirs_of(cluster, node).base / "gpu" / "driver" / "fake-gpus.conf"
 
 
-def _start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dict[str, Path], Path]:
+def start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dict[str, Path], Path]:
     """The simulated GPUs of a real node: description, host daemon, NVIDIA CDI spec."""
     from gpuslice.dev.devcluster.realnode import dirs_of
     from gpuslice.dev.gpusim import nvidia_cdi, simulate
@@ -107,7 +107,7 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
         kubeconfig = agent_kubeconfig(cluster, node, install=False)
         log = cluster.dir / "logs" / f"agent-{node}.log"
         dirs, fake_config = (
-            _start_real_node_gpus(cluster, node, spec) if node in st.real_nodes else (None, None)
+            start_real_node_gpus(cluster, node, spec) if node in st.real_nodes else (None, None)
         )
         log.unlink(missing_ok=True)
         cmd, env = agent_command(
