@@ -25,6 +25,7 @@ from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.dev.devcluster.deploy import NAMESPACE, write_overlay
 from gpuslice.dev.devcluster.node_binaries import ensure_node_binaries
 from gpuslice.dev.devcluster.realnode import crictl, dirs_of, start_real_nodes
+from node.node_cluster import TENANT, slice_pod
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -32,8 +33,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 NODE = "real-node-0"
 GPU_SPEC = "2x Tesla V100-PCIE-32GB"
-TENANT = "team-a"
-PROBE = "localhost/gpuslice/probe:dev"
 IMAGE = "localhost/gpuslice/gpuslice:dev"
 OPERATOR = "app.kubernetes.io/name=gpuslice-operator"
 #: an allocated slice: Allocated, or InUse once its pod runs
@@ -97,34 +96,6 @@ def operator_pods(c: DevCluster) -> list[str]:
 def slice_phase(c: DevCluster, name: str) -> str:
     doc = get_json(c, "gpuslice", name, "-n", TENANT) or {}
     return str(doc.get("status", {}).get("phase", ""))
-
-
-def slice_and_pod(name: str, command: list[str]) -> list[dict[str, Any]]:
-    return [
-        {
-            "apiVersion": "gpuslice.io/v1alpha1",
-            "kind": "GpuSlice",
-            "metadata": {"name": name, "namespace": TENANT},
-            "spec": {"package": "v100-8g"},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": TENANT},
-            "spec": {
-                "terminationGracePeriodSeconds": 1,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": PROBE,
-                        "command": command,
-                        "resources": {"claims": [{"name": "gpu"}], "limits": {"memory": "1Gi"}},
-                    }
-                ],
-            },
-        },
-    ]
 
 
 def apply_docs(c: DevCluster, docs: list[dict[str, Any]]) -> None:
@@ -215,7 +186,7 @@ def test_tenant_slice_pod_gets_its_slice_through_the_deployed_product(
         90,
         "the DeviceClass the deployed operator writes",
     )
-    apply_docs(c, slice_and_pod("first", ["sleep", "3600"]))
+    apply_docs(c, slice_pod("first", ["sleep", "3600"]))
     proc = c.kubectl(
         "wait", "--for=condition=Ready", "pod/first", "-n", TENANT, "--timeout=180s", check=False, timeout=200
     )
@@ -247,7 +218,7 @@ def test_standby_takes_over_when_the_active_operator_is_killed(deployed: tuple[D
         interval=1,
     )
     # ... and serves a new slice: its claim, allocation and the tenant's pod on the card
-    apply_docs(c, slice_and_pod("second", ["sleep", "3600"]))
+    apply_docs(c, slice_pod("second", ["sleep", "3600"]))
     ready = c.kubectl(
         "wait", "--for=condition=Ready", "pod/second", "-n", TENANT, "--timeout=120s", check=False
     )
@@ -281,7 +252,7 @@ def test_a_sigkilled_active_operator_loses_no_slice(deployed: tuple[DevCluster, 
     before = get_json(c, "gpuslice", "first", "-n", TENANT)
     os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    apply_docs(c, slice_and_pod("third", ["sleep", "3600"]))
+    apply_docs(c, slice_pod("third", ["sleep", "3600"]))
     ready = c.kubectl(
         "wait", "--for=condition=Ready", "pod/third", "-n", TENANT, "--timeout=180s", check=False, timeout=200
     )

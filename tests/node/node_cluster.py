@@ -33,7 +33,7 @@ def slice_pod(name: str, command: list[str], claim: str | None = None) -> list[d
                         "name": "main",
                         "image": PROBE,
                         "command": command,
-                        "resources": {"claims": [{"name": "gpu"}]},
+                        "resources": {"claims": [{"name": "gpu"}], "limits": {"memory": "1Gi"}},
                     }
                 ],
             },
