@@ -206,3 +206,17 @@ def test_one_and_values_read_an_index() -> None:
     assert entry is not None and entry.package == "p" and entry.ref == ("ns", "a")
     assert one(idx.slices, ("ns", "missing")) is None
     assert values(idx.package_slices, "none") == []
+
+
+def test_a_standby_takes_over_within_the_peering_lifetime_of_seconds_not_a_minute() -> None:
+    from gpuslice.cli import build_parser
+    from gpuslice.operator.run import configure_kopf
+
+    args = build_parser(["operator"]).parse_args(["operator", "--peering"])
+    assert args.peering_lifetime == 10
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, OperatorConfig(peering_lifetime=args.peering_lifetime))
+    assert settings.peering.lifetime == 10  # Kopf's default is 60: a killed replica blocked a minute
+    custom = kopf.OperatorSettings()
+    configure_kopf(custom, OperatorConfig(peering_lifetime=25))
+    assert custom.peering.lifetime == 25

@@ -69,7 +69,7 @@ async def run(opts: AgentOptions) -> int:
     if opts.metrics_port:
         metrics.serve(opts.metrics_port, metrics.AGENT_REGISTRY)
 
-    api = await api_client(opts.kubeconfig)
+    api = api_client(opts.kubeconfig)
     kube = Kube(api)
     paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
@@ -98,7 +98,7 @@ async def run(opts: AgentOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    reporter = UsageReporter(opts.node, paths, api, opts.usage_interval, opts.stop_violators)
+    reporter = UsageReporter(opts.node, paths, kube, opts.usage_interval, opts.stop_violators)
     tasks = [
         asyncio.create_task(c) for c in (follow_packages(), follow_node(), publisher.run(), reporter.run())
     ]

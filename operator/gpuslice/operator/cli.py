@@ -68,6 +68,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--peering", action="store_true", help="use Kopf peering (needs its ClusterKopfPeering CRD) for HA"
     )
     p.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="how long a replica's peering record lives without a keep-alive, so how long a standby "
+        "waits for an active replica that died (default 10; Kopf's own default is 60)",
+    )
+    p.add_argument(
         "--priority",
         type=int,
         default=None,
@@ -110,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
             liveness_endpoint=args.liveness,
             metrics_port=args.metrics_port,
             standalone=not args.peering,
+            peering_lifetime=args.peering_lifetime,
             priority=args.priority if args.priority is not None else secrets.randbelow(1_000_000) + 1,
         )
     except ValidationError as exc:
