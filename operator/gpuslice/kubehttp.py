@@ -73,7 +73,9 @@ class Config:
         if ctx is None:
             raise ValueError(f"kubeconfig {path}: no context {ctx_name!r}")
         cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
-        user = next((u["user"] for u in doc.get("users") or [] if u["name"] == ctx.get("user")), {}) or {}
+        users = doc.get("users") or []
+        found = [u.get("user") or {} for u in users if u["name"] == ctx.get("user")]
+        user: dict[str, Any] = found[0] if found else {}
         tmp: list[str] = []
         try:
             ca = _material(cluster, "certificate-authority", path.parent, tmp)
@@ -206,7 +208,12 @@ class Client:
         return True
 
     async def watch(
-        self, url_path: str, resource_version: str, *, timeout_seconds: int = 300, **params: str
+        self,
+        url_path: str,
+        resource_version: str,
+        params: Mapping[str, str] | None = None,
+        *,
+        seconds: int = 300,
     ) -> AsyncIterator[dict[str, Any]]:
         """One watch request: its events (BOOKMARKs included) until the server ends it. An ERROR
         event with code 410 raises ApiError(410): the caller relists."""
@@ -214,13 +221,13 @@ class Client:
             "watch": "true",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_seconds),
-            **params,
+            "timeoutSeconds": str(seconds),
+            **(params or {}),
         }
         async with self.session.get(
             self.config.server + url_path,
             params=query,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_seconds + 30),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=seconds + 30),
         ) as resp:
             if resp.status >= 300:
                 raise ApiError(resp.status, resp.reason or "", await resp.text())
@@ -247,7 +254,7 @@ async def list_and_watch(client: Client, url_path: str, **params: str) -> AsyncI
         yield "LIST", list(listing.get("items") or [])
         try:
             while True:
-                async for event in client.watch(url_path, rv, **params):
+                async for event in client.watch(url_path, rv, params):
                     obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                     if event["type"] != "BOOKMARK":

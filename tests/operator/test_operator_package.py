@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -162,8 +161,6 @@ def test_timers_run_at_the_configured_intervals() -> None:
     slices.register(config, registry)
     packages.register(config, registry)
     timers = _timers(registry)
-    assert timers["slice_resync"] == (12.0, 12.0)
-    assert timers["pending_recheck"] == (3.0, 3.0)
     assert timers["package_timer"][0] == 3.0
 
 
@@ -171,8 +168,35 @@ def test_the_defaults_are_what_the_operator_always_did() -> None:
     registry = kopf.OperatorRegistry()
     slices.register(OperatorConfig(), registry)
     packages.register(OperatorConfig(), registry)
-    timers = _timers(registry)
-    assert (timers["slice_resync"][0], timers["pending_recheck"][0], timers["package_timer"][0]) == (30, 5, 5)
+    config = OperatorConfig()
+    assert (config.resync_seconds, config.recheck_seconds, _timers(registry)["package_timer"][0]) == (
+        30,
+        5,
+        5,
+    )
+
+
+def test_slices_get_no_kopf_timer_of_their_own() -> None:
+    # A Kopf timer per GpuSlice is an asyncio task per slice, Kopf's finalizer on every slice and
+    # metadata patches (4 per slice in a 200-slice burst): the package timer rechecks them instead.
+    registry = kopf.OperatorRegistry()
+    slices.register(OperatorConfig(), registry)
+    packages.register(OperatorConfig(), registry)
+    assert set(_timers(registry)) == {"package_timer"}
+
+
+def test_the_package_timer_rechecks_pending_slices_every_tick_and_all_at_the_resync_interval() -> None:
+    state = _state(resync_seconds=30.0, recheck_seconds=5.0)
+    pending = {"phase": "Pending", "reason": "AllGpusFull"}
+
+    def doc(name: str, package: str, status: dict[str, str]) -> dict[str, Any]:
+        meta = {"namespace": "ns", "name": name, "uid": name}
+        return {"metadata": meta, "spec": {"package": package}, "status": status}
+
+    idx = idx_of(slices=[doc("a", "p", pending), doc("b", "p", {"phase": "InUse"}), doc("c", "q", pending)])
+    assert sorted(slices.due_for_recheck(state, "p", idx, now=100.0)) == [("ns", "a"), ("ns", "b")]
+    assert sorted(slices.due_for_recheck(state, "p", idx, now=105.0)) == [("ns", "a")]
+    assert sorted(slices.due_for_recheck(state, "p", idx, now=131.0)) == [("ns", "a"), ("ns", "b")]
 
 
 async def test_an_event_handlers_refused_write_is_logged_and_left_to_the_timer() -> None:

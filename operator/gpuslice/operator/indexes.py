@@ -166,7 +166,9 @@ async def gs_namespace_slices(namespace: str | None, name: str, **_: Any) -> dic
 
 
 @kopf.index("", "v1", "namespaces")
-async def gs_namespaces(name: str, labels: kopf.Labels, meta: kopf.Meta, **_: Any) -> dict[str, NamespaceView]:
+async def gs_namespaces(
+    name: str, labels: kopf.Labels, meta: kopf.Meta, **_: Any
+) -> dict[str, NamespaceView]:
     return {name: NamespaceView(labels=dict(labels), terminating=meta.get("deletionTimestamp") is not None)}
 
 
@@ -214,7 +216,9 @@ async def gs_mutating_bindings(
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
-async def gs_claims(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Ref, ClaimView] | None:
+async def gs_claims(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[Ref, ClaimView] | None:
     namespace = ns_of(namespace)
     return {(namespace, name): claim_view(body)} if uses_gpuslice(body) else None
 
@@ -232,7 +236,9 @@ async def gs_template_claims(
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
-async def gs_pool_claims(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, Ref] | None:
+async def gs_pool_claims(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[str, Ref] | None:
     """Pool -> the gpuslice claims with a device allocated in it (what capacity subtracts)."""
     namespace = ns_of(namespace)
     return {pool: (namespace, name) for pool, _device in allocated_devices(body)} or None

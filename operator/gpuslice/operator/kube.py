@@ -17,6 +17,7 @@ from kubernetes_asyncio.dynamic.exceptions import NotFoundError
 
 from gpuslice import constants as c
 from gpuslice.logs import get
+from gpuslice.metrics import WRITES
 
 log = get(__name__)
 
@@ -148,6 +149,7 @@ class Kube:
         """Merge-patch the status subresource (the operator owns every status field of its CRDs)."""
         dyn = await self.dyn()
         res = (await self._resource(api_version, kind)).subresources["status"]
+        WRITES.labels(kind, "patch-status").inc()  # counted when sent: a refused write is a write too
         _checked(
             await dyn.patch(
                 res,

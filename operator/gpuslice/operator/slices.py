@@ -22,7 +22,7 @@ from gpuslice.api.refusal import is_quota_refusal
 from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
-from gpuslice.domain.slice_status import SliceFacts, slice_status
+from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
 from gpuslice.domain.views import ClaimView
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
@@ -155,8 +155,13 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             _announce(entry, baseline, desired)
 
 
+#: Steps every slice passes through in a second or two: an Event for each would be two more writes per
+#: slice that tell a user nothing (status still shows them).
+QUIET_REASONS = frozenset({Reason.CREATING_CLAIM, Reason.SCHEDULING})
+
+
 def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any]) -> None:
-    """A Kubernetes Event on the GpuSlice for every phase/reason transition."""
+    """A Kubernetes Event on the GpuSlice for every phase/reason transition but the quiet steps."""
     TRANSITIONS.labels(desired["phase"], desired.get("reason", "")).inc()
     if before.get("phase") in (None, Phase.PENDING.value) and desired["phase"] in (
         Phase.ALLOCATED.value,
@@ -165,6 +170,8 @@ def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any])
         waited = _seconds_since(entry.created)
         if waited is not None:
             SLICE_PENDING.labels(entry.package).observe(waited)
+    if desired.get("reason") in QUIET_REASONS:
+        return
     ref = {
         "apiVersion": c.GROUP_VERSION,
         "kind": c.SLICE_KIND,
@@ -176,6 +183,7 @@ def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any])
         reason=desired.get("reason") or desired["phase"],
         message=f"{desired['phase']}: {desired.get('message', '')}"[:1000],
     )
+    WRITES.labels("Event", "create").inc()
     log.info(
         "slice transition",
         namespace=entry.namespace,
@@ -217,38 +225,39 @@ async def slice_event(namespace: str | None, name: str, type: str | None, memo: 
     await refresh(memo.state, namespace, name, Indexes(kw))
 
 
-async def slice_resync(namespace: str | None, name: str, memo: kopf.Memo, **kw: Any) -> None:
-    """Safety net for what no watch event announces (capacity elsewhere, a retry after quota)."""
-    namespace = ns_of(namespace)
-    await refresh(memo.state, namespace, name, Indexes(kw))
+def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float | None = None) -> list[Ref]:
+    """The package's slices to recompute on this tick of its timer: the Pending ones always (a
+    waiting slice's reason depends on capacity elsewhere, which no event of its own pod or claim
+    announces), and every one once per `resync_seconds` (the safety net)."""
+    now = time.monotonic() if now is None else now
+    last = state.resynced.get(package)
+    full = last is None or now - last >= state.config.resync_seconds
+    if full:
+        state.resynced[package] = now
+    out = []
+    for ref in values(idx.package_slices, package):
+        entry = one(idx.slices, ref)
+        if entry is not None and (full or entry.phase in (None, Phase.PENDING.value)):
+            out.append(ref)
+    return out
 
 
-async def pending_recheck(namespace: str | None, name: str, memo: kopf.Memo, **kw: Any) -> None:
-    """A waiting slice's reason depends on capacity elsewhere (which GPUs filled up meanwhile): no
-    event of its own pod or claim announces that, so only Pending slices are re-read this often."""
-    namespace = ns_of(namespace)
-    await refresh(memo.state, namespace, name, Indexes(kw))
-
-
-def _pending(status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") == Phase.PENDING.value
+async def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
+    """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
+    no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice."""
+    targets = due_for_recheck(state, package, idx)
+    results = await asyncio.gather(
+        *(refresh(state, ns, name, idx) for ns, name in targets), return_exceptions=True
+    )
+    for ref, result in zip(targets, results, strict=True):
+        if isinstance(result, Exception):
+            log.warning(
+                "slice recheck failed; next tick retries", slice=f"{ref[0]}/{ref[1]}", error=str(result)
+            )
 
 
 def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
-    """The timers, at the intervals the configuration gives (called once, before Kopf starts)."""
-    resync, recheck = config.resync_seconds, config.recheck_seconds
-    kopf.timer(
-        c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=resync, initial_delay=resync, registry=registry
-    )(slice_resync)
-    kopf.timer(
-        c.API_GROUP,
-        c.API_VERSION,
-        c.SLICE_PLURAL,
-        interval=recheck,
-        initial_delay=recheck,
-        when=_pending,
-        registry=registry,
-    )(pending_recheck)
+    """GpuSlices have no timers: `recheck` runs from the package timers (see packages.register)."""
 
 
 def _slice_of_claim(labels: kopf.Labels, namespace: str) -> Ref | None:

@@ -67,6 +67,8 @@ class OperatorState:
     applied: dict[tuple[str, str], float] = field(default_factory=dict)
     #: (namespace, slice) -> (uid, status) this process last wrote.
     written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    #: package -> when its slices were last all recomputed (monotonic seconds).
+    resynced: dict[str, float] = field(default_factory=dict)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     #: Namespaces whose last tenancy write was refused: the package timers retry them.
     unsynced_namespaces: set[str] = field(default_factory=set)
