@@ -261,3 +261,28 @@ def test_a_standby_takes_over_within_the_peering_lifetime_of_seconds_not_a_minut
     custom = kopf.OperatorSettings()
     configure_kopf(custom, OperatorConfig(peering_lifetime=25))
     assert custom.peering.lifetime == 25
+
+
+def test_a_new_allocation_does_not_rebuild_the_snapshot_for_every_slice() -> None:
+    # In a burst every refresh of a just-allocated slice rebuilt the whole snapshot (all pools, all
+    # claims): work per slice grew with the cluster. Its GPU's UUID is all a new allocation needs.
+    node = "node-a"
+    rs = published(node, 2, {"v100-8g": 25})
+    devices = [d["name"] for s in rs for d in s["spec"].get("devices", [])]
+    claims = [allocated_claim("ns", f"s{i}", node, devices[i]) for i in range(2)]
+    state = _state(capacity_cache_seconds=60.0)
+    first = state.published(
+        *_snapshot_inputs(idx_of(resource_slices=rs, claims=claims[:1])), [(node, devices[0])]
+    )
+    idx = idx_of(resource_slices=rs, claims=claims)
+    again = state.published(*_snapshot_inputs(idx), [(node, devices[1])])
+    assert again is first and again.uuids[(node, devices[1])] == f"GPU-{node}-0"
+    # A device no snapshot knows (a pool published since) still rebuilds it.
+    fresh = published("node-b", 1, {"v100-8g": 25})
+    idx = idx_of(resource_slices=rs + fresh, claims=claims)
+    other = state.published(*_snapshot_inputs(idx), [("node-b", fresh[-1]["spec"]["devices"][0]["name"])])
+    assert other is not first
+
+
+def _snapshot_inputs(idx: Indexes) -> tuple[Any, Any, Any]:
+    return idx.resource_slices, idx.pool_claims, idx.claims

@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
 from typing import Any, TypeVar
 
 import kopf
@@ -44,10 +43,6 @@ class Snapshot:
     allocated: list[tuple[str, str]]
     uuids: dict[tuple[str, str], str]
     _capacity: dict[str, Capacity] = field(default_factory=dict)
-
-    @cached_property
-    def allocated_set(self) -> frozenset[tuple[str, str]]:
-        return frozenset(self.allocated)
 
     def capacity(self, package: str) -> Capacity:
         if package not in self._capacity:
@@ -94,15 +89,17 @@ class OperatorState:
         claims: kopf.Index[tuple[str, str], ClaimView],
         need: Iterable[tuple[str, str]] = (),
     ) -> Snapshot:
-        """The cached snapshot, unless it is old or misses an allocated (pool, device) in `need`:
-        a status computed from a snapshot older than its own claim would lack the GPU and stay so
-        until the next event."""
+        """The cached snapshot, unless it is old or does not know an allocated (pool, device) in
+        `need`: a status computed from a snapshot older than the device's ResourceSlice would lack
+        the GPU and stay so until the next event. (A snapshot older than the slice's own claim is
+        fine: capacity only explains why an unallocated slice waits; requiring the claim in it
+        rebuilt the snapshot for every newly allocated slice of a burst.)"""
         now = time.monotonic()
         cached = self.snapshot
         if (
             cached
             and now - cached.taken_at < self.config.capacity_cache_seconds
-            and all(d in cached.uuids and d in cached.allocated_set for d in need)
+            and all(d in cached.uuids for d in need)
         ):
             return cached
         slices: list[PublishedSlice] = [s for pool in resource_slices for s in resource_slices[pool]]
