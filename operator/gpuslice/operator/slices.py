@@ -33,8 +33,11 @@ from gpuslice.operator.state import OperatorState, now, one, values
 
 log = get(__name__)
 
-#: How long a claim this process just applied may be missing from the index before it applies again.
-APPLIED_GRACE_SECONDS = 10.0
+#: How long a claim this process applied may stay missing from the index before it applies again.
+#: Once the index has shown it, the record is dropped: a claim deleted later is put back at once. So
+#: this only covers an applied claim deleted before its watch event arrived; a watch that lags under
+#: load must not turn every refresh into another apply.
+APPLIED_GRACE_SECONDS = 120.0
 
 
 def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[str, Any]) -> SliceFacts:
@@ -79,15 +82,17 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
     package = one(idx.packages, pkg)
     if package is None or package.deleting or not entry.uid:
         return
+    key = entry.ref
     if entry.template:
         if one(idx.templates, entry.ref) is not None:
+            state.applied.pop(key, None)
             return
         body = slice_claim_template(ns, name, entry.uid, pkg)
     else:
         if one(idx.claims, entry.ref) is not None:
+            state.applied.pop(key, None)
             return
         body = slice_claim(ns, name, entry.uid, pkg)
-    key = entry.ref
     error = state.create_errors.get(key)
     if error is None and time.monotonic() - state.applied.get(key, -1e9) < APPLIED_GRACE_SECONDS:
         return
