@@ -65,6 +65,25 @@ WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"}
 ALLOCATED = {"Allocated", "InUse"}
 
 
+#: Runs `python -m gpuslice ...` under tracemalloc; SIGUSR1 writes the top allocation sites.
+TRACEMALLOC_WRAPPER = """
+import runpy, signal, sys, tracemalloc
+tracemalloc.start(8)
+def dump(*_):
+    snap = tracemalloc.take_snapshot()
+    with open({out!r}, "a") as fh:
+        current, peak = tracemalloc.get_traced_memory()
+        fh.write(f"=== traced now {{current / 2**20:.1f}} MiB, peak {{peak / 2**20:.1f}} MiB\\n")
+        for stat in snap.statistics("traceback")[:25]:
+            fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} blocks\\n")
+            for line in stat.traceback.format()[-8:]:
+                fh.write(f"    {{line}}\\n")
+signal.signal(signal.SIGUSR1, dump)
+sys.argv = ["gpuslice", *sys.argv[1:]]
+runpy.run_module("gpuslice", run_name="__main__")
+"""
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -352,6 +371,10 @@ class Run:
             sys.executable, "-m", "gpuslice", "operator", f"--kubeconfig={self.cluster.kubeconfig}",
             f"--metrics-port={self.metrics_port}", *self.args.operator_arg,
         ]  # fmt: skip
+        if self.args.tracemalloc:
+            out = Path(self.args.tracemalloc) / f"operator-{self.mode}.tracemalloc.txt"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            argv[1:3] = ["-c", TRACEMALLOC_WRAPPER.format(out=str(out))]
         logfile = (self.dir / "logs" / "operator.log").open("ab")
         self.operator = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         if self.args.profile:
@@ -516,6 +539,9 @@ class Run:
                 after = self.operator_metrics()
                 r["operator_writes"] = {k: int(v - op_before.get(k, 0)) for k, v in after.items()}
                 r["operator_writes_total"] = sum(r["operator_writes"].values())
+            if self.args.tracemalloc and self.operator is not None:
+                self.operator.send_signal(signal.SIGUSR1)
+                await asyncio.sleep(10)
             devices = await self._distinct_devices(api)
             r["distinct_devices"] = devices
             return r
@@ -628,6 +654,9 @@ def main() -> int:
     p.add_argument("--settle", type=float, default=5, help="seconds after the burst before counting writes")
     p.add_argument("--operator-arg", action="append", default=[], help="extra `gpuslice operator` flag")
     p.add_argument("--profile", metavar="DIR", help="record the operator with py-spy (speedscope) into DIR")
+    p.add_argument(
+        "--tracemalloc", metavar="DIR", help="run the operator under tracemalloc; top sites into DIR"
+    )
     p.add_argument("--dir", type=Path, help="parent of the runs' devcluster dirs (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

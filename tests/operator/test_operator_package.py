@@ -331,3 +331,33 @@ async def test_a_claim_is_applied_once_while_its_watch_event_lags_behind(
     await slices.ensure_claim(state, entry, shown)
     await slices.ensure_claim(state, entry, without)  # deleted by someone: put back
     assert kube.applied == ["s", "s"]
+
+
+class _StatusKube(_RecordingKube):
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: list[dict[str, Any]] = []
+
+    async def apply(self, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        await super().apply(body)
+        return {**body, "metadata": {**body["metadata"], "uid": "cu"}}
+
+    async def patch_status(self, *args: Any) -> None:
+        self.statuses.append(args[-1])
+
+
+async def test_the_refresh_that_creates_a_claim_writes_the_state_after_it_not_creating_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CreatingClaim lasted until the claim's watch event came back: one more status patch per slice
+    # (a quarter of them in a burst). The apply's answer is the claim.
+    events: list[str] = []
+    monkeypatch.setattr(slices.kopf, "event", lambda *_, reason, **__: events.append(reason))
+    kube = _StatusKube()
+    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
+    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
+    await slices.refresh(state, "ns", "s", idx_of(packages=[pkg], slices=[sl]))
+    assert kube.applied == ["s"]
+    assert [(x["phase"], x["reason"]) for x in kube.statuses] == [("Pending", "WaitingForPod")]
+    assert events == ["WaitingForPod"]

@@ -23,7 +23,7 @@ from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
-from gpuslice.domain.views import ClaimView
+from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
 from gpuslice.operator.config import OperatorConfig
@@ -40,7 +40,14 @@ log = get(__name__)
 APPLIED_GRACE_SECONDS = 120.0
 
 
-def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[str, Any]) -> SliceFacts:
+def _facts(
+    state: OperatorState,
+    entry: SliceView,
+    idx: Indexes,
+    baseline: dict[str, Any],
+    created: ClaimView | None = None,
+) -> SliceFacts:
+    """`created`: the claim this refresh just applied, which the index shows only a watch event later."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     claims: list[ClaimView]
@@ -49,7 +56,7 @@ def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[
         pods = values(idx.template_pods, entry.ref)
         workloads = values(idx.template_workloads, entry.ref)
     else:
-        claim = one(idx.claims, entry.ref)
+        claim = one(idx.claims, entry.ref) or created
         claims = [claim] if claim else []
         pods = values(idx.claim_pods, entry.ref)
         workloads = values(idx.claim_workloads, entry.ref)
@@ -76,39 +83,41 @@ def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[
     )
 
 
-async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> None:
-    """Create the claim or template when the index lacks it; remember why it failed, if it did."""
+async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> ClaimView | None:
+    """Create the claim or template when the index lacks it; remember why it failed, if it did.
+    Returns the claim as the API server answered its create (direct form only)."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     if package is None or package.deleting or not entry.uid:
-        return
+        return None
     key = entry.ref
     if entry.template:
         if one(idx.templates, entry.ref) is not None:
             state.applied.pop(key, None)
-            return
+            return None
         body = slice_claim_template(ns, name, entry.uid, pkg)
     else:
         if one(idx.claims, entry.ref) is not None:
             state.applied.pop(key, None)
-            return
+            return None
         body = slice_claim(ns, name, entry.uid, pkg)
     error = state.create_errors.get(key)
     if error is None and time.monotonic() - state.applied.get(key, -1e9) < APPLIED_GRACE_SECONDS:
-        return
+        return None
     if is_quota_refusal(error) and _quota_full(idx, ns, pkg):
-        return  # refused for quota, and still no room: retrying now would be refused again
+        return None  # refused for quota, and still no room: retrying now would be refused again
     state.applied[key] = time.monotonic()
     try:
-        await state.kube.apply(body)
+        answer = await state.kube.apply(body)
     except ApiException as exc:
         message = error_message(exc)
         if state.create_errors.get((ns, name)) != message:
             log.info("claim create refused", namespace=ns, slice=name, reason=message)
         state.create_errors[(ns, name)] = message
-        return
+        return None
     WRITES.labels(body["kind"], "apply").inc()
     state.create_errors.pop((ns, name), None)
+    return claim_view(answer) if body["kind"] == "ResourceClaim" else None
 
 
 def _quota_full(idx: Indexes, ns: str, package: str) -> bool:
@@ -135,12 +144,12 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         namespace = one(idx.namespaces, ns)
         if namespace is not None and namespace.terminating:
             return  # it goes with its namespace; nothing can be created there any more, not even Events
-        await ensure_claim(state, entry, idx)
+        created = await ensure_claim(state, entry, idx)
         mine = state.written.get(key)
         baseline: dict[str, Any] = mine[1] if mine and mine[0] == entry.uid else dict(entry.status)
         # status.usage belongs to the node agent: neither compared nor cleared here.
         baseline = {k: v for k, v in baseline.items() if k not in c.AGENT_STATUS_FIELDS}
-        facts = _facts(state, entry, idx, baseline)
+        facts = _facts(state, entry, idx, baseline, created)
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
