@@ -7,7 +7,6 @@ import os
 import secrets
 import sys
 
-from kubernetes_asyncio.config.config_exception import ConfigException
 from pydantic import ValidationError
 
 
@@ -100,6 +99,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Kopf imports the generated kubernetes_asyncio models when they are installed (~40 MiB resident)
+    # only to recognise their objects and for a login handler the operator does not use: keep it out.
+    sys.modules.setdefault("kubernetes_asyncio", None)  # type: ignore[arg-type]
     from gpuslice import logs
     from gpuslice.operator.config import OperatorConfig
     from gpuslice.operator.run import run
@@ -135,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         return run(config)
-    except (ConfigException, OSError) as exc:
+    except (ValueError, KeyError, OSError) as exc:
         print(
             f"gpuslice operator: cannot reach the cluster ({exc}); check --kubeconfig / $KUBECONFIG, "
             "or run it in a pod with a service account",

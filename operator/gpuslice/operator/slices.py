@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants as c
 from gpuslice.api.pod import claim_refs
@@ -24,6 +23,7 @@ from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
 from gpuslice.domain.views import ClaimView, claim_view
+from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
 from gpuslice.operator.config import OperatorConfig
@@ -109,7 +109,7 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
     state.applied[key] = time.monotonic()
     try:
         answer = await state.kube.apply(body)
-    except ApiException as exc:
+    except ApiError as exc:
         message = error_message(exc)
         if state.create_errors.get((ns, name)) != message:
             log.info("claim create refused", namespace=ns, slice=name, reason=message)
@@ -159,7 +159,7 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             await state.kube.patch_status(
                 c.GROUP_VERSION, c.SLICE_KIND, name, ns, _with_nulls(baseline, desired)
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return
             raise
