@@ -661,8 +661,9 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     args = p.parse_args()
-    if args.slices + args.probes > args.nodes * args.gpus * (100 // FRACTION):
-        print(f"error: {args.slices} slices + {args.probes} probes do not fit", file=sys.stderr)
+    # The probes are deleted (and their devices freed) before the burst.
+    if max(args.slices, args.probes) > args.nodes * args.gpus * (100 // FRACTION):
+        print(f"error: {args.slices} slices do not fit on {args.nodes * args.gpus} GPUs", file=sys.stderr)
         return 2
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="gs-scale-"))
     results = []
