@@ -84,6 +84,34 @@ runpy.run_module("gpuslice", run_name="__main__")
 """
 
 
+#: Runs `python -m gpuslice ...`; SIGUSR1 writes live objects by type, asyncio tasks, threads, sockets
+#: and pymalloc's arena use (to tell live data from fragmentation).
+MEMSTATS_WRAPPER = """
+import asyncio, collections, gc, os, runpy, signal, sys, threading
+def dump(*_):
+    counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
+    try:
+        tasks = len(asyncio.all_tasks(asyncio.get_running_loop()))
+    except RuntimeError:
+        tasks = -1
+    fds = os.listdir("/proc/self/fd")
+    socks = sum(1 for f in fds if os.readlink(f"/proc/self/fd/{{f}}").startswith("socket:"))
+    with open({out!r}, "a") as fh:
+        threads, blocks = threading.active_count(), sys.getallocatedblocks()
+        fh.write(f"=== tasks {{tasks}} threads {{threads}} sockets {{socks}} blocks {{blocks}}\\n")
+        for name, n in counts.most_common(30):
+            fh.write(f"{{n:9d}} {{name}}\\n")
+        stderr, sys.stderr = sys.stderr, fh
+        try:
+            sys._debugmallocstats()
+        finally:
+            sys.stderr = stderr
+signal.signal(signal.SIGUSR1, dump)
+sys.argv = ["gpuslice", *sys.argv[1:]]
+runpy.run_module("gpuslice", run_name="__main__")
+"""
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -371,10 +399,15 @@ class Run:
             sys.executable, "-m", "gpuslice", "operator", f"--kubeconfig={self.cluster.kubeconfig}",
             f"--metrics-port={self.metrics_port}", *self.args.operator_arg,
         ]  # fmt: skip
-        if self.args.tracemalloc:
-            out = Path(self.args.tracemalloc) / f"operator-{self.mode}.tracemalloc.txt"
+        if self.args.tracemalloc or self.args.memstats:
+            kind, wrapper = (
+                ("tracemalloc", TRACEMALLOC_WRAPPER)
+                if self.args.tracemalloc
+                else ("memstats", MEMSTATS_WRAPPER)
+            )
+            out = Path(self.args.tracemalloc or self.args.memstats) / f"operator-{self.mode}.{kind}.txt"
             out.parent.mkdir(parents=True, exist_ok=True)
-            argv[1:3] = ["-c", TRACEMALLOC_WRAPPER.format(out=str(out))]
+            argv[1:3] = ["-c", wrapper.format(out=str(out))]
         logfile = (self.dir / "logs" / "operator.log").open("ab")
         self.operator = subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         if self.args.profile:
@@ -539,7 +572,7 @@ class Run:
                 after = self.operator_metrics()
                 r["operator_writes"] = {k: int(v - op_before.get(k, 0)) for k, v in after.items()}
                 r["operator_writes_total"] = sum(r["operator_writes"].values())
-            if self.args.tracemalloc and self.operator is not None:
+            if (self.args.tracemalloc or self.args.memstats) and self.operator is not None:
                 self.operator.send_signal(signal.SIGUSR1)
                 await asyncio.sleep(10)
             devices = await self._distinct_devices(api)
@@ -657,6 +690,7 @@ def main() -> int:
     p.add_argument(
         "--tracemalloc", metavar="DIR", help="run the operator under tracemalloc; top sites into DIR"
     )
+    p.add_argument("--memstats", metavar="DIR", help="after the burst, the operator's live objects into DIR")
     p.add_argument("--dir", type=Path, help="parent of the runs' devcluster dirs (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="leave the clusters running")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
