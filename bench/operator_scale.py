@@ -87,15 +87,26 @@ runpy.run_module("gpuslice", run_name="__main__")
 #: Runs `python -m gpuslice ...`; SIGUSR1 writes live objects by type, asyncio tasks, threads, sockets
 #: and pymalloc's arena use (to tell live data from fragmentation).
 MEMSTATS_WRAPPER = """
-import asyncio, collections, gc, os, runpy, signal, sys, threading
+import asyncio, collections, gc, os, runpy, signal, sys, threading, traceback
 def dump(*_):
+    try:
+        _dump()
+    except Exception:
+        with open({out!r}, "a") as fh:
+            fh.write(traceback.format_exc())
+def _dump():
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     try:
         tasks = len(asyncio.all_tasks(asyncio.get_running_loop()))
     except RuntimeError:
         tasks = -1
     fds = os.listdir("/proc/self/fd")
-    socks = sum(1 for f in fds if os.readlink(f"/proc/self/fd/{{f}}").startswith("socket:"))
+    socks = 0
+    for f in fds:
+        try:
+            socks += os.readlink(f"/proc/self/fd/{{f}}").startswith("socket:")
+        except OSError:
+            pass
     with open({out!r}, "a") as fh:
         threads, blocks = threading.active_count(), sys.getallocatedblocks()
         fh.write(f"=== tasks {{tasks}} threads {{threads}} sockets {{socks}} blocks {{blocks}}\\n")
