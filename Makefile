@@ -5,7 +5,21 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck pytest shim clean
+.PHONY: install demo test lint typecheck pytest shim image clean debian-packages
+
+# Debian packages real nodes need: libseccomp-dev to build runc with seccomp, busybox-static for the
+# probe image, mmdebstrap for the product image. Installed with apt-get when missing (as root: CI
+# and the demo machine are root).
+DEBIAN_PACKAGES := libseccomp-dev busybox-static mmdebstrap
+debian-packages:
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages: $$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+	      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; \
+	  else echo "missing Debian packages (real nodes need them): sudo apt-get install $$missing" >&2; exit 1; fi; \
+	fi
 
 $(BIN)/gpuslice: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,10 +27,16 @@ $(BIN)/gpuslice: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-install: $(BIN)/gpuslice
+install: $(BIN)/gpuslice debian-packages
 
 shim: install
 	$(MAKE) -C shim
+
+# The product image without a Docker engine (root: mmdebstrap + chroot; cached by content), the
+# same image as the Dockerfile's. Load it into the devcluster's real nodes with
+# `gpuslice devcluster load-image build/gpuslice-image.oci.tar`.
+image: install shim
+	$(BIN)/python -m gpuslice.dev.image --output build/gpuslice-image.oci.tar
 
 demo: install shim
 	$(BIN)/gpuslice demo
@@ -29,10 +49,10 @@ typecheck: install
 	$(BIN)/mypy
 
 pytest: install shim
-	$(BIN)/gpuslice devcluster build
+	$(BIN)/gpuslice devcluster build --with-node
 	$(BIN)/pytest -ra --durations=15 $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) shim/build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build shim/build .mypy_cache .ruff_cache .pytest_cache

@@ -30,6 +30,19 @@ DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
 
 # --- waiting and reading ----------------------------------------------------------------------------
 
+ARGOCD_HEALTH = Path(__file__).resolve().parents[1] / "manifests/argocd/health.lua"
+
+
+def argocd_health(obj: Mapping[str, Any], script: Path = ARGOCD_HEALTH) -> dict[str, str]:
+    """Run Argo CD's health check (Lua) on an object as Argo CD does: the object as the global `obj`,
+    the script's returned table as the verdict ({"status": ..., "message": ...})."""
+    import lupa
+
+    lua = lupa.LuaRuntime(unpack_returned_tuples=True)
+    lua.globals().obj = lua.table_from(json.loads(json.dumps(obj)), recursive=True)
+    verdict = lua.execute(script.read_text())
+    return {k: str(v) for k, v in dict(verdict).items()}
+
 
 def wait_for(
     check: Callable[[], T | None], timeout: float = 60, what: str = "", *, interval: float = 0.25

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "operator": "gpuslice.operator.cli",
     "agent": "gpuslice.agent.cli",
     "explain": "gpuslice.explain",
+    "check": "gpuslice.check",
     # Dev tooling (gpuslice.dev): absent from a product install, so skipped when missing.
     "devcluster": "gpuslice.dev.devcluster.cli",
     "demo": "gpuslice.dev.demo",

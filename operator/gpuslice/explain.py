@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuslice import constants as c
-from gpuslice.domain.slice_status import Reason
+from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason
 
 #: What a tenant can do, per reason. `{ns}`, `{name}` and `{package}` are filled in.
 ADVICE: Mapping[str, tuple[str, ...]] = {
@@ -70,6 +70,43 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{n / c.MIB:.0f} MiB"
 
 
+def _count(cap: Mapping[str, Any]) -> str:
+    return f"{cap.get('slicesFree', '?')} of {cap.get('slicesTotal', '?')}"
+
+
+def capacity_lines(pkg_name: str, status: Mapping[str, Any], package: Mapping[str, Any] | None) -> list[str]:
+    """The capacity a slice's verdict rests on, and the package's count when that moved on since.
+
+    A slice that waits for capacity records the count it was decided on (status.capacity); the
+    package's own count may be newer. Both are shown for what they are, never one under the other's
+    verdict: "2 of 2 free" under "every card is full" would be a contradiction, not an explanation.
+    """
+    seen = status.get("capacity") or {}
+    pkg_cap = ((package or {}).get("status") or {}).get("capacity") or {}
+    reason = status.get("reason")
+    if not seen:
+        if not pkg_cap:
+            return []
+        gpus = pkg_cap.get("gpus", "?")
+        line = f"  capacity: {_count(pkg_cap)} {pkg_name} slices free on {gpus} GPU(s) in the cluster"
+        if reason in CAPACITY_REASONS:
+            return [line + " (the package's count, newer than this slice's status)"]
+        return [line]
+    lines = [
+        f"  capacity: {_count(seen)} {pkg_name} slices free on {seen.get('gpus', '?')} GPU(s) "
+        "when this status was decided"
+    ]
+    if pkg_cap and (pkg_cap.get("slicesFree"), pkg_cap.get("slicesTotal")) != (
+        seen.get("slicesFree"),
+        seen.get("slicesTotal"),
+    ):
+        lines.append(
+            f"  since:    the package counts {_count(pkg_cap)} free now; the slice's status follows on the "
+            "operator's next recheck (kube-scheduler retries the pod by itself)"
+        )
+    return lines
+
+
 def explain(slice_obj: Mapping[str, Any], package: Mapping[str, Any] | None) -> str:
     """The plain-words explanation of one GpuSlice, given it and its GpuPackage (None if missing)."""
     meta = slice_obj.get("metadata", {})
@@ -108,14 +145,7 @@ def explain(slice_obj: Mapping[str, Any], package: Mapping[str, Any] | None) -> 
             f"  quota:    {quota.get('used')} of {quota.get('hard')} {pkg_name} slices used in {ns} "
             f"(ResourceQuota {quota.get('quota')})"
         )
-    if package is not None:
-        cap = (package.get("status") or {}).get("capacity") or {}
-        if cap:
-            lines.append(
-                f"  capacity: {cap.get('slicesFree', '?')} of {cap.get('slicesTotal', '?')} "
-                f"{pkg_name} slices free "
-                f"on {cap.get('gpus', '?')} GPU(s) in the cluster"
-            )
+    lines.extend(capacity_lines(pkg_name, status, package))
     usage = status.get("usage")
     if usage:
         lines.append(

@@ -147,6 +147,13 @@ PREPARE_ERRORS = Counter(
     ["node"],
     registry=AGENT_REGISTRY,
 )
+TOOLKIT_UNSAFE = Gauge(
+    "gpuslice_agent_toolkit_unsafe",
+    "1 while the node's NVIDIA container toolkit config lets containers take GPUs outside CDI claims "
+    "(the agent then publishes no devices), else 0",
+    ["node"],
+    registry=AGENT_REGISTRY,
+)
 SLICE_MEMORY_USED = Gauge(
     "gpuslice_slice_memory_used_bytes",
     "GPU memory a slice's processes hold, as counted by the shim",

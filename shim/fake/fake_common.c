@@ -98,6 +98,9 @@ static int set_gpu_key(fake_gpu *g, const char *key, const char *val)
         if (*end || g->memory_bytes == 0) return -1;
     } else if (strcmp(key, "compute_capability") == 0) {
         if (sscanf(val, "%d.%d", &g->cc_major, &g->cc_minor) != 2) return -1;
+    } else if (strcmp(key, "context_bytes") == 0) {
+        g->context_bytes = strtoull(val, &end, 10);
+        if (*end) return -1;
     } else if (strcmp(key, "multiprocessors") == 0) {
         g->multiprocessors = (int)strtol(val, &end, 10);
         if (*end) return -1;

@@ -40,6 +40,7 @@ typedef struct {
     unsigned pci_device_id;
     unsigned minor;
     char serial[32];
+    uint64_t context_bytes; /* device memory each context takes (gpu.N.context_bytes; default 0) */
 } fake_gpu;
 
 #define FAKE_SOCK_NAME "driver.sock"

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fake_common.h"
+#include "../src/gs_procs.h"
 
 #define PAGE_ALIGN 4096ull
 #define QUEUE_AHEAD_NS 20000000ull /* a launch blocks when the device is booked this far ahead */
@@ -28,13 +29,13 @@ static _Atomic int initialized;
 
 struct CUctx_st;
 static __thread struct CUctx_st *current_ctx;
-enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3, K_VMM_MAP = 4 };
+enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3, K_VMM_MAP = 4, K_POOL = 5 };
 
 typedef struct alloc {
     uint64_t ptr, size;
     int dev, kind;
     int shared_fd; /* memfd backing the range once exported for IPC, else -1 */
-    uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here */
+    uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here; K_POOL: its pool */
     struct CUctx_st *ctx;       /* the context it belongs to (freed with it); NULL for VMM mappings */
     struct alloc *next;
 } alloc;
@@ -43,11 +44,19 @@ typedef struct alloc {
 static alloc *buckets[NBUCKETS];
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Context limits (cuCtxSetLimit) the driver backs with device memory: malloc heap, per-thread stack
+ * (times every thread the device can hold resident), printf FIFO. The defaults are part of the
+ * context's own cost (gpu.N.context_bytes); a larger limit charges the difference. */
+enum { LIM_HEAP, LIM_STACK, LIM_FIFO, LIM_N };
+static const uint64_t limit_default[LIM_N] = {8u << 20, 1024, 1u << 20};
+#define THREADS_PER_SM 2048ull
+
 struct CUctx_st {
     int magic;
     CUdevice dev;
     int primary;
     int refcount;
+    uint64_t limits[LIM_N];
 };
 #define CTX_MAGIC 0x43545831
 static struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
@@ -64,9 +73,14 @@ struct CUfunc_st {
     CUdevice dev;
 };
 #define FUNC_MAGIC 0x46554e43
+/* A stream-ordered pool keeps freed memory reserved (charged to the card) until a synchronization
+ * finds it above the release threshold, or cuMemPoolTrimTo; like the driver's. */
 struct CUmemPoolHandle_st {
     CUmemLocationType type;
     int id;
+    uint64_t reserved, in_use, reserved_high, used_high, threshold;
+    int is_default;
+    struct CUmemPoolHandle_st *next;
 };
 struct CUarray_st {
     uint64_t size;
@@ -78,10 +92,20 @@ struct CUmipmappedArray_st {
 };
 struct CUgraph_st {
     uint64_t duration_ns;
+    uint64_t mem_bytes; /* memory alloc nodes */
 };
+/* Graph memory: an executable graph's alloc nodes get physical memory at its first launch and keep
+ * it; destroying the executable returns it to the device's graph pool, which keeps it reserved
+ * until cuDeviceGraphMemTrim. */
 struct CUgraphExec_st {
     uint64_t duration_ns;
     CUdevice dev;
+    uint64_t mem_bytes;
+    int backed;
+};
+struct CUextMemory_st {
+    int fd;
+    uint64_t size;
 };
 struct CUgraphNode_st {
     int unused;
@@ -105,6 +129,12 @@ typedef struct vmm_alloc_s {
 } vmm_alloc;
 static vmm_alloc *vmm_live; /* handles are checked against this list, never dereferenced blindly */
 static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct CUmemPoolHandle_st default_pool[FAKE_MAX_GPUS];
+static struct CUmemPoolHandle_st *pools; /* device pools created by cuMemPoolCreate */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER; /* primary contexts and context limits */
+static uint64_t graph_spare[FAKE_MAX_GPUS], graph_backed[FAKE_MAX_GPUS]; /* under pool_lock */
 
 #define CHECK_INIT()                                                                                     \
     do {                                                                                                 \
@@ -237,6 +267,11 @@ static void device_free(alloc *a)
     munmap((void *)(uintptr_t)a->ptr, rounded(a->size));
     if (a->shared_fd >= 0) close(a->shared_fd);
     if (a->kind == K_LINEAR) uncharge(a->dev, a->size);
+    if (a->kind == K_POOL) { /* back to its pool: still reserved */
+        pthread_mutex_lock(&pool_lock);
+        ((struct CUmemPoolHandle_st *)a->shared_fd_handle)->in_use -= a->size;
+        pthread_mutex_unlock(&pool_lock);
+    }
     free(a);
 }
 
@@ -248,7 +283,7 @@ static void free_ctx_allocs(struct CUctx_st *c)
     for (unsigned b = 0; b < NBUCKETS; b++)
         for (alloc **pp = &buckets[b]; *pp;) {
             alloc *a = *pp;
-            if (a->ctx == c && a->kind != K_VMM_MAP) {
+            if (a->ctx == c && a->kind != K_VMM_MAP && a->kind != K_POOL) {
                 *pp = a->next;
                 a->next = gone;
                 gone = a;
@@ -271,8 +306,14 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     fake_system *s = sys();
     if (s == NULL) return CUDA_ERROR_NO_DEVICE;
-    for (int i = 0; i < s->count; i++) primary_ctx[i] = (struct CUctx_st){CTX_MAGIC, i, 1, 0};
+    pthread_mutex_lock(&primary_lock);
+    if (!atomic_load(&initialized))
+        for (int i = 0; i < s->count; i++) {
+            primary_ctx[i] = (struct CUctx_st){CTX_MAGIC, i, 1, 0, {0}};
+            default_pool[i] = (struct CUmemPoolHandle_st){CU_MEM_LOCATION_TYPE_DEVICE, i, 0, 0, 0, 0, 0, 1, NULL};
+        }
     atomic_store(&initialized, 1);
+    pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
 }
 
@@ -355,6 +396,7 @@ FAKE_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CU
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = (int)g->pci_device; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = (int)g->pci_domain; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = (int)THREADS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
@@ -378,12 +420,53 @@ FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 
 /* ---------------------------------------------------------------- contexts */
 
+static uint64_t limit_cost(CUdevice dev, int which, uint64_t value)
+{
+    return which == LIM_STACK ? value * (uint64_t)sys()->gpus[dev].multiprocessors * THREADS_PER_SM : value;
+}
+
+/* A context's memory: its own cost plus what its limits take above the defaults. */
+static CUresult ctx_memory_charge(struct CUctx_st *c)
+{
+    for (int i = 0; i < LIM_N; i++) c->limits[i] = limit_default[i];
+    uint64_t b = sys()->gpus[c->dev].context_bytes;
+    return b ? charge(c->dev, b) : CUDA_SUCCESS;
+}
+
+static void ctx_limits_reset(struct CUctx_st *c)
+{
+    for (int i = 0; i < LIM_N; i++) {
+        uint64_t now = limit_cost(c->dev, i, c->limits[i]), dflt = limit_cost(c->dev, i, limit_default[i]);
+        if (now > dflt) uncharge(c->dev, now - dflt);
+        c->limits[i] = limit_default[i];
+    }
+}
+
+static void ctx_memory_uncharge(struct CUctx_st *c)
+{
+    ctx_limits_reset(c);
+    uint64_t b = sys()->gpus[c->dev].context_bytes;
+    if (b) uncharge(c->dev, b);
+}
+
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     CHECK_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&primary_lock);
+    if (primary_ctx[dev].refcount == 0) { /* the first retain creates the primary context */
+        primary_ctx[dev].magic = CTX_MAGIC;
+        primary_ctx[dev].dev = dev;
+        primary_ctx[dev].primary = 1;
+        CUresult rc = ctx_memory_charge(&primary_ctx[dev]);
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&primary_lock);
+            return rc;
+        }
+    }
     __atomic_add_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&primary_lock);
     *pctx = &primary_ctx[dev];
     return CUDA_SUCCESS;
 }
@@ -392,9 +475,16 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     CHECK_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    if (__atomic_load_n(&primary_ctx[dev].refcount, __ATOMIC_SEQ_CST) <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (__atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST) == 0)
+    pthread_mutex_lock(&primary_lock);
+    if (__atomic_load_n(&primary_ctx[dev].refcount, __ATOMIC_SEQ_CST) <= 0) {
+        pthread_mutex_unlock(&primary_lock);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (__atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST) == 0) {
         free_ctx_allocs(&primary_ctx[dev]); /* the last release destroys the primary context */
+        ctx_memory_uncharge(&primary_ctx[dev]);
+    }
+    pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
 }
 
@@ -413,6 +503,9 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CHECK_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
     free_ctx_allocs(&primary_ctx[dev]);
+    pthread_mutex_lock(&primary_lock);
+    if (primary_ctx[dev].refcount > 0) ctx_limits_reset(&primary_ctx[dev]); /* limits back to defaults */
+    pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
 }
 
@@ -433,7 +526,12 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
     struct CUctx_st *c = calloc(1, sizeof(*c));
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1};
+    *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1, {0}};
+    CUresult rc = ctx_memory_charge(c);
+    if (rc != CUDA_SUCCESS) {
+        free(c);
+        return rc;
+    }
     current_ctx = c;
     *pctx = c;
     return CUDA_SUCCESS;
@@ -471,8 +569,53 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (current_ctx == ctx) current_ctx = NULL;
     free_ctx_allocs(ctx);
+    ctx_memory_uncharge(ctx);
     ctx->magic = 0;
     free(ctx);
+    return CUDA_SUCCESS;
+}
+
+static int limit_index(CUlimit limit)
+{
+    switch (limit) {
+    case CU_LIMIT_MALLOC_HEAP_SIZE: return LIM_HEAP;
+    case CU_LIMIT_STACK_SIZE: return LIM_STACK;
+    case CU_LIMIT_PRINTF_FIFO_SIZE: return LIM_FIFO;
+    default: return -1;
+    }
+}
+
+FAKE_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    CHECK_INIT();
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    int i = limit_index(limit);
+    if (i < 0) return limit == CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT || limit == CU_LIMIT_MAX_L2_FETCH_GRANULARITY ||
+                              limit == CU_LIMIT_PERSISTING_L2_CACHE_SIZE || limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH
+                          ? CUDA_SUCCESS
+                          : CUDA_ERROR_UNSUPPORTED_LIMIT;
+    struct CUctx_st *c = current_ctx;
+    pthread_mutex_lock(&primary_lock);
+    uint64_t dflt = limit_cost(c->dev, i, limit_default[i]);
+    uint64_t old = limit_cost(c->dev, i, c->limits[i]), want = limit_cost(c->dev, i, value);
+    old = old > dflt ? old - dflt : 0;
+    want = want > dflt ? want - dflt : 0;
+    CUresult rc = CUDA_SUCCESS;
+    if (want > old) rc = charge(c->dev, want - old);
+    else if (old > want) uncharge(c->dev, old - want);
+    if (rc == CUDA_SUCCESS) c->limits[i] = value;
+    pthread_mutex_unlock(&primary_lock);
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    CHECK_INIT();
+    if (!pvalue) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    int i = limit_index(limit);
+    if (i < 0) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    *pvalue = current_ctx->limits[i];
     return CUDA_SUCCESS;
 }
 
@@ -524,6 +667,26 @@ static void wait_device_idle(CUdevice dev)
     }
 }
 
+/* What a synchronization does to stream-ordered pools: memory above the release threshold that no
+ * allocation uses goes back to the card. */
+static void pool_shrink_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
+{
+    if (keep < p->in_use) keep = p->in_use;
+    if (p->reserved > keep) {
+        uncharge(p->id, p->reserved - keep);
+        p->reserved = keep;
+    }
+}
+
+static void pools_release(CUdevice dev)
+{
+    pthread_mutex_lock(&pool_lock);
+    if (dev >= 0 && dev < FAKE_MAX_GPUS) pool_shrink_locked(&default_pool[dev], default_pool[dev].threshold);
+    for (struct CUmemPoolHandle_st *p = pools; p; p = p->next)
+        if (p->id == dev) pool_shrink_locked(p, p->threshold);
+    pthread_mutex_unlock(&pool_lock);
+}
+
 FAKE_EXPORT CUresult cuCtxSynchronize(void)
 {
     CHECK_INIT();
@@ -531,6 +694,7 @@ FAKE_EXPORT CUresult cuCtxSynchronize(void)
     CUresult rc = current_dev(&dev);
     if (rc != CUDA_SUCCESS) return rc;
     wait_device_idle(dev);
+    pools_release(dev);
     return CUDA_SUCCESS;
 }
 
@@ -712,6 +876,7 @@ FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
     if (h) dev = h->ctx->dev;
     else if (current_dev(&dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
     wait_device_idle(dev);
+    pools_release(dev);
     return CUDA_SUCCESS;
 }
 
@@ -724,6 +889,42 @@ static CUresult stream_dev(CUstream s, CUdevice *dev)
     return current_dev(dev);
 }
 
+/* An allocation from a device pool: reuses what the pool keeps reserved, charges the card for the rest. */
+static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, CUdeviceptr *dptr, size_t size)
+{
+    pthread_mutex_lock(&pool_lock);
+    uint64_t spare = pool->reserved - pool->in_use;
+    if (spare < size) {
+        CUresult rc = charge(pool->id, size - spare);
+        if (rc != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&pool_lock);
+            return rc;
+        }
+        pool->reserved += size - spare;
+    }
+    pool->in_use += size;
+    if (pool->reserved > pool->reserved_high) pool->reserved_high = pool->reserved;
+    if (pool->in_use > pool->used_high) pool->used_high = pool->in_use;
+    pthread_mutex_unlock(&pool_lock);
+    void *p = mmap(NULL, rounded(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        pthread_mutex_lock(&pool_lock);
+        pool->in_use -= size;
+        pthread_mutex_unlock(&pool_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    alloc *a = malloc(sizeof(*a));
+    if (!a) abort();
+    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, NULL};
+    pthread_mutex_lock(&alloc_lock);
+    unsigned b = (unsigned)((*dptr >> 12) % NBUCKETS);
+    a->next = buckets[b];
+    buckets[b] = a;
+    pthread_mutex_unlock(&alloc_lock);
+    return CUDA_SUCCESS;
+}
+
 FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
 {
     CHECK_INIT();
@@ -731,9 +932,69 @@ FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s)
     CUdevice dev;
     CUresult rc = stream_dev(s, &dev);
     if (rc != CUDA_SUCCESS) return rc;
-    uint64_t p;
-    rc = device_alloc(&p, size, dev);
-    if (rc == CUDA_SUCCESS) *dptr = (CUdeviceptr)p;
+    return pool_alloc(&default_pool[dev], dptr, size);
+}
+
+FAKE_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    CHECK_INIT();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = &default_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    return cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+FAKE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    CHECK_INIT();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (pool->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_lock);
+    pool_shrink_locked(pool, minBytesToKeep);
+    pthread_mutex_unlock(&pool_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    CHECK_INIT();
+    if (!pool || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_lock);
+    CUresult rc = CUDA_SUCCESS;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->threshold = *(cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: pool->reserved_high = pool->reserved; break; /* reset */
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: pool->used_high = pool->in_use; break;
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    CHECK_INIT();
+    if (!pool || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_lock);
+    CUresult rc = CUDA_SUCCESS;
+    cuuint64_t *v = value;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *v = pool->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *v = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *v = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *v = pool->in_use; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *v = pool->used_high; break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&pool_lock);
     return rc;
 }
 
@@ -766,6 +1027,12 @@ FAKE_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     p->type = props->location.type;
     p->id = props->location.id;
+    if (p->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        pthread_mutex_lock(&pool_lock);
+        p->next = pools;
+        pools = p;
+        pthread_mutex_unlock(&pool_lock);
+    }
     *pool = p;
     return CUDA_SUCCESS;
 }
@@ -773,7 +1040,17 @@ FAKE_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
 FAKE_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     CHECK_INIT();
-    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (!pool || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
+    if (pool->type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        pthread_mutex_lock(&pool_lock);
+        for (struct CUmemPoolHandle_st **pp = &pools; *pp; pp = &(*pp)->next)
+            if (*pp == pool) {
+                *pp = pool->next;
+                break;
+            }
+        if (pool->reserved) uncharge(pool->id, pool->reserved); /* (live allocations die with it here) */
+        pthread_mutex_unlock(&pool_lock);
+    }
     free(pool);
     return CUDA_SUCCESS;
 }
@@ -783,12 +1060,7 @@ FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
     (void)s;
     CHECK_INIT();
     if (!dptr || !pool || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (pool->type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        uint64_t p;
-        CUresult rc = device_alloc(&p, size, pool->id);
-        if (rc == CUDA_SUCCESS) *dptr = (CUdeviceptr)p;
-        return rc;
-    }
+    if (pool->type == CU_MEM_LOCATION_TYPE_DEVICE) return pool_alloc(pool, dptr, size);
     void *p = mmap(NULL, rounded(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     *dptr = (CUdeviceptr)(uintptr_t)p;
@@ -1023,6 +1295,33 @@ FAKE_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     CUresult rc = vmm_new(handle, (uint64_t)st.st_size, current_ctx ? current_ctx->dev : 0, 0, fd);
     if (rc != CUDA_SUCCESS) close(fd);
     return rc;
+}
+
+/* ---------------------------------------------------------------- external memory */
+
+/* Memory another API (Vulkan, EGL) allocated, imported by file descriptor. The double charges the
+ * card nothing for it: in a real process the exporting API's allocation already holds it. */
+FAKE_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *ext, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc)
+{
+    CHECK_INIT();
+    if (!ext || !desc || desc->size == 0 || desc->type != CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD ||
+        desc->handle.fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUextMemory_st *m = calloc(1, sizeof(*m));
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    m->fd = desc->handle.fd; /* the driver owns the descriptor after a successful import */
+    m->size = desc->size;
+    *ext = m;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory ext)
+{
+    CHECK_INIT();
+    if (!ext) return CUDA_ERROR_INVALID_HANDLE;
+    close(ext->fd);
+    free(ext);
+    return CUDA_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- arrays */
@@ -1366,6 +1665,61 @@ FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const
     return CUDA_SUCCESS;
 }
 
+FAKE_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                            CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)ndeps;
+    CHECK_INIT();
+    if (!node || !g || !p || p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_dev(p->poolProps.location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    void *va = mmap(NULL, rounded(p->bytesize), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                    -1, 0);
+    if (va == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->dptr = (CUdeviceptr)(uintptr_t)va; /* (the virtual range is never returned: a test double) */
+    g->mem_bytes += p->bytesize;
+    *node = &graph_node;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                           CUdeviceptr dptr)
+{
+    (void)deps;
+    (void)ndeps;
+    CHECK_INIT();
+    if (!node || !g || !dptr) return CUDA_ERROR_INVALID_VALUE;
+    *node = &graph_node;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    CHECK_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&pool_lock);
+    if (graph_spare[dev]) uncharge(dev, graph_spare[dev]);
+    graph_spare[dev] = 0;
+    pthread_mutex_unlock(&pool_lock);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+    CHECK_INIT();
+    if (!valid_dev(dev) || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_lock);
+    CUresult rc = CUDA_SUCCESS;
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = graph_spare[dev] + graph_backed[dev]; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = graph_backed[dev]; break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return rc;
+}
+
 FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
     (void)flags;
@@ -1376,6 +1730,7 @@ FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsi
     if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
     x->duration_ns = g->duration_ns;
     x->dev = current_ctx->dev;
+    x->mem_bytes = g->mem_bytes;
     *e = x;
     return CUDA_SUCCESS;
 }
@@ -1385,6 +1740,18 @@ FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
     (void)s;
     CHECK_INIT();
     if (!e) return CUDA_ERROR_INVALID_VALUE;
+    if (e->mem_bytes && !e->backed) { /* first launch: physical memory for its alloc nodes */
+        pthread_mutex_lock(&pool_lock);
+        uint64_t from_spare = graph_spare[e->dev] < e->mem_bytes ? graph_spare[e->dev] : e->mem_bytes;
+        CUresult rc = from_spare < e->mem_bytes ? charge(e->dev, e->mem_bytes - from_spare) : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS) {
+            graph_spare[e->dev] -= from_spare;
+            graph_backed[e->dev] += e->mem_bytes;
+            e->backed = 1;
+        }
+        pthread_mutex_unlock(&pool_lock);
+        if (rc != CUDA_SUCCESS) return rc;
+    }
     return occupy(e->dev, e->duration_ns);
 }
 
@@ -1396,6 +1763,12 @@ FAKE_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
 FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     CHECK_INIT();
+    if (e && e->backed) { /* back to the device's graph pool, still reserved */
+        pthread_mutex_lock(&pool_lock);
+        graph_backed[e->dev] -= e->mem_bytes;
+        graph_spare[e->dev] += e->mem_bytes;
+        pthread_mutex_unlock(&pool_lock);
+    }
     free(e);
     return CUDA_SUCCESS;
 }
@@ -1443,6 +1816,7 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent e)
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
     }
+    pools_release(e->dev);
     return CUDA_SUCCESS;
 }
 
@@ -1518,89 +1892,45 @@ typedef struct {
     void *fn, *ptsz;
 } proc_entry;
 
-#define P(base, since, fn, ptsz) {base, since, (void *)(fn), (void *)(ptsz)}
-static const proc_entry procs[] = {
-    P("cuInit", 2000, cuInit, NULL),
-    P("cuDriverGetVersion", 2020, cuDriverGetVersion, NULL),
-    P("cuDeviceGet", 2000, cuDeviceGet, NULL),
-    P("cuDeviceGetCount", 2000, cuDeviceGetCount, NULL),
-    P("cuDeviceGetName", 2000, cuDeviceGetName, NULL),
-    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid, NULL),
-    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2, NULL),
-    P("cuDeviceTotalMem", 2000, cuDeviceTotalMem, NULL),
-    P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2, NULL),
-    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute, NULL),
-    P("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId, NULL),
-    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain, NULL),
-    P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease, NULL),
-    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2, NULL),
-    P("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset, NULL),
-    P("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState, NULL),
-    P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2, NULL),
-    P("cuCtxCreate", 2000, cuCtxCreate, NULL),
-    P("cuCtxCreate", 3020, cuCtxCreate_v2, NULL),
-    P("cuCtxCreate", 11040, cuCtxCreate_v3, NULL),
-    P("cuCtxCreate", 12050, cuCtxCreate_v4, NULL),
-    P("cuCtxDestroy", 4000, cuCtxDestroy_v2, NULL),
-    P("cuCtxSetCurrent", 4000, cuCtxSetCurrent, NULL),
-    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent, NULL),
-    P("cuCtxGetDevice", 2000, cuCtxGetDevice, NULL),
-    P("cuCtxSynchronize", 2000, cuCtxSynchronize, NULL),
-    P("cuMemGetInfo", 2000, cuMemGetInfo, NULL),
-    P("cuMemGetInfo", 3020, cuMemGetInfo_v2, NULL),
-    P("cuMemAlloc", 2000, cuMemAlloc, NULL),
-    P("cuMemAlloc", 3020, cuMemAlloc_v2, NULL),
-    P("cuMemAllocPitch", 2000, cuMemAllocPitch, NULL),
-    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2, NULL),
-    P("cuMemAllocManaged", 6000, cuMemAllocManaged, NULL),
-    P("cuMemFree", 2000, cuMemFree, NULL),
-    P("cuMemFree", 3020, cuMemFree_v2, NULL),
-    P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2, NULL),
-    P("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
-    P("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
-    P("cuMemPoolCreate", 11020, cuMemPoolCreate, NULL),
-    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy, NULL),
-    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
-    P("cuMemCreate", 10020, cuMemCreate, NULL),
-    P("cuMemRelease", 10020, cuMemRelease, NULL),
-    P("cuMemAddressReserve", 10020, cuMemAddressReserve, NULL),
-    P("cuMemAddressFree", 10020, cuMemAddressFree, NULL),
-    P("cuMemMap", 10020, cuMemMap, NULL),
-    P("cuMemUnmap", 10020, cuMemUnmap, NULL),
-    P("cuMemSetAccess", 10020, cuMemSetAccess, NULL),
-    P("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle, NULL),
-    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle, NULL),
-    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle, NULL),
-    P("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity, NULL),
-    P("cuArrayCreate", 2000, cuArrayCreate, NULL),
-    P("cuArrayCreate", 3020, cuArrayCreate_v2, NULL),
-    P("cuArray3DCreate", 2000, cuArray3DCreate, NULL),
-    P("cuArray3DCreate", 3020, cuArray3DCreate_v2, NULL),
-    P("cuArrayDestroy", 2000, cuArrayDestroy, NULL),
-    P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate, NULL),
-    P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy, NULL),
-    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle, NULL),
-    P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle, NULL),
-    P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2, NULL),
-    P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle, NULL),
-    P("cuModuleLoadData", 2000, cuModuleLoadData, NULL),
-    P("cuModuleGetFunction", 2000, cuModuleGetFunction, NULL),
-    P("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz),
-    P("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz),
-    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz),
-    P("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
-    P("cuStreamCreate", 2000, cuStreamCreate, NULL),
-    P("cuEventCreate", 2000, cuEventCreate, NULL),
-    P("cuEventRecord", 2000, cuEventRecord, NULL),
-    P("cuEventSynchronize", 2000, cuEventSynchronize, NULL),
-    P("cuEventElapsedTime", 2000, cuEventElapsedTime, NULL),
-    P("cuEventDestroy", 4000, cuEventDestroy_v2, NULL),
-    P("cuStreamSynchronize", 2000, cuStreamSynchronize, NULL),
-    P("cuGetErrorName", 6000, cuGetErrorName, NULL),
-    P("cuGetErrorString", 6000, cuGetErrorString, NULL),
-    P("cuGetProcAddress", 11030, cuGetProcAddress, NULL),
-    P("cuGetProcAddress", 12000, cuGetProcAddress_v2, NULL),
-};
+/* Derived from the one list in src/gs_procs.h (shared with the shim). */
+#define P_ENTRY(base, since, fn) {#base, since, (void *)(fn), NULL},
+#define P_ENTRY_PTSZ(base, since, fn, ptsz) {#base, since, (void *)(fn), (void *)(ptsz)},
+static const proc_entry procs[] = {GS_DRIVER_PROCS(P_ENTRY, P_ENTRY_PTSZ)};
+#define NPROCS (sizeof(procs) / sizeof(procs[0]))
+
+/* Real drivers may hand out internal entry points, not their exported symbols. With
+ * GPUSLICE_FAKE_PROC_TRAMPOLINES=1 the double does too: each entry gets a stub of its own that jumps to
+ * the function (a distinct address that behaves the same). */
+#define T_STUB(name) ".text\n.p2align 4\nfake_tramp_" #name ":\n\tjmp " #name "\n"
+#define T_ASM(base, since, fn) __asm__(T_STUB(fn));
+#define T_ASM_PTSZ(base, since, fn, ptsz) __asm__(T_STUB(fn) T_STUB(ptsz));
+#define T_DECL(base, since, fn) extern char fake_tramp_##fn[] __attribute__((visibility("hidden")));
+#define T_DECL_PTSZ(base, since, fn, ptsz) T_DECL(base, since, fn) T_DECL(base, since, ptsz)
+GS_DRIVER_PROCS_UNIQUE(T_ASM, T_ASM_PTSZ)
+GS_DRIVER_PROCS_UNIQUE(T_DECL, T_DECL_PTSZ)
+
+static void *trampoline_of(void *fn)
+{
+    static const struct {
+        void *real, *tramp;
+    } map[] = {
+#define M_ENTRY(base, since, fn) {(void *)(fn), fake_tramp_##fn},
+#define M_ENTRY_PTSZ(base, since, fn, ptsz) M_ENTRY(base, since, fn) M_ENTRY(base, since, ptsz)
+        GS_DRIVER_PROCS_UNIQUE(M_ENTRY, M_ENTRY_PTSZ)};
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+        if (map[i].real == fn) return map[i].tramp;
+    return fn;
+}
+
+static int use_trampolines(void)
+{
+    static int state; /* 0 unknown, 1 no, 2 yes */
+    if (state == 0) {
+        const char *v = getenv("GPUSLICE_FAKE_PROC_TRAMPOLINES");
+        state = v && strcmp(v, "1") == 0 ? 2 : 1;
+    }
+    return state == 2;
+}
 
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *status)
@@ -1608,7 +1938,7 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     const proc_entry *best = NULL;
     int known = 0;
-    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+    for (size_t i = 0; i < NPROCS; i++) {
         if (strcmp(procs[i].base, symbol) != 0) continue;
         known = 1;
         if (procs[i].since <= cudaVersion && (!best || procs[i].since > best->since)) best = &procs[i];
@@ -1619,6 +1949,7 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
         return CUDA_ERROR_NOT_FOUND;
     }
     *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
+    if (use_trampolines()) *pfn = trampoline_of(*pfn);
     if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
     return CUDA_SUCCESS;
 }

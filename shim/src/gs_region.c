@@ -194,6 +194,7 @@ static int claim_locked(gs_region *r)
         atomic_store(&e->refused, 0);
         atomic_store(&e->throttled_ns, 0);
         atomic_store(&e->context_bytes, 0);
+        atomic_store(&e->host_pid, 0);
         atomic_store(&e->state, 1);
         if (atomic_load(&r->hdr->entries_high_water) < i + 1) atomic_store(&r->hdr->entries_high_water, i + 1);
         atomic_store_explicit(&r->self, (int)i, memory_order_release);
@@ -291,6 +292,16 @@ int gs_region_live_pids(gs_region *r, int32_t *pids, int max)
     for (unsigned i = 0, hw = high_water(r); i < hw && n < max; i++)
         if (atomic_load(&r->entries[i].state) == 1) pids[n++] = r->entries[i].pid;
     return n;
+}
+
+int gs_region_has_nvml_pid(gs_region *r, int32_t pid)
+{
+    if (pid <= 0) return 0;
+    for (unsigned i = 0, hw = high_water(r); i < hw; i++) {
+        gs_region_entry *e = &r->entries[i];
+        if (atomic_load(&e->state) == 1 && (e->pid == pid || atomic_load(&e->host_pid) == pid)) return 1;
+    }
+    return 0;
 }
 
 void gs_region_after_fork_child(gs_region *r)

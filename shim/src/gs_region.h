@@ -12,8 +12,8 @@
  *    32  u32      compute_share             40  u64 peak       high-water mark of used
  *    36  u32      reserved                  48  u64 refused    allocations refused
  *    40  u64      refused_allocations_total 56  u64 throttled_ns time slept in launch throttling
- *    48  u64      throttled_ns_total        64  u64 context_bytes context overhead charged (part of used)
- *    56  u64      agent_utilization         72..127 reserved
+ *    48  u64      throttled_ns_total        64  u64 context_bytes contexts' memory charged (part of used)
+ *    56  u64      agent_utilization         72  i32 host_pid (as NVML reports it; 0 unknown), 76..127 reserved
  *    64  u64      shim_utilization
  *    72  u64      throttle_delay_ns
  *    80  u64      lock_recoveries_total
@@ -83,7 +83,8 @@ typedef struct {
     _Atomic uint64_t refused;
     _Atomic uint64_t throttled_ns;
     _Atomic uint64_t context_bytes;
-    unsigned char reserved[128 - 72];
+    _Atomic int32_t host_pid; /* the pid NVML reports for this process (learned at its first context); 0 unknown */
+    unsigned char reserved[128 - 76];
 } gs_region_entry;
 
 /* An allocation a process of the slice exported with cuIpcGetMemHandle: a process of the same slice
@@ -163,6 +164,8 @@ uint64_t gs_region_used_total(gs_region *r);
 
 /* Fills pids[] (at most max) with the pids of live entries; returns how many. */
 int gs_region_live_pids(gs_region *r, int32_t *pids, int max);
+/* 1 when `pid`, as NVML reports it, is a live process of this slice (its own pid or learned host pid). */
+int gs_region_has_nvml_pid(gs_region *r, int32_t pid);
 
 /* Records that this process exported `dptr` under handle hash `key` (no-op when the table is full:
  * the open is then charged, the old behaviour). */

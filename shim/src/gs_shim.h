@@ -49,6 +49,10 @@ static inline void gs_throttle_before_launch(void)
     if (GS_UNLIKELY(d != 0)) gs_throttle_sleep(d);
 }
 
+/* The slice's utilization in percent of the whole GPU, now (the agent's figure when fresh, else NVML
+ * per-process samples of the slice's processes over the last second); -1 when unknown. */
+double gs_slice_utilization(void);
+
 /* Real NVML entry points the throttle uses to measure utilization (NULL when NVML is absent). */
 void *gs_real_nvml(const char *name);
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -90,18 +91,21 @@ static double nvml_slice_util(gs_meter *m)
         return GS_UTIL_NO_NEWS;
     }
     if (rc != NVML_SUCCESS) return GS_UTIL_UNKNOWN;
-    int32_t pids[GS_REGION_MAX_ENTRIES];
-    int npids = gs_region_live_pids(&gs_reg, pids, GS_REGION_MAX_ENTRIES);
+    /* Mean per process, summed over the slice's processes (own pids, or host pids they learned). */
     double total = 0;
-    for (int p = 0; p < npids; p++) {
+    for (unsigned int i = 0; i < count; i++) {
+        unsigned int pid = m->samples[i].pid;
+        int first = 1;
+        for (unsigned int j = 0; j < i && first; j++) first = m->samples[j].pid != pid;
+        if (!first || !gs_region_has_nvml_pid(&gs_reg, (int32_t)pid)) continue;
         double sum = 0;
         int n = 0;
-        for (unsigned int i = 0; i < count; i++) {
-            if ((int32_t)m->samples[i].pid != pids[p]) continue;
-            sum += m->samples[i].smUtil;
-            n++;
-        }
-        if (n) total += sum / n;
+        for (unsigned int j = i; j < count; j++)
+            if (m->samples[j].pid == pid) {
+                sum += m->samples[j].smUtil;
+                n++;
+            }
+        total += sum / n;
     }
     for (unsigned int i = 0; i < count; i++)
         if (m->samples[i].timeStamp > m->last_seen_us) m->last_seen_us = m->samples[i].timeStamp;
@@ -128,6 +132,17 @@ static uint64_t agent_word(void)
         word = (const _Atomic uint64_t *)((const char *)p + 8);
     }
     return atomic_load(word);
+}
+
+static double measure(gs_meter *m);
+
+double gs_slice_utilization(void)
+{
+    static __thread gs_meter *m;
+    if (m == NULL && (m = calloc(1, sizeof(*m))) == NULL) return -1;
+    m->last_seen_us = unix_ms() * 1000u - 1000000u; /* the last second */
+    double u = measure(m);
+    return u == GS_UTIL_NO_NEWS ? 0 : u;
 }
 
 static double measure(gs_meter *m)

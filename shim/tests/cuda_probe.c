@@ -24,6 +24,10 @@
  *                                            then try to allocate BYTES again; prints rc=
  *   cuda_probe fork-hold BYTES               allocate, fork a child that never touches CUDA and
  *                                            waits for stdin EOF; prints "held rc=N child=PID"
+ *   cuda_probe hidden LIMIT CTX_BYTES        memory the slice uses besides allocations is charged: each
+ *                                            context's own cost (the double: CTX_BYTES), cuCtxSetLimit,
+ *                                            pool memory kept after free, graph memory nodes, external
+ *                                            memory imports; and credited when the driver frees it
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -155,7 +159,8 @@ static int paths_scenario(size_t limit)
     PATH_CHECK("cuMemAlloc_v2", chunk, cuMemAlloc(&p, chunk), cuMemFree(p));
     PATH_CHECK("cuMemAllocManaged", chunk, cuMemAllocManaged(&p, chunk, CU_MEM_ATTACH_GLOBAL), cuMemFree(p));
     PATH_CHECK("cuMemAllocPitch_v2", 1024 * 1000, cuMemAllocPitch(&p, &pitch, 1000, 1000, 4), cuMemFree(p));
-    PATH_CHECK("cuMemAllocAsync", chunk, cuMemAllocAsync(&p, chunk, s), cuMemFreeAsync(p, s));
+    /* A pool gives freed memory back at the next synchronization (release threshold 0). */
+    PATH_CHECK("cuMemAllocAsync", chunk, cuMemAllocAsync(&p, chunk, s), (cuMemFreeAsync(p, s), cuStreamSynchronize(s)));
 
     CUmemPoolProps props = {0};
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -164,7 +169,7 @@ static int paths_scenario(size_t limit)
     CUmemoryPool pool, host_pool;
     EXPECT_RC(cuMemPoolCreate(&pool, &props), CUDA_SUCCESS);
     PATH_CHECK("cuMemAllocFromPoolAsync(device)", chunk, cuMemAllocFromPoolAsync(&p, chunk, pool, s),
-               cuMemFreeAsync(p, s));
+               (cuMemFreeAsync(p, s), cuStreamSynchronize(s)));
     props.location.type = CU_MEM_LOCATION_TYPE_HOST;
     props.location.id = 0;
     EXPECT_RC(cuMemPoolCreate(&host_pool, &props), CUDA_SUCCESS);
@@ -584,6 +589,102 @@ static int fork_hold(size_t bytes)
     return 0;
 }
 
+/* free must drop by exactly `charged` across `expr` */
+#define DROPS(label, charged, expr)                                                                      \
+    do {                                                                                                 \
+        size_t b_ = mem_free();                                                                          \
+        EXPECT_RC(expr, CUDA_SUCCESS);                                                                   \
+        size_t a_ = mem_free();                                                                          \
+        CHECK(b_ - a_ == (size_t)(charged), "%s: free dropped by %lld, expected %zu", label,            \
+              (long long)b_ - (long long)a_, (size_t)(charged));                                         \
+    } while (0)
+
+static int hidden_scenario(size_t limit, size_t ctx_bytes)
+{
+    size_t gib = 1u << 30, mib = 1u << 20;
+    /* The primary context (setup) costs ctx_bytes, as the driver reports it. */
+    CHECK(mem_free() == limit - ctx_bytes, "free %zu with one context, expected %zu", mem_free(), limit - ctx_bytes);
+    CUcontext primary, own;
+    EXPECT_RC(cuCtxGetCurrent(&primary), CUDA_SUCCESS);
+    DROPS("cuCtxCreate", ctx_bytes, cuCtxCreate(&own, 0, dev));
+    DROPS("cuCtxSetLimit(heap 1 GiB)", gib - 8 * mib, cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, gib));
+    DROPS("cuCtxSetLimit(stack 4 KiB)", (size_t)(4096 - 1024) * 80 * 2048, cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 4096));
+    DROPS("cuCtxSetLimit(printf 64 MiB)", 63 * mib, cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 64 * mib));
+    DROPS("cuCtxSetLimit(heap back)", -(gib - 8 * mib), cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 8 * mib));
+    EXPECT_RC(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, limit), CUDA_ERROR_OUT_OF_MEMORY);
+    size_t with_own = mem_free();
+    EXPECT_RC(cuCtxDestroy(own), CUDA_SUCCESS); /* its cost and its limits go with it */
+    EXPECT_RC(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK(mem_free() == limit - ctx_bytes, "free %zu after cuCtxDestroy, expected %zu (was %zu)", mem_free(),
+          limit - ctx_bytes, with_own);
+    DROPS("primary cuCtxSetLimit(heap 512 MiB)", 504 * mib, cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 512 * mib));
+    DROPS("cuDevicePrimaryCtxReset", -(504 * mib), cuDevicePrimaryCtxReset(dev));
+
+    /* Stream-ordered pools keep freed memory up to the release threshold: charged until trimmed. */
+    CUstream s;
+    CUmemoryPool pool;
+    CUdeviceptr p;
+    EXPECT_RC(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+    EXPECT_RC(cuDeviceGetDefaultMemPool(&pool, dev), CUDA_SUCCESS);
+    cuuint64_t keep_all = ~0ull;
+    EXPECT_RC(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all), CUDA_SUCCESS);
+    DROPS("cuMemAllocAsync", 2 * gib, cuMemAllocAsync(&p, 2 * gib, s));
+    DROPS("cuMemFreeAsync (kept by the pool)", 0, cuMemFreeAsync(p, s));
+    DROPS("cuStreamSynchronize (threshold: keep)", 0, cuStreamSynchronize(s));
+    EXPECT_RC(cuMemAlloc(&p, mem_free() + 1), CUDA_ERROR_OUT_OF_MEMORY);
+    DROPS("cuMemAllocAsync from the pool's spare", 0, cuMemAllocAsync(&p, gib, s));
+    EXPECT_RC(cuMemFreeAsync(p, s), CUDA_SUCCESS);
+    DROPS("cuMemPoolTrimTo(0)", -(2 * gib), cuMemPoolTrimTo(pool, 0));
+    cuuint64_t release_all = 0;
+    EXPECT_RC(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &release_all), CUDA_SUCCESS);
+    DROPS("cuMemAllocAsync", gib, cuMemAllocAsync(&p, gib, s));
+    EXPECT_RC(cuMemFreeAsync(p, s), CUDA_SUCCESS);
+    DROPS("cuStreamSynchronize (threshold 0: released)", -gib, cuStreamSynchronize(s));
+
+    /* Graph memory nodes: backed at the first launch, kept after the executable goes, until trimmed. */
+    CUgraph g;
+    CUgraphNode node;
+    CUgraphExec exec;
+    CUDA_MEM_ALLOC_NODE_PARAMS mp = {0};
+    mp.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    mp.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    mp.poolProps.location.id = dev;
+    mp.bytesize = 3 * gib;
+    EXPECT_RC(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    DROPS("cuGraphAddMemAllocNode", 0, cuGraphAddMemAllocNode(&node, g, NULL, 0, &mp));
+    DROPS("cuGraphInstantiate", 0, cuGraphInstantiate(&exec, g, 0));
+    DROPS("cuGraphLaunch (first)", 3 * gib, cuGraphLaunch(exec, s));
+    DROPS("cuGraphLaunch (again)", 0, cuGraphLaunch(exec, s));
+    DROPS("cuGraphExecDestroy (kept by the graph pool)", 0, cuGraphExecDestroy(exec));
+    DROPS("cuGraphInstantiate", 0, cuGraphInstantiate(&exec, g, 0));
+    DROPS("cuGraphLaunch (from the pool's spare)", 0, cuGraphLaunch(exec, s));
+    EXPECT_RC(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    DROPS("cuDeviceGraphMemTrim", -(3 * gib), cuDeviceGraphMemTrim(dev));
+    mp.bytesize = limit;
+    CUgraph big;
+    EXPECT_RC(cuGraphCreate(&big, 0), CUDA_SUCCESS);
+    EXPECT_RC(cuGraphAddMemAllocNode(&node, big, NULL, 0, &mp), CUDA_SUCCESS);
+    EXPECT_RC(cuGraphInstantiate(&exec, big, 0), CUDA_SUCCESS);
+    EXPECT_RC(cuGraphLaunch(exec, s), CUDA_ERROR_OUT_OF_MEMORY); /* more than the slice */
+    EXPECT_RC(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+    EXPECT_RC(cuGraphDestroy(big), CUDA_SUCCESS);
+    EXPECT_RC(cuGraphDestroy(g), CUDA_SUCCESS);
+
+    /* External memory (a Vulkan allocation's file descriptor). */
+    CUexternalMemory ext;
+    CUDA_EXTERNAL_MEMORY_HANDLE_DESC ed = {0};
+    ed.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+    ed.handle.fd = memfd_create("vulkan-allocation", MFD_CLOEXEC);
+    ed.size = 2 * gib;
+    DROPS("cuImportExternalMemory", 2 * gib, cuImportExternalMemory(&ext, &ed));
+    DROPS("cuDestroyExternalMemory", -(2 * gib), cuDestroyExternalMemory(ext));
+    ed.handle.fd = memfd_create("vulkan-allocation", MFD_CLOEXEC);
+    ed.size = limit;
+    EXPECT_RC(cuImportExternalMemory(&ext, &ed), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(mem_free() == limit - ctx_bytes, "free %zu at the end, expected %zu", mem_free(), limit - ctx_bytes);
+    PROBE_DONE("hidden");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -620,6 +721,8 @@ int main(int argc, char **argv)
     if (strcmp(s, "vmm") == 0 && argc == 3) return vmm_scenario(strtoull(argv[2], NULL, 10));
     if (strcmp(s, "fork-query") == 0 && argc == 3) return fork_query(strtoull(argv[2], NULL, 10));
     if (strcmp(s, "fork-hold") == 0 && argc == 3) return fork_hold(strtoull(argv[2], NULL, 10));
+    if (strcmp(s, "hidden") == 0 && argc == 4)
+        return hidden_scenario(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
     if (strcmp(s, "boundary") == 0 && argc == 3) return boundary_scenario(strtoull(argv[2], NULL, 10));
     fprintf(stderr, "cuda_probe: unknown scenario or wrong arguments: %s\n", s);
     return 2;

@@ -3,7 +3,12 @@
  * points, and cuGetProcAddress(_v2) for the rest, per-thread-stream variants included. Not linked
  * against libcuda. Checks that every path ends in the slice's limits.
  *
- *   dl_probe LIMIT      (LIMIT 0: no shim expected; print the physical values only)
+ *   dl_probe LIMIT [COPY]  (LIMIT 0: no shim expected; print the physical values only)
+ *
+ * COPY: a copy of libcuda.so.1 under another path; dlopen'd by path it is a second driver object,
+ * whose wrapped entry points must still end in the slice's limits (wrapped, never passed through).
+ * Run with GPUSLICE_FAKE_PROC_TRAMPOLINES=1, the double's cuGetProcAddress hands out entry points that
+ * are not its exported symbols (as real drivers may): the shim must still substitute its wrappers.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -40,8 +45,8 @@ static int from_shim(void *fn)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: dl_probe LIMIT\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: dl_probe LIMIT [COPY]\n");
         return 2;
     }
     size_t limit = strtoull(argv[1], NULL, 10);
@@ -126,6 +131,9 @@ int main(int argc, char **argv)
     EXPECT_RC(pasync(&q, limit, NULL), CUDA_SUCCESS);
     EXPECT_RC(dl_alloc(&p, 1), CUDA_ERROR_OUT_OF_MEMORY);
     EXPECT_RC(dl_free(q), CUDA_SUCCESS);
+    /* q came from the device's pool, which keeps it until a synchronization releases it. */
+    CUresult (*sync)(void) = (CUresult(*)(void))dlsym(h, "cuCtxSynchronize");
+    EXPECT_RC(sync ? sync() : CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS);
 
     /* The legacy cuGetProcAddress (CUDA 11.3+ runtimes). */
     alloc_t pa1 = NULL;
@@ -134,5 +142,31 @@ int main(int argc, char **argv)
     EXPECT_RC(pa1(&p, limit + 1), CUDA_ERROR_OUT_OF_MEMORY);
     EXPECT_RC(pinfo(&f, &t), CUDA_SUCCESS);
     CHECK(f == limit, "free %zu at the end, expected %zu", f, limit);
+
+    if (argc == 3) { /* a second copy of the driver, opened by another path */
+        void *copy = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+        CHECK(copy != NULL && copy != h, "dlopen %s: %s", argv[2], copy ? "same object" : dlerror());
+        if (copy != NULL) {
+            alloc_t c_alloc = (alloc_t)dlsym(copy, "cuMemAlloc_v2");
+            free_t c_free = (free_t)dlsym(copy, "cuMemFree_v2");
+            gpa2_t c_gpa2 = (gpa2_t)dlsym(copy, "cuGetProcAddress_v2");
+            CHECK(c_alloc && from_shim((void *)c_alloc), "the copy's cuMemAlloc_v2 resolved to %s",
+                  object_of((void *)c_alloc));
+            CHECK(c_gpa2 && from_shim((void *)c_gpa2), "the copy's cuGetProcAddress_v2 resolved to %s",
+                  object_of((void *)c_gpa2));
+            if (c_alloc && c_free) {
+                EXPECT_RC(c_alloc(&p, limit + 1), CUDA_ERROR_OUT_OF_MEMORY);
+                EXPECT_RC(c_alloc(&p, limit), CUDA_SUCCESS);
+                EXPECT_RC(dl_alloc(&q, 1), CUDA_ERROR_OUT_OF_MEMORY);
+                EXPECT_RC(c_free(p), CUDA_SUCCESS);
+            }
+            if (c_gpa2) {
+                alloc_t cpa = NULL;
+                EXPECT_RC(c_gpa2("cuMemAlloc", (void **)&cpa, 12000, 0, NULL), CUDA_SUCCESS);
+                CHECK(cpa && from_shim((void *)cpa), "the copy's cuGetProcAddress(cuMemAlloc) gave %s",
+                      object_of((void *)cpa));
+            }
+        }
+    }
     PROBE_DONE("dl_probe");
 }

@@ -78,6 +78,29 @@ check "every allocation path counted" "$build/tests/cuda_probe" paths "$limit"
 check "VMM: charged until the last mapping goes" "$build/tests/cuda_probe" vmm "$limit"
 check "context teardown credits its allocations" "$build/tests/cuda_probe" ctx-teardown "$limit"
 check "dlsym and cuGetProcAddress" "$build/tests/dl_probe" "$limit"
+# Entry points the driver hands out that are not its exported symbols; a copy of libcuda by another path.
+check "cuGetProcAddress: internal entry points are wrapped by name" \
+    env GPUSLICE_FAKE_PROC_TRAMPOLINES=1 "$build/tests/dl_probe" "$limit"
+mkdir -p "$work/copy"
+cp "$build/fake/libcuda.so.1" "$work/copy/libcuda-copy.so"
+check "a copy of libcuda opened by path is wrapped" "$build/tests/dl_probe" "$limit" "$work/copy/libcuda-copy.so"
+
+# A double whose contexts cost device memory (300 MiB, as a V100 shows in cuMemGetInfo).
+ctx_bytes=$((300 << 20))
+sed "s/^gpu.0.minor=0$/gpu.0.minor=0\ngpu.0.context_bytes=$ctx_bytes/" "$work/fake.conf" > "$work/fake-ctx.conf"
+slice "$limit" 100
+check "contexts, limits, pools, graph memory, external memory are charged" \
+    env GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" hidden "$limit" "$ctx_bytes"
+# ... measured exactly while another tenant's process allocates and frees on the same card.
+GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" stress "$limit" 2 100000000 "$work/churn" \
+    > /dev/null 2>&1 &
+churner=$!
+sleep 0.3
+slice "$limit" 100
+check "a context's cost is measured exactly beside a busy neighbour" \
+    env GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" hidden "$limit" "$ctx_bytes"
+kill "$churner" 2>/dev/null
+wait "$churner" 2>/dev/null
 
 iters=4000
 [[ "$san" == thread ]] && iters=600
@@ -96,7 +119,7 @@ if ((stress_ok)) && ! grep -q "Sanitizer" "$work"/stress.*; then
 else
     failed=$((failed + 1))
     echo "FAIL concurrency stress"
-    tail -20 "$work"/stress.* | sed 's/^/    /'
+    tail -n 20 "$work"/stress.* | sed 's/^/    /'
 fi
 
 # IPC within one slice: the exporter's memory is already charged; opening it is not new memory.

@@ -328,7 +328,7 @@ def test_agent_may_write_only_its_own_nodes_slices(cluster: DevCluster, agents: 
             "spec": {
                 "driver": constants.DRIVER_NAME,
                 "nodeName": node,
-                "pool": {"name": f"{node}-probe", "generation": 1, "resourceSliceCount": 1},
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},  # its own pool only
                 "devices": [{"name": "probe"}],
             },
         }

@@ -81,3 +81,37 @@ def test_missing_package_and_unseen_slice_are_said_plainly() -> None:
     text = explain({"metadata": {"namespace": "a", "name": "b"}, "spec": {"package": "nope"}}, None)
     assert "no GpuPackage of that name exists" in text
     assert "not yet seen by the operator" in text
+
+
+FULL_PACKAGE = {
+    "metadata": {"name": "v100-16g"},
+    "spec": {"gpuModel": "Tesla V100-PCIE-32GB", "fraction": 50},
+    # The package's count, written a moment before or after the slice's verdict.
+    "status": {"memoryPerSlice": "16Gi", "capacity": {"gpus": 1, "slicesTotal": 2, "slicesFree": 2}},
+}
+WAITS_FOR_A_FULL_CARD = {
+    "phase": "Pending",
+    "reason": "AllGpusFull",
+    "message": "pod p waits: all 2 v100-16g slices on 1 GPU(s) are taken",
+    "capacity": {"gpus": 1, "slicesTotal": 2, "slicesFree": 0},
+}
+
+
+def test_a_slice_waiting_on_full_cards_never_shows_free_slices_as_its_capacity() -> None:
+    text = explain(_slice(WAITS_FOR_A_FULL_CARD), FULL_PACKAGE)
+    assert "capacity: 0 of 2 v100-16g slices free on 1 GPU(s) when this status was decided" in text
+    assert "2 of 2 v100-16g slices free on" not in text
+    assert "since:    the package counts 2 of 2 free now" in text
+
+
+def test_the_package_count_agreeing_with_the_verdict_is_said_once() -> None:
+    agreeing = {**FULL_PACKAGE, "status": {"capacity": {"gpus": 1, "slicesTotal": 2, "slicesFree": 0}}}
+    text = explain(_slice(WAITS_FOR_A_FULL_CARD), agreeing)
+    assert "capacity: 0 of 2 v100-16g slices free on 1 GPU(s) when this status was decided" in text
+    assert "since:" not in text
+
+
+def test_an_old_status_without_its_count_names_the_package_count_for_what_it_is() -> None:
+    older = {k: v for k, v in WAITS_FOR_A_FULL_CARD.items() if k != "capacity"}
+    text = explain(_slice(older), FULL_PACKAGE)
+    assert "2 of 2 v100-16g slices free on 1 GPU(s) in the cluster (the package's count, newer" in text

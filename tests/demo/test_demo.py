@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,10 +30,13 @@ def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) 
         assert "Create a GpuSlice instead" in out
         # Allocation by kube-scheduler, and the slice as the workload sees it through the shim.
         assert "Tesla V100-PCIE-32GB, 8192 MiB" in out
-        assert "cuMemAlloc(2 GiB) -> 2 CUDA_ERROR_OUT_OF_MEMORY" in out
+        assert f"cuMemAlloc({2 << 30}) -> 2 CUDA_ERROR_OUT_OF_MEMORY" in out
+        # The workload is a real pod on a real node, and its root cannot take the shim out.
+        assert "Read-only file system" in out
         # A slice beyond capacity waits with a reason, then starts by itself.
         assert "team-b/big-1: Pending (AllGpusFull)" in out
-        assert "team-b/big-1 started by itself: InUse" in out
+        # (Allocated or already InUse: on a real node the pod takes a moment to start)
+        assert re.search(r"team-b/big-1 started by itself: (Allocated|InUse)", out)
         assert "status.usage: 3.0 GiB of 8 GiB used" in out
         # A process that bypasses the shim is caught by the agent's NVML cross-check.
         assert "condition MemoryIsolated=False (ShimBypassed)" in out

@@ -170,7 +170,7 @@ def test_a_second_call_rebuilds_nothing(
         raise AssertionError("ensure_images rebuilt an image whose inputs did not change")
 
     monkeypatch.setattr(images, "_build_one", no_build)
-    monkeypatch.setattr(images, "_registry", no_build)
+    monkeypatch.setattr(images, "local_registry", no_build)
     started = time.monotonic()
     again = ensure_images()
     elapsed = time.monotonic() - started

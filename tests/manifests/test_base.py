@@ -132,6 +132,12 @@ def test_shim_install_puts_the_library_where_the_agent_points_cdi_specs(base):
     assert mount["mountPath"] == f"/host{constants.HOST_SHIM_DIR}"
 
 
+#: Capabilities a container adds back after dropping ALL, and why (manifests/base/agent/daemonset.yaml):
+#: the NVIDIA runtime injects the agent's GPUs (NVML) only into containers with CAP_SYS_ADMIN once the
+#: node is safe for tenants, and KILL stops a process past its slice whatever its uid.
+ADDED_CAPABILITIES = {"gpuslice-agent/agent": ["SYS_ADMIN", "KILL"]}
+
+
 def test_no_container_is_privileged_and_all_drop_every_capability(base):
     for doc in base:
         if doc["kind"] not in ("Deployment", "DaemonSet"):
@@ -145,7 +151,9 @@ def test_no_container_is_privileged_and_all_drop_every_capability(base):
             assert not sc.get("privileged"), where
             assert sc["allowPrivilegeEscalation"] is False, where
             assert sc["readOnlyRootFilesystem"] is True, where
-            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            added = {"add": ADDED_CAPABILITIES[where]} if where in ADDED_CAPABILITIES else {}
+            want = {"drop": ["ALL"]} | added
+            assert sc["capabilities"] == want, where
     operator = pod_spec(one(base, "Deployment", "gpuslice-operator"))
     assert operator["securityContext"]["runAsNonRoot"] is True
 

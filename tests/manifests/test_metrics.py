@@ -41,6 +41,7 @@ AGENT = {
     "gpuslice_agent_publishes": ("counter", ("node",)),
     "gpuslice_agent_prepared_claims": ("gauge", ("node",)),
     "gpuslice_agent_prepare_errors": ("counter", ("node",)),
+    "gpuslice_agent_toolkit_unsafe": ("gauge", ("node",)),
 }
 
 LABELS = ("team-a", "llm", "v100-8g", "node-1", "GPU-0")

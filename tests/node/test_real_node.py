@@ -157,3 +157,18 @@ def test_down_leaves_no_process_mount_or_network_behind(tmp_path_factory: pytest
         "the node's cgroups remain"
     )
     assert not (d.containerd_state / "netns").exists() or not list((d.containerd_state / "netns").iterdir())
+
+
+def test_a_cdi_annotation_on_a_pod_injects_no_device(node_cluster: DevCluster) -> None:
+    """containerd with CDI on also reads `cdi.k8s.io/*` annotations; from a pod they must not reach it."""
+    docs = slice_pod("cdi-annotation", ["sleep", "3600"])[1:]
+    spec = docs[0]["spec"]
+    spec.pop("resourceClaims")  # type: ignore[union-attr]
+    spec["containers"][0].pop("resources")  # type: ignore[index]
+    docs[0]["metadata"]["annotations"] = {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}  # type: ignore[index]
+    pod = run_pod(node_cluster, docs)
+    rc, out, _ = exec_in(
+        node_cluster, pod, "sh", "-c", "ls /dev/nvidia* /usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    )
+    assert rc != 0 and "nvidia0" not in out, out
+    delete(node_cluster, "pod", pod)

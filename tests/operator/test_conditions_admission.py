@@ -4,10 +4,11 @@ in test_operator_cluster.py)."""
 from __future__ import annotations
 
 from gpuslice import constants as c
-from gpuslice.api.package import Condition
+from gpuslice.api.package import Condition, GpuPackageSpec
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
+from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import contains, same_status, stamp
-from gpuslice.domain.package_status import deletion_condition, format_bytes
+from gpuslice.domain.package_status import capacity_behind, deletion_condition, format_bytes, package_status
 
 
 def test_contains_allows_server_defaults_but_not_different_values() -> None:
@@ -35,6 +36,29 @@ def test_deletion_condition_names_the_slices_holding_it() -> None:
     cond = deletion_condition([f"ns/s{i}" for i in range(7)])
     assert cond.type == "Deleting" and cond.reason == "SlicesStillExist"
     assert "7 GpuSlice(s)" in cond.message and "ns/s0" in cond.message and "and 2 more" in cond.message
+
+
+def test_package_is_ready_once_its_device_class_exists_and_reconciling_until_then() -> None:
+    spec = GpuPackageSpec(gpuModel="Tesla V100-PCIE-32GB", fraction=25)
+    none = Capacity(gpus=0, total=0, allocated=0, free=0, memory_per_slice_bytes=None)
+    waiting = package_status("p", spec, 4, none, 0, device_class_present=False)
+    assert {cd.type: (cd.status, cd.observed_generation) for cd in waiting.conditions} == {
+        "Ready": ("False", 4),
+        "Reconciling": ("True", 4),
+    }
+    ready = package_status("p", spec, 4, none, 0, device_class_present=True)
+    assert {cd.type: cd.status for cd in ready.conditions} == {"Ready": "True"}
+    assert ready.observed_generation == 4
+
+
+def test_package_capacity_is_written_first_only_when_it_lags_the_live_count() -> None:
+    live = Capacity(gpus=1, total=2, allocated=2, free=0, memory_per_slice_bytes=None)
+    shown = {"gpus": 1, "slicesTotal": 2, "slicesAllocated": 0, "slicesFree": 2}
+    now = {"gpus": 1, "slicesTotal": 2, "slicesAllocated": 2, "slicesFree": 0}
+    assert capacity_behind(shown, None, live)
+    # Written a moment ago; the watch has not shown it yet: no second write.
+    assert not capacity_behind(shown, now, live)
+    assert not capacity_behind(now, None, live)
 
 
 def test_format_bytes_uses_the_largest_even_unit() -> None:

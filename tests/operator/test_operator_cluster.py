@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -22,7 +23,7 @@ import yaml
 
 from gpuslice import constants as c
 from gpuslice.dev.devcluster.cluster import DevCluster, free_port
-from support import apply, deployment_doc, pod_doc, slice_doc, wait_for
+from support import apply, argocd_health, deployment_doc, pod_doc, slice_doc, wait_for
 
 from .operator_cluster import (
     REPO,
@@ -367,7 +368,13 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
     assert st["node"] == world.cluster.nodes[0] and st["gpuUUID"] == f"GPU-{pool}-0"
     assert st["device"].startswith("gpu-0-") and st["allocations"][0]["pod"] == "ollama"
     conds = {x["type"]: x["status"] for x in st["conditions"]}
-    assert conds == {"ClaimReady": "True", "Allocated": "True", "InUse": "True", "MemoryIsolated": "True"}
+    assert conds == {
+        "Ready": "True",
+        "ClaimReady": "True",
+        "Allocated": "True",
+        "InUse": "True",
+        "MemoryIsolated": "True",
+    }
     row = world.cluster.kubectl("get", "gpuslices", "-n", world.namespace).stdout.splitlines()
     assert row[0].split() == ["NAME", "PACKAGE", "PHASE", "NODE", "GPU", "AGE"]
     assert row[1].split()[:5] == ["llm", world.pkg("8g"), "InUse", world.cluster.nodes[0], f"GPU-{pool}-0"]
@@ -431,6 +438,106 @@ def test_no_gpu_of_the_model_and_all_gpus_full_are_told_apart(world: World) -> N
     # When the first slice's pod goes, the waiting one starts.
     world.cluster.kubectl("delete", "pod", "one", "-n", world.namespace, "--grace-period=0", "--force")
     wait_status(world.cluster, world.namespace, "two", phase="InUse", timeout=120)
+
+
+def _wait_ready(cluster: DevCluster, *what: str) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("wait", "--for=condition=Ready", "--timeout=30s", *what, check=False)
+
+
+def test_gitops_tools_read_health_from_real_slices_and_packages(world: World) -> None:
+    world.packages({"32g": 100, "none": 25}, slices=4)
+    world.gpus(world.cluster.nodes[1], 1, {"32g": 100})
+    _tenant_ok(world)
+    ns = world.namespace
+    # `kubectl wait` and Flux (kstatus) read Ready; Argo CD runs manifests/argocd/health.lua.
+    proc = _wait_ready(world.cluster, f"gpupackages.gpuslice.io/{world.pkg('32g')}")
+    assert proc.returncode == 0, proc.stderr
+    package = get(world.cluster, "gpupackages.gpuslice.io", world.pkg("32g"))
+    assert argocd_health(package)["status"] == "Healthy"
+    apply(
+        world.cluster,
+        [
+            slice_doc("one", ns, world.pkg("32g")),
+            pod_doc("one", ns),
+            slice_doc("ghost", ns, world.pkg("nosuch")),
+            slice_doc("n", ns, world.pkg("none")),
+            pod_doc("n", ns),
+        ],
+    )
+    wait_status(world.cluster, ns, "one", phase="InUse")
+    proc = _wait_ready(world.cluster, "-n", ns, "gpuslices.gpuslice.io/one")
+    assert proc.returncode == 0, proc.stderr
+    apply(world.cluster, [slice_doc("two", ns, world.pkg("32g")), pod_doc("two", ns)])
+    wait_status(world.cluster, ns, "two", reason="AllGpusFull")
+    wait_status(world.cluster, ns, "ghost", reason="PackageNotFound")
+    wait_status(world.cluster, ns, "n", reason="NoMatchingGpu")
+    seen = {}
+    for name in ("one", "two", "ghost", "n"):
+        obj = get(world.cluster, "gpuslices.gpuslice.io", name, "-n", ns)
+        conds = {x["type"]: x for x in obj["status"]["conditions"]}
+        gen = obj["metadata"]["generation"]
+        assert obj["status"]["observedGeneration"] == gen
+        assert all(x["observedGeneration"] == gen for x in conds.values()), name
+        seen[name] = (
+            argocd_health(obj)["status"],
+            sorted(k for k in conds if k in ("Reconciling", "Stalled")),
+        )
+    assert seen == {
+        "one": ("Healthy", []),
+        "two": ("Progressing", ["Reconciling"]),  # starts by itself when a slice frees
+        "ghost": ("Degraded", ["Stalled"]),
+        "n": ("Degraded", ["Stalled"]),  # no node offers the model: someone must act
+    }
+    assert (
+        "not a reservation"
+        in argocd_health(get(world.cluster, "gpuslices.gpuslice.io", "two", "-n", ns))["message"]
+    )
+    # A slice that is not Ready makes `kubectl wait` fail, as it makes a Flux health check fail.
+    proc = world.cluster.kubectl(
+        "wait", "--for=condition=Ready", "--timeout=2s", "-n", ns, "gpuslices.gpuslice.io/two", check=False
+    )
+    assert proc.returncode != 0
+
+
+def _free_column(cluster: DevCluster, package: str) -> str:
+    """The FREE column of `kubectl get gpupackages` (columns are fixed-width; an unset one is blank)."""
+    header, row = cluster.kubectl("get", "gpupackages.gpuslice.io", package).stdout.splitlines()[:2]
+    start = header.index("FREE")
+    return row[start:].split(" ", 1)[0]
+
+
+def test_explain_and_package_columns_never_show_free_slices_under_a_slice_waiting_for_one(
+    world: World,
+) -> None:
+    world.packages({"16g": 50, "32g": 100}, slices=4)
+    world.gpus(world.cluster.nodes[1], 1, {"16g": 50, "32g": 100})
+    _tenant_ok(world)
+    ns, half = world.namespace, world.pkg("16g")
+    wait_for(lambda: _free_column(world.cluster, half) == "2", 30, "2 of 2 16g slices free")
+    # A whole-card slice takes the only card; the half-card slice then waits: every card is full.
+    apply(world.cluster, [slice_doc("whole", ns, world.pkg("32g")), pod_doc("whole", ns)])
+    wait_status(world.cluster, ns, "whole", phase="InUse")
+    apply(world.cluster, [slice_doc("half", ns, half), pod_doc("half", ns)])
+    wait_status(world.cluster, ns, "half", reason="AllGpusFull")
+    # The moment the slice says so, what a user reads agrees: no second look, no wait.
+    free = _free_column(world.cluster, half)
+    explained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuslice",
+            "explain",
+            f"{ns}/half",
+            f"--kubeconfig={world.cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    ).stdout
+    assert free == "0", free
+    assert f"capacity: 0 of 2 {half} slices free on 1 GPU(s) when this status was decided" in explained
+    assert "2 of 2" not in explained, explained
 
 
 def test_pod_blocked_by_the_namespaces_cpu_quota_is_named(world: World) -> None:

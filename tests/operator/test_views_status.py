@@ -107,6 +107,7 @@ def test_claim_without_pod_waits_for_one_and_shows_how_to_use_it() -> None:
     assert st.phase == Phase.PENDING and st.reason == Reason.WAITING_FOR_POD
     assert "resourceClaimName: s" in st.message
     assert {c.type: c.status for c in st.conditions} == {
+        "Ready": "True",
         "ClaimReady": "True",
         "Allocated": "False",
         "InUse": "False",
@@ -132,6 +133,61 @@ def test_all_gpus_full_says_entitlement_is_not_a_reservation() -> None:
     st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=full), NOW)
     assert st.reason == Reason.GPUS_FULL
     assert "all 8 v100-8g slices on 2 GPU(s)" in st.message and "not a reservation" in st.message
+
+
+def test_a_slice_waiting_for_capacity_records_the_count_it_was_decided_on() -> None:
+    p = pod_view(
+        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
+    )
+    full = Capacity(gpus=1, total=2, allocated=0, free=0, memory_per_slice_bytes=16 * c.GIB)
+    waiting = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=full), NOW)
+    assert waiting.reason == Reason.GPUS_FULL
+    assert waiting.model_dump(by_alias=True, mode="json")["capacity"] == {
+        "gpus": 1,
+        "slicesTotal": 2,
+        "slicesFree": 0,
+    }
+    # Only a verdict made on capacity carries it: nothing to rewrite in every other slice.
+    ready = slice_status(facts(claims=[unallocated_claim()], capacity=full), NOW)
+    assert ready.capacity is None
+
+
+def health(st: GpuSliceStatus) -> dict[str, tuple[str, str, int | None]]:
+    return {
+        cd.type: (cd.status, cd.reason, cd.observed_generation)
+        for cd in st.conditions
+        if cd.type in ("Ready", "Reconciling", "Stalled")
+    }
+
+
+def test_ready_follows_kstatus_ready_reconciling_or_stalled() -> None:
+    waiting_pod = pod_view(
+        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
+    )
+    full = Capacity(gpus=2, total=8, allocated=8, free=0, memory_per_slice_bytes=8 * c.GIB)
+    allocated = claim_view(allocated_claim("ns", "s", "n0", "d", reserved_for=[]))
+    cases = {
+        "usable, no pod yet": (facts(claims=[unallocated_claim()], generation=3), "Ready"),
+        "allocated": (facts(claims=[allocated], generation=3), "Ready"),
+        "claim being made": (facts(generation=3), "Reconciling"),
+        "every GPU full: starts by itself": (
+            facts(claims=[unallocated_claim()], pods=[waiting_pod], capacity=full, generation=3),
+            "Reconciling",
+        ),
+        "quota used up: someone must act": (
+            facts(create_error="exceeded quota: gpuslice", quotas=[quota(2, 2)], generation=3),
+            "Stalled",
+        ),
+        "no such package": (facts(package_found=False, generation=3), "Stalled"),
+    }
+    for what, (f, want) in cases.items():
+        st = slice_status(f, NOW)
+        got = health(st)
+        if want == "Ready":
+            assert got == {"Ready": ("True", st.reason, 3)}, what
+        else:
+            assert got == {"Ready": ("False", st.reason, 3), want: ("True", st.reason, 3)}, what
+        assert st.observed_generation == 3, what
 
 
 def test_other_scheduling_failures_pass_the_schedulers_message_through() -> None:
@@ -185,11 +241,12 @@ def test_allocation_then_use_then_release() -> None:
 def test_condition_times_change_only_on_flips() -> None:
     first = slice_status(facts(claims=[unallocated_claim()]), "2026-01-01T00:00:00Z")
     again = slice_status(facts(claims=[unallocated_claim()], previous=first), "2026-01-01T00:05:00Z")
-    assert [c.last_transition_time for c in again.conditions] == ["2026-01-01T00:00:00Z"] * 3
+    assert [c.last_transition_time for c in again.conditions] == ["2026-01-01T00:00:00Z"] * 4
     claim = claim_view(allocated_claim("ns", "s", "n0", "d", reserved_for=[]))
     flipped = slice_status(facts(claims=[claim], previous=again), "2026-01-01T00:09:00Z")
     times = {c.type: c.last_transition_time for c in flipped.conditions}
     assert times == {
+        "Ready": "2026-01-01T00:00:00Z",
         "ClaimReady": "2026-01-01T00:00:00Z",
         "Allocated": "2026-01-01T00:09:00Z",
         "InUse": "2026-01-01T00:00:00Z",

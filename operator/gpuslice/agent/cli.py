@@ -47,8 +47,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--stop-violators",
         action="store_true",
-        help="SIGKILL a process that NVML shows holding more GPU memory than any slice on its card "
-        "(it bypassed the shim); without it such a process is only reported",
+        help="deprecated, ignored: each GpuPackage's spec.isolation.onViolation (Report|Stop, default "
+        "Stop) decides whether a process past its slice is stopped",
+    )
+    p.add_argument(
+        "--nvidia-toolkit-config",
+        type=Path,
+        default=None,
+        help="the NVIDIA container toolkit config to check (default: $GPUSLICE_NVIDIA_TOOLKIT_CONFIG, "
+        "else /etc/nvidia-container-runtime/config.toml); while it lets containers take GPUs outside "
+        "CDI claims the agent publishes no devices. An absent file (no NVIDIA runtime) is safe",
     )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_main)
@@ -56,7 +64,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _main(args: argparse.Namespace) -> int:
     from gpuslice import logs
+    from gpuslice.agent import toolkit
     from gpuslice.agent.gpus import DiscoveryError
+    from gpuslice.agent.publisher import FieldsDropped
     from gpuslice.agent.service import AgentError, AgentOptions, run
 
     logs.configure(args.log_level)
@@ -72,9 +82,14 @@ def _main(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         usage_interval=args.usage_interval,
         stop_violators=args.stop_violators,
+        nvidia_toolkit_config=args.nvidia_toolkit_config or toolkit.default_config_path(),
     )
+    if args.stop_violators:
+        logs.get("gpuslice.agent").warning(
+            "--stop-violators is ignored: GpuPackage spec.isolation.onViolation decides (default Stop)"
+        )
     try:
         return asyncio.run(run(opts))
-    except (AgentError, DiscoveryError) as exc:
+    except (AgentError, DiscoveryError, FieldsDropped) as exc:
         logs.get("gpuslice.agent").error(str(exc))
         return 1

@@ -44,9 +44,16 @@ class Kube:
         )
         return list(result.get("items") or [])
 
-    async def apply_slice(self, body: dict[str, Any]) -> None:
+    async def list_node_pods(self, node: str) -> list[dict[str, Any]]:
+        """The pods bound to `node` (one LIST by field selector), as plain JSON."""
+        result = await self.api.get(kubehttp.path("", "v1", "pods"), fieldSelector=f"spec.nodeName={node}")
+        return list(result.get("items") or [])
+
+    async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply; returns the object as the API server stored it (the apply's answer)."""
         url = kubehttp.path(*DRA, "resourceslices", body["metadata"]["name"])
-        await self.api.apply(url, body, constants.FIELD_MANAGER)
+        stored: dict[str, Any] = await self.api.apply(url, body, constants.FIELD_MANAGER)
+        return stored
 
     async def delete_slice(self, name: str) -> None:
         await self.api.delete(kubehttp.path(*DRA, "resourceslices", name))

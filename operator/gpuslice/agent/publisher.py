@@ -19,6 +19,7 @@ from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.slices import Package, build_specs, plan_publish
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice.api.resourceslice import dropped_fields, dropped_message
 from gpuslice.kubehttp import ApiError
 
 log = logs.get(__name__)
@@ -34,6 +35,10 @@ def parse_package(obj: dict[str, Any]) -> Package | None:
         return None
 
 
+class FieldsDropped(RuntimeError):
+    """The API server stored our ResourceSlices without their counters: nothing would ever allocate."""
+
+
 class Publisher:
     def __init__(self, node: str, gpus: Sequence[GpuInfo], kube: Kube) -> None:
         self.node = node
@@ -47,6 +52,8 @@ class Publisher:
         self._node_known = False
         self._dirty = asyncio.Event()
         self.published = asyncio.Event()  # set after the first successful publish
+        # why this node's GPUs must not be published now (agent.toolkit); None: they may
+        self.blocked: str | None = None
 
     # --- inputs ------------------------------------------------------------------------------------
 
@@ -74,14 +81,24 @@ class Publisher:
         self._node_known = True
         self._dirty.set()
 
+    def set_blocked(self, reason: str | None) -> None:
+        """While `reason` is set the pool is empty (its slices are withdrawn); None publishes again."""
+        self.blocked = reason
+        self._dirty.set()
+
     # --- output ------------------------------------------------------------------------------------
 
     async def sync(self) -> None:
-        desired = build_specs(self.node, self.gpus, self.packages.values()) if self.node_present else []
+        publish = self.node_present and self.blocked is None
+        desired = build_specs(self.node, self.gpus, self.packages.values()) if publish else []
         existing = await self.kube.list_pool_slices(self.node)
         plan = plan_publish(self.node, desired, existing, self.node_uid)
         for body in plan.apply:
-            await self.kube.apply_slice(body)
+            stored = await self.kube.apply_slice(body)
+            dropped = dropped_fields(body["spec"], (stored or {}).get("spec") or {})
+            if dropped:
+                # Refuse to run rather than offer slices kube-scheduler can never place.
+                raise FieldsDropped(dropped_message(dropped))
         for name in plan.delete:
             await self.kube.delete_slice(name)
         devices = sum(len(s.get("devices", [])) for _, s in desired)

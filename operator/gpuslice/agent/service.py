@@ -9,7 +9,8 @@ from pathlib import Path
 
 from gpuslice import constants, logs, metrics
 from gpuslice.agent import gpus as gpus_mod
-from gpuslice.agent import plugin
+from gpuslice.agent import plugin, toolkit
+from gpuslice.agent.attribution import package_policy
 from gpuslice.agent.kube import Kube, api_client
 from gpuslice.agent.prepare import NodePaths, Preparer
 from gpuslice.agent.publisher import Publisher
@@ -33,7 +34,8 @@ class AgentOptions:
     shim_library: Path | None
     metrics_port: int
     usage_interval: float = 10.0
-    stop_violators: bool = False
+    stop_violators: bool = False  # deprecated, ignored: GpuPackage spec.isolation.onViolation decides
+    nvidia_toolkit_config: Path = toolkit.DEFAULT_CONFIG
 
 
 class AgentError(RuntimeError):
@@ -75,6 +77,12 @@ async def run(opts: AgentOptions) -> int:
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
     publisher = Publisher(opts.node, gpus, kube)
+    # hole 1 (agent.toolkit): no devices are published while the NVIDIA toolkit config is unsafe
+    guard = toolkit.ToolkitGuard(
+        opts.node, opts.nvidia_toolkit_config, publisher.set_blocked,
+        toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),
+    )  # fmt: skip
+    await guard.step()
 
     async def follow_packages() -> None:
         async for kind, obj in kube.watch_packages():
@@ -98,9 +106,16 @@ async def run(opts: AgentOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    reporter = UsageReporter(opts.node, paths, kube, opts.usage_interval, opts.stop_violators)
+    reporter = UsageReporter(
+        opts.node,
+        paths,
+        kube,
+        opts.usage_interval,
+        policy=lambda name: package_policy(publisher.packages, name),
+    )
     tasks = [
-        asyncio.create_task(c) for c in (follow_packages(), follow_node(), publisher.run(), reporter.run())
+        asyncio.create_task(c)
+        for c in (follow_packages(), follow_node(), publisher.run(), reporter.run(), guard.run())
     ]
     stopper = asyncio.create_task(stop.wait())
     try:

@@ -6,9 +6,10 @@ functions; `UsageReporter` reads the regions and NVML, calls them, and writes:
   subresource (the operator merge-patches the other status fields, so neither erases the other);
   at most one write per slice per interval, and none when nothing but the reading time changed;
 - the per-slice and per-GPU Prometheus series of `gpuslice.metrics`;
-- for an out-of-band violation (a process NVML shows holding more GPU memory than any slice on
-  its card allows, i.e. it bypassed the shim): an Event on the affected GpuSlices, `violation` in
-  their status.usage, `gpuslice_slice_violations_total`, and with `--stop-violators` a SIGKILL.
+- for an out-of-band violation, found by `agent.attribution` (each GPU process attributed from the
+  host to its pod and slice, and judged against that slice by `domain.gpu_processes`): an Event on
+  the affected GpuSlices, `violation` in their status.usage, `gpuslice_slice_violations_total`,
+  and under the package's `spec.isolation.onViolation: Stop` a SIGKILL of the slice's processes.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuslice import constants, logs, metrics
+from gpuslice.agent import attribution
 from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.prepare import NodePaths
+from gpuslice.api.package import OnViolation
+from gpuslice.domain.gpu_processes import Finding, GpuProcess, SliceClaim
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import (
     REGION_FILE,
@@ -39,34 +42,6 @@ from gpuslice.shim.region import (
 )
 
 log = logs.get(__name__)
-_OVER = metrics.ViolationKind.MEMORY_OVER_SLICE.value
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """One process NVML lists on a GPU (host pid, as the agent sees it)."""
-
-    gpu_uuid: str
-    pid: int
-    used_bytes: int
-
-
-@dataclass(frozen=True)
-class SliceOnGpu:
-    key: str  # namespace/slice
-    gpu_uuid: str
-    limit_bytes: int
-
-
-@dataclass(frozen=True)
-class Violation:
-    gpu_uuid: str
-    pid: int | None
-    used_bytes: int
-    allowed_bytes: int
-    slices: tuple[str, ...]
-    kind: str
-    message: str
 
 
 def usage_status(
@@ -113,46 +88,6 @@ def should_write(
     if strip(previous) == strip(current):
         return False
     return last_write is None or now - last_write >= interval
-
-
-def find_violations(processes: Iterable[GpuProcess], slices: Iterable[SliceOnGpu]) -> list[Violation]:
-    """Processes that hold more GPU memory than the shim could have granted them.
-
-    Container pids differ from host pids, so a process cannot be matched to its slice from NVML
-    alone; what is certain is: no process may hold more than the largest slice on its card, and all
-    processes on a card together no more than the card's slices together.
-    """
-    by_gpu: dict[str, list[SliceOnGpu]] = {}
-    for s in slices:
-        by_gpu.setdefault(s.gpu_uuid, []).append(s)
-    procs_by_gpu: dict[str, list[GpuProcess]] = {}
-    for p in processes:
-        procs_by_gpu.setdefault(p.gpu_uuid, []).append(p)
-    found: list[Violation] = []
-    for uuid, on_gpu in sorted(by_gpu.items()):
-        keys = tuple(sorted(s.key for s in on_gpu))
-        largest = max(s.limit_bytes for s in on_gpu)
-        total_allowed = sum(s.limit_bytes for s in on_gpu)
-        procs = procs_by_gpu.get(uuid, [])
-        for p in sorted(procs, key=lambda p: p.pid):
-            if p.used_bytes > largest:
-                found.append(
-                    Violation(
-                        uuid, p.pid, p.used_bytes, largest, keys, _OVER,
-                        f"process {p.pid} holds {p.used_bytes >> 20} MiB on GPU {uuid}, more than any slice "
-                        f"on it allows ({largest >> 20} MiB): it bypassed the gpuslice shim",
-                    )
-                )  # fmt: skip
-        used = sum(p.used_bytes for p in procs)
-        if used > total_allowed and not any(v.gpu_uuid == uuid for v in found):
-            found.append(
-                Violation(
-                    uuid, None, used, total_allowed, keys, _OVER,
-                    f"processes on GPU {uuid} hold {used >> 20} MiB, more than its slices allow together "
-                    f"({total_allowed >> 20} MiB): a process bypassed the gpuslice shim",
-                )
-            )  # fmt: skip
-    return found
 
 
 def nvml_processes(gpu_uuids: Sequence[str]) -> list[GpuProcess]:
@@ -279,7 +214,9 @@ class UsageReporter:
     paths: NodePaths
     kube: Kube
     interval: float = 10.0
-    stop_violators: bool = False
+    #: a package's spec.isolation.onViolation, by package name
+    policy: Callable[[str], OnViolation] = lambda _package: OnViolation.STOP
+    pods: attribution.PodDirectory | None = None  # default: this node's pods from the API
     _states: dict[str, _SliceState] = field(default_factory=dict)
     # The region holds running totals; these turn them into counter increments.
     _refused: metrics.CounterFromTotal = field(
@@ -319,15 +256,23 @@ class UsageReporter:
         records = [r for r in checkpoint.claims.values() if r.state == "Prepared" and r.devices]
         now_s = time.monotonic()
         now_iso = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-        slices_on_gpu: list[SliceOnGpu] = []
+        claims: list[SliceClaim] = []
         for record in records:
             state = await self._owner(record)
             dev = record.devices[0]
-            slices_on_gpu.append(SliceOnGpu(_report_key(record, state), dev.gpu_uuid, dev.memory_bytes))
-        violations = find_violations(
-            nvml_processes(sorted({s.gpu_uuid for s in slices_on_gpu})), slices_on_gpu
+            claims.append(
+                SliceClaim(record.uid, _report_key(record, state), dev.gpu_uuid, dev.memory_bytes,
+                           self.policy(state.labels[metrics.SLICE_LABELS.index("package")]))
+            )  # fmt: skip
+        if self.pods is None:
+            self.pods = attribution.PodDirectory(attribution.node_pod_lister(self.kube, self.node))
+        findings, seen = await attribution.find_violations(
+            nvml_processes(sorted({c.gpu_uuid for c in claims})),
+            claims,
+            {(r.namespace, r.name): r.uid for r in records},
+            self.pods,
         )
-        await self._handle_violations(records, violations)
+        await self._handle_violations(records, findings, seen)
         for record in records:
             state = self._states[record.uid]
             try:
@@ -346,8 +291,11 @@ class UsageReporter:
             if state.key is None:
                 continue  # template claims: metrics only (several nodes may serve one GpuSlice)
             usage = usage_status(snapshot, limit, now_iso, state.violation)
-            if should_write(state.last_usage, usage, state.last_write, now_s, self.interval):
-                await self._write_usage(state.key, usage)
+            # a violation found or gone is written at once: a stopped process may be gone next tick
+            news = usage.get("violation") != (state.last_usage or {}).get("violation")
+            if news or should_write(state.last_usage, usage, state.last_write, now_s, self.interval):
+                # a merge patch keeps keys it does not name: a violation that is over is deleted by null
+                await self._write_usage(state.key, {"violation": None, **usage})
                 state.last_usage, state.last_write = usage, now_s
         self._forget_unprepared({r.uid for r in checkpoint.claims.values()})
 
@@ -367,24 +315,29 @@ class UsageReporter:
                 log.warning("could not write usage", slice=key, status=exc.status, reason=exc.reason)
 
     async def _handle_violations(
-        self, records: Sequence[ClaimRecord], violations: Sequence[Violation]
+        self,
+        records: Sequence[ClaimRecord],
+        findings: Sequence[Finding],
+        seen: Mapping[int, attribution.Seen],
     ) -> None:
-        flagged: dict[str, str] = {}
-        for v in violations:
-            for key in v.slices:
-                flagged[key] = v.message
-            log.error("slice memory violation", gpu=v.gpu_uuid, pid=v.pid, message=v.message)
-            if self.stop_violators and v.pid is not None:
-                try:
-                    os.kill(v.pid, signal.SIGKILL)
-                    log.warning("stopped violating process", pid=v.pid, gpu=v.gpu_uuid)
-                except ProcessLookupError:
-                    pass
+        flagged: dict[str, list[Finding]] = {}
+        for f in findings:
+            for key in f.slices:
+                flagged.setdefault(key, []).append(f)
+            if not f.slices:
+                log.warning("GPU process outside any slice", gpu=f.gpu_uuid, pids=f.pids, message=f.message)
+                continue
+            log.error("slice memory violation", gpu=f.gpu_uuid, pids=f.pids, kind=f.kind, message=f.message)
+            for pid in f.stop:
+                if attribution.stop(pid, seen[pid]):
+                    log.warning("stopped violating process", pid=pid, gpu=f.gpu_uuid, slices=f.slices)
         for record in records:
             state = self._states[record.uid]
-            message = flagged.get(_report_key(record, state))
+            mine = flagged.get(_report_key(record, state), [])
+            message = "; ".join(f.message for f in mine) or None
             if message and message != state.violation:
-                metrics.SLICE_VIOLATIONS.labels(*state.labels, _OVER).inc()
+                for kind in sorted({f.kind for f in mine}):
+                    metrics.SLICE_VIOLATIONS.labels(*state.labels, metrics.ViolationKind(kind).value).inc()
                 if state.key:
                     await self._event(state.key, message)
             state.violation = message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -28,12 +30,28 @@ class Entitlement(_CamelModel):
     slices: int = Field(ge=0)
 
 
+class OnViolation(StrEnum):
+    """What the node agent does with a process that holds more GPU memory than its slice."""
+
+    #: Event, status.usage.violation (condition MemoryIsolated=False) and metric only.
+    REPORT = "Report"
+    #: The same, and SIGKILL for a process attributed with certainty to a slice of this package.
+    STOP = "Stop"
+
+
+class Isolation(_CamelModel):
+    """How the node agent treats processes that bypass the shim on GPUs of this package."""
+
+    on_violation: OnViolation = Field(default=OnViolation.STOP, alias="onViolation")
+
+
 class GpuPackageSpec(_CamelModel):
     display_name: str | None = Field(default=None, alias="displayName")
     gpu_model: str = Field(alias="gpuModel", min_length=1)
     fraction: int = Field(ge=1, le=100, description="percent of one card")
     compute_share: int | None = Field(default=None, alias="computeShare", ge=1, le=100)
     entitlements: list[Entitlement] = Field(default_factory=list)
+    isolation: Isolation = Field(default_factory=Isolation)
 
     @property
     def effective_compute_share(self) -> int:

@@ -117,3 +117,53 @@ def find_device(slices: Iterable[PublishedSlice], pool: str, device: str) -> Pub
             if d.name == device:
                 return d
     return None
+
+
+# --- fields an API server drops when their feature gate is off ---------------------------------------
+
+#: ResourceSlice fields behind a DRA feature gate -> (gate, what it is). On 1.34/1.35 (alpha) and
+#: wherever the gate is turned off, the API server silently drops them from what it stores.
+GATED_FIELDS: Mapping[str, tuple[str, str]] = {
+    "sharedCounters": ("DRAPartitionableDevices", "partitionable devices"),
+    "consumesCounters": ("DRAPartitionableDevices", "partitionable devices"),
+    "allowMultipleAllocations": ("DRAConsumableCapacity", "consumable capacity"),
+}
+
+
+def dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """The gated fields of a ResourceSlice spec that were sent but are missing from what the API
+    server returned, as paths (`spec.sharedCounters`, `spec.devices[gpu-0-a-0].consumesCounters`)."""
+    out = [f"spec.{k}" for k in ("sharedCounters",) if sent.get(k) and not stored.get(k)]
+    kept = {d.get("name"): d for d in stored.get("devices") or []}
+    for device in sent.get("devices") or []:
+        back = kept.get(device.get("name"), {})
+        for key in ("consumesCounters", "allowMultipleAllocations"):
+            if device.get(key) and not back.get(key):
+                out.append(f"spec.devices[{device.get('name')}].{key}")
+    return out
+
+
+def dropped_gates(paths: Iterable[str]) -> list[str]:
+    """The feature gates behind dropped field paths, each once, in a stable order."""
+    gates = {GATED_FIELDS[p.rsplit(".", 1)[-1]][0] for p in paths}
+    return sorted(gates)
+
+
+def gates_fix(gates: Iterable[str]) -> str:
+    """How to turn the gates on."""
+    flag = ",".join(f"{g}=true" for g in gates)
+    return (
+        f"turn on --feature-gates={flag} on kube-apiserver, kube-scheduler, kube-controller-manager and "
+        "every kubelet (on by default from Kubernetes 1.36)"
+    )
+
+
+def dropped_message(paths: Iterable[str]) -> str:
+    """What to tell an operator whose API server dropped gated fields."""
+    paths = list(paths)
+    gates = dropped_gates(paths)
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (
+        f"the API server dropped {shown} from the ResourceSlices it stored: feature gate(s) "
+        f"{', '.join(gates)} off, so kube-scheduler would never allocate a slice; {gates_fix(gates)}"
+    )

@@ -45,6 +45,14 @@ class QuotaUsage(_CamelModel):
     quota: str
 
 
+class CapacitySeen(_CamelModel):
+    """The package's capacity a waiting slice's verdict was made on (AllGpusFull, NoMatchingGpu)."""
+
+    gpus: int
+    slices_total: int = Field(alias="slicesTotal")
+    slices_free: int = Field(alias="slicesFree")
+
+
 class GpuSliceStatus(_CamelModel):
     phase: Phase = Phase.PENDING
     reason: str = ""
@@ -56,5 +64,6 @@ class GpuSliceStatus(_CamelModel):
     device: str | None = None
     allocations: list[SliceAllocation] = Field(default_factory=list)
     quota: QuotaUsage | None = None
+    capacity: CapacitySeen | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, alias="observedGeneration")

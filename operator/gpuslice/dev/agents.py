@@ -39,25 +39,24 @@ def agent_dirs(state_root: Path, node: str) -> dict[str, Path]:
     }
 
 
-def spawn_agent(
+def agent_command(
     node: str,
     simulate_spec: str,
     kubeconfig: Path,
     state_root: Path,
-    log_path: Path,
     *,
     metrics_port: int = 0,
     dirs: dict[str, Path] | None = None,
     fake_config: Path | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start `gpuslice agent` for one (kwok) node, simulating its GPUs with the driver test double.
+) -> tuple[list[str], dict[str, str]]:
+    """`gpuslice agent` for one node, simulating its GPUs with the driver test double: (argv, env).
 
     node: the Node name (also the DRA pool name). simulate_spec: e.g. "4x Tesla V100-PCIE-32GB".
     kubeconfig: credentials the agent uses. state_root: parent of every agent's files; this one's live
-    in `<state_root>/<node>/` (see agent_dirs): checkpoint, CDI specs, kubelet sockets. log_path: the
-    agent's stdout+stderr (JSON lines). Stop it with `proc.terminate()` (SIGTERM: it withdraws its
-    ResourceSlices and exits) and `proc.wait()`. On a real node, `dirs` names the kubelet's plugin
-    dirs and containerd's CDI dir, and `fake_config` the node's GPU description (see realnode).
+    in `<state_root>/<node>/` (see agent_dirs): checkpoint, CDI specs, kubelet sockets; it logs JSON
+    lines and stops on SIGTERM (withdrawing its ResourceSlices first). On a real node, `dirs` names
+    the kubelet's plugin dirs and containerd's CDI dir, and `fake_config` the node's GPU description
+    (see realnode).
     """
     # Build the shim and the driver test double once here, not racing in every child.
     from gpuslice.dev.gpusim import simulate
@@ -72,7 +71,6 @@ def spawn_agent(
     if fake_config is None:
         fake_config = simulate.write_node_config(simulate_spec, node, dirs["state"] / "simulated")
     env = {**os.environ, **simulate.fake_driver_env(fake_config, built.fake_dir)}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "gpuslice", "agent",
         "--node", node,
@@ -85,8 +83,23 @@ def spawn_agent(
         "--registry-dir", str(dirs["registry"]),
         "--metrics-port", str(metrics_port),
     ]  # fmt: skip
+    return cmd, env
+
+
+def spawn_agent(
+    node: str,
+    simulate_spec: str,
+    kubeconfig: Path,
+    state_root: Path,
+    log_path: Path,
+    *,
+    metrics_port: int = 0,
+) -> subprocess.Popen[bytes]:
+    """Start the agent of `agent_command` as a child process logging to `log_path` (tests that kill
+    and restart it; devcluster starts it through its process supervisor instead)."""
+    cmd, env = agent_command(node, simulate_spec, kubeconfig, state_root, metrics_port=metrics_port)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        # Own session: a dev-cluster agent outlives `gpuslice devcluster up` and a Ctrl-C in its shell.
         return subprocess.Popen(
             cmd,
             stdout=log,

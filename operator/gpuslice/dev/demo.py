@@ -1,8 +1,9 @@
 """`gpuslice demo`: the whole product on this machine, playing the field report (README.md, "make demo").
 
-A devcluster with simulated V100 nodes, the CRDs, the three V100 products, two tenant namespaces,
-the operator and one agent per node; then each lesson of the field report as a step with its result.
-It leaves the cluster running and says what to try next.
+A devcluster with real nodes (kubelet + containerd + runc on this machine) over simulated V100s, the
+CRDs, the three V100 products, two tenant namespaces, the operator and one agent per node; then each
+lesson of the field report as a step with its result, the workloads being real pods of the probe
+image. It leaves the cluster running and says what to try next.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,31 +26,12 @@ from gpuslice import constants as c
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "manifests" / "samples"
+#: the demo's own objects (workload, tenant access, the lessons' wrong requests)
+MANIFESTS = Path(__file__).resolve().parent / "manifests" / "demo"
 GPU_MODEL = "Tesla V100-PCIE-32GB"
 
-#: Runs inside the "container": what `nvidia-smi --query-gpu=name,memory.total` prints, via NVML.
-NVIDIA_SMI_QUERY = """
-import pynvml
-pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(0)
-name = pynvml.nvmlDeviceGetName(h)
-name = name.decode() if isinstance(name, bytes) else name
-print(f"{name}, {pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20} MiB")
-"""
-
-#: Runs inside the "container": allocate through the CUDA driver API like a framework would.
-CUDA_ALLOC = """
-import ctypes, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
-ctx = ctypes.c_void_p(); assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
-for gib in [float(a) for a in sys.argv[1:]]:
-    ptr = ctypes.c_uint64()
-    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(gib * 2**30)))
-    name = {0: "CUDA_SUCCESS", 2: "CUDA_ERROR_OUT_OF_MEMORY"}.get(rc, "")
-    print(f"cuMemAlloc({gib:g} GiB) -> {rc} {name}")
-"""
+#: The workload image: busybox and `gpuslice-probe` (smi, alloc, hold, burn), built and imported at `up`.
+PROBE_IMAGE = "localhost/gpuslice/probe:dev"
 
 
 class DemoError(RuntimeError):
@@ -127,52 +108,34 @@ class Demo:
             timeout,
         )
 
-    def pod(self, ns: str, name: str, claim: str, memory_limit: str = "8Gi") -> str:
-        return yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns},
-                "spec": {
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "ollama/ollama:latest",
-                            "resources": {
-                                "claims": [{"name": "gpu"}],
-                                "requests": {"cpu": "500m", "memory": "2Gi"},
-                                "limits": {"memory": memory_limit},
-                            },
-                        }
-                    ],
-                },
-            }
-        )
-
-    def gpuslice(self, ns: str, name: str, package: str) -> str:
-        return yaml.safe_dump(
-            {
-                "apiVersion": c.GROUP_VERSION,
-                "kind": c.SLICE_KIND,
-                "metadata": {"name": name, "namespace": ns},
-                "spec": {"package": package},
-            }
-        )
+    def workload(self, ns: str, name: str, package: str, memory_limit: str = "8Gi", pod: str = "") -> str:
+        """GpuSlice `name` of `package` and a probe pod (`pod`, default `name`) holding its claim."""
+        gpuslice, workload = _manifests("workload.yaml")
+        gpuslice["metadata"] = {"name": name, "namespace": ns}
+        gpuslice["spec"]["package"] = package
+        workload["metadata"] = {"name": pod or name, "namespace": ns}
+        workload["spec"]["resourceClaims"][0]["resourceClaimName"] = name
+        workload["spec"]["containers"][0]["resources"]["limits"]["memory"] = memory_limit
+        return yaml.safe_dump_all([gpuslice, workload])
 
     # --- the story --------------------------------------------------------------------------------
     def run(self) -> None:
-        self.step(f"A real control plane with {self.nodes} simulated GPU node(s) of {self.spec}")
+        from gpuslice.dev.devcluster.realnode import start_real_nodes
+
+        self.step(
+            f"A real control plane and {self.nodes} real node(s) (kubelet, containerd), each with {self.spec}"
+        )
         if self.cluster.state() is not None:
             self._progress(f"starting from scratch: stopping and wiping the devcluster in {self.cluster.dir}")
-        self.cluster.up(nodes=self.nodes, fresh=True)
+        self.cluster.up(nodes=0, fresh=True)
+        start_real_nodes(self.cluster, self.nodes)
         self.setup()
         alice = self.cluster.tenant_kubeconfig("alice", ["team-a"])
         bob = self.cluster.tenant_kubeconfig("bob", ["team-b"])
         self.raw_gpu_request(alice)
         self.hand_written_template(alice)
         self.allocate(alice)
-        self.inside_the_container()
+        self.inside_the_container(alice)
         self.capacity_wait(bob)
         self.usage()
         self.bypass()
@@ -198,7 +161,8 @@ class Demo:
         self.cluster.apply(REPO / "manifests" / "base" / "tenant" / "rbac.yaml")
         for team in ("team-a", "team-b"):
             self.cluster.create_namespace(team, {"tenant.example.com/project": team})
-            self.cluster.apply(yaml.safe_dump_all(_tenant_bindings(team)))
+            access = (MANIFESTS / "tenant-access.yaml").read_text().replace("team-a", team)
+            self.cluster.apply(access)
         self.start_operator()
         start_agents(self.cluster, self.spec, progress=self._progress)
         self.wait(
@@ -241,24 +205,11 @@ class Demo:
 
     def raw_gpu_request(self, alice: Path) -> None:
         self.step("Lesson 1: a tenant asks for a raw nvidia.com/gpu")
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "raw-gpu", "namespace": "team-a"},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "ollama/ollama",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                    }
-                ]
-            },
-        }
+        pod = yaml.safe_dump_all(_manifests("raw-gpu-pod.yaml"))
 
         def try_create() -> subprocess.CompletedProcess[str] | None:
             # Policies reach admission asynchronously: an early create may pass; undo it and retry.
-            proc = self.kubectl("create", "-f", "-", user=alice, input=yaml.safe_dump(pod))
+            proc = self.kubectl("create", "-f", "-", user=alice, input=pod)
             if proc.returncode != 0:
                 return proc
             self.kubectl("delete", "pod", "raw-gpu", "-n", "team-a", "--wait=false")
@@ -270,28 +221,8 @@ class Demo:
 
     def hand_written_template(self, alice: Path) -> None:
         self.step("Lesson 2: a hand-written claim template that is not of the documented form")
-        template = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "my-gpu", "namespace": "team-a"},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "gpu",
-                                "exactly": {
-                                    "deviceClassName": c.device_class_name("v100-8g"),
-                                    "allocationMode": "ExactCount",
-                                    "count": 2,
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-        proc = self.kubectl("create", "-f", "-", user=alice, input=yaml.safe_dump(template))
+        template = yaml.safe_dump_all(_manifests("wrong-claim-template.yaml"))
+        proc = self.kubectl("create", "-f", "-", user=alice, input=template)
         if proc.returncode == 0:
             raise DemoError(
                 "the malformed claim template was accepted; the admission policies are not working"
@@ -306,7 +237,7 @@ class Demo:
             "-f",
             "-",
             user=alice,
-            input=self.gpuslice("team-a", "llm", "v100-8g") + "---\n" + self.pod("team-a", "ollama", "llm"),
+            input=self.workload("team-a", "llm", "v100-8g", pod="llm-worker"),
         )
         if proc.returncode != 0:
             raise DemoError(f"creating the slice failed: {proc.stderr}")
@@ -318,21 +249,30 @@ class Demo:
             f"device {status.get('device')}"
         )
 
-    def inside_the_container(self) -> None:
-        from gpuslice.dev.devcluster.kubelet import run_in_pod
+    def exec(self, ns: str, pod: str, *command: str, user: Path | None = None) -> str:
+        proc = self.kubectl("exec", "-n", ns, pod, "--", *command, user=user)
+        if proc.returncode != 0:
+            raise DemoError(f"kubectl exec {pod} -- {' '.join(command)} failed: {proc.stderr.strip()}")
+        return proc.stdout
 
+    def inside_the_container(self, alice: Path) -> None:
+        self.kubectl("wait", "--for=condition=Ready", "pod/llm-worker", "-n", "team-a", "--timeout=90s")
         self.step(
-            "Lesson 7: inside the workload, through the shim (kubelet prepare -> CDI -> libgpuslice.so)"
+            "Lesson 7: inside the pod, through the shim (kubelet -> agent -> CDI -> containerd -> runc)"
         )
-        out = run_in_pod(self.cluster, "team-a", "ollama", [sys.executable, "-c", NVIDIA_SMI_QUERY])
-        if out.returncode != 0:
-            raise DemoError(f"the workload failed: {out.stderr}")
-        self.ok("nvidia-smi --query-gpu=name,memory.total --format=csv,noheader  prints:")
-        self.show(out.stdout)
+        self.ok(
+            "kubectl exec llm-worker -- gpuslice-probe smi   (as nvidia-smi --query-gpu=name,memory.total):"
+        )
+        self.show(self.exec("team-a", "llm-worker", "gpuslice-probe", "smi", user=alice))
         self.step("Memory is enforced: allocations past the 8 GiB slice are refused")
-        out = run_in_pod(self.cluster, "team-a", "ollama", [sys.executable, "-c", CUDA_ALLOC, "4", "3", "2"])
-        self.show(out.stdout)
+        self.show(
+            self.exec("team-a", "llm-worker", "gpuslice-probe", "alloc", "4Gi", "3Gi", "2Gi", user=alice)
+        )
         self.ok("4 + 3 GiB fit in the slice; 2 GiB more would pass 8 GiB and never reaches the driver")
+        attack = "echo > /etc/ld.so.preload; rm /etc/ld.so.preload; echo > /etc/gpuslice/slice.conf"
+        proc = self.kubectl("exec", "-n", "team-a", "llm-worker", "--", "sh", "-c", attack, user=alice)
+        self.ok("the container's root cannot take the shim out or raise its limit (read-only bind mounts):")
+        self.show(proc.stderr)
 
     def capacity_wait(self, bob: Path) -> None:
         self.step("Quota is an entitlement, not a reservation: fill every V100, then ask for one more")
@@ -347,9 +287,7 @@ class Demo:
                 "-f",
                 "-",
                 user=bob,
-                input=self.gpuslice("team-b", name, "v100-32g")
-                + "---\n"
-                + self.pod("team-b", name, name, "16Gi"),
+                input=self.workload("team-b", name, "v100-32g", "16Gi"),
             )
         waiting = names[-1]
         for name in names[:-1]:
@@ -376,11 +314,13 @@ class Demo:
             self.ok(f"team-b/{waiting} started by itself: {st['phase']} on {st.get('node')}")
 
     def usage(self) -> None:
-        self.step("Real usage in status: a workload holds 3 GiB of its slice for a while")
-        from gpuslice.dev.devcluster.kubelet import prepare_pod
-
-        prepared = prepare_pod(self.cluster, "team-a", "ollama")
-        with _holding(prepared.env, gib=3, seconds=40):
+        self.step("Real usage in status: the workload holds 3 GiB of its slice for a while")
+        hold = subprocess.Popen(
+            [str(self.cluster.bins.kubectl), f"--kubeconfig={self.cluster.kubeconfig}", "exec",
+             "-n", "team-a", "llm-worker", "--", "gpuslice-probe", "hold", "3Gi", "60"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
             st = self.wait(
                 "the agent to report usage into GpuSlice team-a/llm",
                 lambda: (
@@ -390,23 +330,34 @@ class Demo:
                 ),
                 timeout=60,
             )
-            u = st["usage"]
-            self.ok(
-                f"status.usage: {u['memoryUsedBytes'] / c.GIB:.1f} GiB "
-                f"of {u['memoryLimitBytes'] / c.GIB:.0f} GiB used, "
-                f"{len(u.get('processes') or [])} process(es), read at {u.get('time')}"
-            )
+        finally:
+            self.kubectl("exec", "-n", "team-a", "llm-worker", "--", "killall", "gpuslice-probe")
+            hold.wait(timeout=30)
+        u = st["usage"]
+        self.ok(
+            f"status.usage: {u['memoryUsedBytes'] / c.GIB:.1f} GiB "
+            f"of {u['memoryLimitBytes'] / c.GIB:.0f} GiB used, "
+            f"{len(u.get('processes') or [])} process(es), read at {u.get('time')}"
+        )
 
     def bypass(self) -> None:
+        from gpuslice.dev.devcluster.node_agents import fake_gpu_config
+        from gpuslice.dev.gpusim import simulate
+        from gpuslice.dev.gpusim.build import ensure_built
+
         self.step(
             "Isolation is best-effort: a process that bypasses the shim is caught by the agent's NVML check"
         )
-        from gpuslice.dev.devcluster.kubelet import prepare_pod
-
-        prepared = prepare_pod(self.cluster, "team-a", "ollama")
-        # Same GPU and driver as the workload, but without libgpuslice.so: nothing limits it.
-        env = {k: v for k, v in prepared.env.items() if k != "LD_PRELOAD"}
-        with _holding(env, gib=12, seconds=60):
+        node = self.slice_status("team-a", "llm")["node"]
+        built = ensure_built()
+        # A process on the node's card without libgpuslice.so (here on the host, outside any pod):
+        # nothing limits it, and the driver shows its memory to the agent.
+        env = {**os.environ, **simulate.fake_driver_env(fake_gpu_config(self.cluster, node), built.fake_dir)}
+        holder = subprocess.Popen(
+            [str(built.tests_dir / "cuda_probe"), "hold", str(12 * c.GIB)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
             cond = self.wait(
                 "the MemoryIsolated condition of team-a/llm to turn False",
                 lambda: next(
@@ -419,14 +370,21 @@ class Demo:
                 ),
                 timeout=60,
             )
-            self.ok(f"condition MemoryIsolated=False ({cond['reason']}):")
-            self.show(textwrap.fill(cond["message"], 100))
-            events = self.kubectl(
-                "get", "events", "-n", "team-a", "--field-selector", "reason=SliceMemoryViolation",
-                "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name",
-            )  # fmt: skip
-            self.show(events.stdout)
-            self.ok("gpuslice agent --stop-violators would also have stopped that process")
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=30)
+        self.ok(f"condition MemoryIsolated=False ({cond['reason']}):")
+        self.show(textwrap.fill(cond["message"], 100))
+        events = self.kubectl(
+            "get", "events", "-n", "team-a", "--field-selector", "reason=SliceMemoryViolation",
+            "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name",
+        )  # fmt: skip
+        self.show(events.stdout)
+        self.ok(
+            "a host process is reported, never stopped; a pod's own process past its slice is stopped "
+            "(GpuPackage spec.isolation.onViolation: Stop, the default)"
+        )
 
     def tables(self) -> None:
         self.step("What tenants and the platform team see")
@@ -444,30 +402,12 @@ The cluster is still running. Try:
   export KUBECONFIG={self.cluster.kubeconfig}
   {kubectl} get gpuslices -A
   {gs} explain team-b/big-{self.nodes - 1}
-  {gs} shim run --memory 8Gi --simulate-gpus "1x {GPU_MODEL}" -- {sys.executable} -c \\
-      'import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); \\
-       print(pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetMemoryInfo(h).total)'
+  {kubectl} exec -n team-a llm-worker -- gpuslice-probe smi
+  {kubectl} exec -it -n team-a llm-worker -- sh
 Stop everything with:  {gs} devcluster down{dir_flag}
 """,
             flush=True,
         )
-
-
-@contextmanager
-def _holding(env: dict[str, str], gib: float, seconds: int) -> Iterator[subprocess.Popen[bytes]]:
-    """A workload process that allocates `gib` through the CUDA driver API and holds it a while."""
-    hold = CUDA_ALLOC + f"\nimport time; time.sleep({seconds})\n"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", hold, str(gib)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def _default_dir() -> Path:
@@ -476,22 +416,8 @@ def _default_dir() -> Path:
     return default_dir().resolve()
 
 
-def _tenant_bindings(team: str) -> list[dict[str, Any]]:
-    def binding(kind: str, role: str, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": kind,
-            "metadata": {"name": name} | ({"namespace": team} if kind == "RoleBinding" else {}),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": team}],
-        }
-        return doc
-
-    return [
-        binding("RoleBinding", "edit", f"{team}-edit"),
-        binding("RoleBinding", "gpuslice-tenant", f"{team}-gpuslice"),
-        binding("ClusterRoleBinding", "gpuslice-catalog-reader", f"gpuslice-catalog-{team}"),
-    ]
+def _manifests(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

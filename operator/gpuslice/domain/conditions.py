@@ -3,9 +3,47 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any
 
 from gpuslice.api.package import Condition
+
+
+class Health(StrEnum):
+    """What GitOps tools read from an object (kstatus): done, still converging, or stuck."""
+
+    READY = "Ready"
+    #: Converging on its own (kstatus `Reconciling`, Argo CD `Progressing`).
+    RECONCILING = "Reconciling"
+    #: Cannot get on without someone acting (kstatus `Stalled`, Argo CD `Degraded`).
+    STALLED = "Stalled"
+
+
+def health_conditions(health: Health, reason: str, message: str, generation: int | None) -> list[Condition]:
+    """`Ready` (normal-true) and, when it is False, the one abnormal-true kstatus condition that says
+    why: `Reconciling` or `Stalled`. An abnormal condition is left out while it would be False, so
+    `Ready=True` is the whole story of a healthy object."""
+    ready = health == Health.READY
+    out = [
+        Condition(
+            type="Ready",
+            status="True" if ready else "False",
+            reason=reason,
+            message=message,
+            observedGeneration=generation,
+        )
+    ]
+    if not ready:
+        out.append(
+            Condition(
+                type=health.value,
+                status="True",
+                reason=reason,
+                message=message,
+                observedGeneration=generation,
+            )
+        )
+    return out
 
 
 def stamp(conditions: Sequence[Condition], previous: Sequence[Condition], now: str) -> list[Condition]:

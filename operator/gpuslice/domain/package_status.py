@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuslice import constants as c
 from gpuslice.api.package import Condition, GpuPackageSpec, GpuPackageStatus, Guarantees, PackageCapacity
 from gpuslice.domain.capacity import Capacity
-from gpuslice.domain.conditions import stamp
+from gpuslice.domain.conditions import Health, health_conditions, stamp
 
 GUARANTEES = Guarantees(
     memory="Enforced",
@@ -24,6 +24,26 @@ def format_bytes(n: int) -> str:
         if n and n % size == 0:
             return f"{n // size}{suffix}"
     return str(n)
+
+
+def capacity_status(capacity: Capacity) -> PackageCapacity:
+    """What status.capacity (and so `kubectl get gpupackages`) shows for a capacity count."""
+    return PackageCapacity(
+        gpus=capacity.gpus,
+        slicesTotal=capacity.total,
+        slicesAllocated=capacity.allocated,
+        slicesFree=capacity.free,
+    )
+
+
+def capacity_behind(
+    shown: Mapping[str, int] | None, last_written: Mapping[str, int] | None, live: Capacity
+) -> bool:
+    """Whether the package's status.capacity must be written before a slice's status is: the count a
+    slice's verdict is made on must already be what `kubectl get gpupackages` prints. What this process
+    last wrote stands in for what the object shows until the watch delivers it."""
+    current = last_written if last_written is not None else shown
+    return dict(current or {}) != capacity_status(live).model_dump(by_alias=True)
 
 
 def deletion_condition(blocking: Sequence[str]) -> Condition:
@@ -49,17 +69,15 @@ def package_status(
     previous: Sequence[Condition] = (),
     now: str = "",
 ) -> GpuPackageStatus:
-    conditions = [
-        Condition(
-            type="Ready",
-            status="True" if device_class_present else "False",
-            reason="DeviceClassReady" if device_class_present else "DeviceClassMissing",
-            message=f"DeviceClass {c.device_class_name(name)} selects this package's devices"
-            if device_class_present
-            else f"DeviceClass {c.device_class_name(name)} is being created",
-            observedGeneration=generation,
-        )
-    ]
+    dc = c.device_class_name(name)
+    conditions = health_conditions(
+        Health.READY if device_class_present else Health.RECONCILING,
+        "DeviceClassReady" if device_class_present else "DeviceClassMissing",
+        f"DeviceClass {dc} selects this package's devices"
+        if device_class_present
+        else f"DeviceClass {dc} is being created",
+        generation,
+    )
     if blocking:
         conditions.append(deletion_condition(blocking).model_copy(update={"observed_generation": generation}))
     return GpuPackageStatus(
@@ -69,12 +87,7 @@ def package_status(
         if capacity.memory_per_slice_bytes
         else None,
         slicesPerGpu=spec.slices_per_card(),
-        capacity=PackageCapacity(
-            gpus=capacity.gpus,
-            slicesTotal=capacity.total,
-            slicesAllocated=capacity.allocated,
-            slicesFree=capacity.free,
-        ),
+        capacity=capacity_status(capacity),
         entitledNamespaces=entitled_namespaces,
         guarantees=GUARANTEES,
         conditions=stamp(conditions, previous, now),

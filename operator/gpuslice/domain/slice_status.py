@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
 from gpuslice.api.refusal import is_quota_refusal
-from gpuslice.api.slice import GpuSliceStatus, Phase, QuotaUsage, SliceAllocation
+from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QuotaUsage, SliceAllocation
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
-from gpuslice.domain.conditions import stamp
+from gpuslice.domain.conditions import Health, health_conditions, stamp
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
 
@@ -35,6 +35,40 @@ class Reason:
     ALLOCATED = "Allocated"
     IN_USE = "InUse"
     RELEASED = "Released"
+
+
+#: GitOps health of a slice by reason. Ready: usable as it is (a claim a pod can use, or one in use).
+#: Reconciling: it gets there by itself (the claim is being made, the pod scheduled, a slice frees on
+#: a full GPU). Stalled: it waits on someone (an entitlement, quota, a node with such a GPU, a pod spec
+#: the scheduler or the namespace's quota refuses, a package that does not exist).
+HEALTH: Mapping[str, Health] = {
+    Reason.WAITING_FOR_POD: Health.READY,
+    Reason.ALLOCATED: Health.READY,
+    Reason.IN_USE: Health.READY,
+    Reason.RELEASED: Health.READY,
+    Reason.CREATING_CLAIM: Health.RECONCILING,
+    Reason.SCHEDULING: Health.RECONCILING,
+    Reason.GPUS_FULL: Health.RECONCILING,
+    Reason.QUOTA_EXCEEDED: Health.STALLED,
+    Reason.NOT_ENTITLED: Health.STALLED,
+    Reason.NO_MATCHING_GPU: Health.STALLED,
+    Reason.UNSCHEDULABLE: Health.STALLED,
+    Reason.POD_BLOCKED_BY_QUOTA: Health.STALLED,
+    Reason.POD_CREATE_FAILED: Health.STALLED,
+    Reason.CLAIM_REJECTED: Health.STALLED,
+    Reason.PACKAGE_NOT_FOUND: Health.STALLED,
+}
+
+
+#: Reasons decided on the package's capacity: the slice's status records the numbers it saw.
+CAPACITY_REASONS: frozenset[str] = frozenset({Reason.GPUS_FULL, Reason.NO_MATCHING_GPU})
+
+
+def slice_health(phase: Phase, reason: str) -> Health:
+    """A Failed slice is Stalled whatever its reason; an unknown reason is still converging."""
+    if phase == Phase.FAILED:
+        return Health.STALLED
+    return HEALTH.get(reason, Health.RECONCILING)
 
 
 @dataclass(frozen=True)
@@ -304,6 +338,9 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
     exists = bool(facts.claims) if not facts.template else (facts.package_found and not facts.create_error)
     claim_reason = "ClaimCreated" if exists else verdict.reason
     conditions = [
+        *health_conditions(
+            slice_health(verdict.phase, verdict.reason), verdict.reason, verdict.message, facts.generation
+        ),
         _condition(
             "ClaimReady",
             exists,
@@ -353,6 +390,11 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
         # Only a slice that waits for quota shows it: live usage in every slice's status would rewrite
         # all of a namespace's slices whenever one claim comes or goes.
         quota=usage if verdict.reason in (Reason.QUOTA_EXCEEDED, Reason.NOT_ENTITLED) else None,
+        # Likewise only a slice that waits for capacity shows the numbers it waits on, so that
+        # `gpuslice explain` never sets a newer package count against an older verdict unsaid.
+        capacity=CapacitySeen(gpus=cap.gpus, slicesTotal=cap.total, slicesFree=cap.free)
+        if (cap := facts.capacity) is not None and verdict.reason in CAPACITY_REASONS
+        else None,
         conditions=stamp(conditions, facts.previous.conditions if facts.previous else [], now),
         observedGeneration=facts.generation,
     )

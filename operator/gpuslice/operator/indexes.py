@@ -46,6 +46,8 @@ class PackageView:
     uid: str | None
     deleting: bool
     generation: int | None
+    #: status.capacity as the API server last showed it (what `kubectl get gpupackages` prints).
+    capacity: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,9 @@ class Indexes:
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
-async def gs_packages(name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any) -> dict[str, PackageView]:
+async def gs_packages(
+    name: str, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, **_: Any
+) -> dict[str, PackageView]:
     return {
         name: PackageView(
             name=name,
@@ -123,6 +127,7 @@ async def gs_packages(name: str, spec: kopf.Spec, meta: kopf.Meta, **_: Any) -> 
             uid=meta.get("uid"),
             deleting=meta.get("deletionTimestamp") is not None,
             generation=meta.get("generation"),
+            capacity=dict(status.get("capacity") or {}) or None,
         )
     }
 

@@ -104,6 +104,7 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
         WRITES.labels("DeviceClass", "delete").inc()
     await reconcile_all(state, idx, exclude=name)
     forget_package(name)
+    state.package_capacity.pop(name, None)
     log.info("package deleted", package=name)
 
 
@@ -160,8 +161,10 @@ async def _write_status(
     )
     desired = new.model_dump(by_alias=True, exclude_none=True)
     if same_status(current, desired):
+        state.package_capacity[name] = desired["capacity"]
         return
     await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, name, None, desired)
+    state.package_capacity[name] = desired["capacity"]
     STATUS_UPDATES.labels("GpuPackage").inc()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -69,6 +70,17 @@ async def _prepare(config: OperatorConfig) -> OperatorState:
     return state
 
 
+def _in_cluster(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
+    """Kopf's service-account login names the API server `https://kubernetes.default.svc` (cluster
+    DNS); client-go and kubernetes_asyncio use KUBERNETES_SERVICE_HOST/PORT, which kubelet sets in
+    every pod. Use those too, so both clients reach the same address, with or without cluster DNS."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if info is None or not host or not port:
+        return info
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    return dataclasses.replace(info, server=server)
+
+
 def _register_startup(state: OperatorState) -> None:
     from gpuslice.operator import nodes, packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
@@ -100,7 +112,7 @@ def login(
     if config.kubeconfig or os.environ.get("KUBECONFIG"):
         info = kopf.login_with_kubeconfig(**kwargs)
     else:
-        info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        info = _in_cluster(kopf.login_with_service_account(**kwargs)) or kopf.login_with_kubeconfig(**kwargs)
     if info is None:
         return None
     session = aiohttp.ClientSession(

@@ -19,8 +19,10 @@ from gpuslice import constants as c
 from gpuslice.api.pod import claim_refs
 from gpuslice.api.refusal import is_quota_refusal
 from gpuslice.api.slice import GpuSliceStatus, Phase
+from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
+from gpuslice.domain.package_status import capacity_behind, capacity_status
 from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
@@ -153,6 +155,8 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if facts.capacity is not None:
+            await sync_package_capacity(state, entry.package, facts.capacity, idx)
         if same_status(baseline, desired):
             return
         try:
@@ -167,6 +171,25 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         STATUS_UPDATES.labels("GpuSlice").inc()
         if (baseline.get("phase"), baseline.get("reason")) != (desired.get("phase"), desired.get("reason")):
             _announce(entry, baseline, desired)
+
+
+async def sync_package_capacity(state: OperatorState, package: str, live: Capacity, idx: Indexes) -> None:
+    """Write the package's status.capacity first when it lags the count this slice is decided on, so
+    `kubectl get gpupackages` never shows free slices under a slice that waits for one."""
+    view = one(idx.packages, package)
+    if view is None or view.deleting:
+        return
+    if not capacity_behind(view.capacity, state.package_capacity.get(package), live):
+        return
+    desired = capacity_status(live).model_dump(by_alias=True)
+    try:
+        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, {"capacity": desired})
+    except ApiError as exc:
+        if exc.status == 404:
+            return
+        raise
+    state.package_capacity[package] = desired
+    STATUS_UPDATES.labels("GpuPackage").inc()
 
 
 #: Steps every slice passes through in a second or two: an Event for each would be two more writes per

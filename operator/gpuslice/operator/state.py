@@ -64,6 +64,8 @@ class OperatorState:
     written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     #: package -> when its slices were last all recomputed (monotonic seconds).
     resynced: dict[str, float] = field(default_factory=dict)
+    #: package -> the status.capacity this process last wrote for it (the index may lag behind).
+    package_capacity: dict[str, dict[str, int]] = field(default_factory=dict)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     #: Namespaces whose last tenancy write was refused: the package timers retry them.
     unsynced_namespaces: set[str] = field(default_factory=set)

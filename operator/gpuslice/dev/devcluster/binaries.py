@@ -176,7 +176,7 @@ def build_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _module_info(module: str, version: str, cwd: Path, log: Path) -> dict[str, str]:
+def module_info(module: str, version: str, cwd: Path, log: Path) -> dict[str, str]:
     cmd = ["go", "mod", "download", "-json", f"{module}@{version}"]
     with log.open("a") as fh:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=_go_env())
@@ -196,7 +196,7 @@ def build_component(comp: Component, progress: Progress) -> None:
     gomod.append(f"require {comp.module} {comp.version}")
     (work / "go.mod").write_text("\n".join(gomod) + "\n")
     (work / "go.sum").unlink(missing_ok=True)
-    info = _module_info(comp.module, comp.version, work, log)
+    info = module_info(comp.module, comp.version, work, log)
     if comp.module == "k8s.io/kubernetes":
         replaces = staging_replaces(Path(info["GoMod"]).read_text(), comp.version)
         with (work / "go.mod").open("a") as fh:

@@ -1,4 +1,4 @@
-"""`gpuslice devcluster up|down|status|build`: the local control plane from the command line."""
+"""`gpuslice devcluster up|down|status|load-image|build`: the local control plane from the command line."""
 
 from __future__ import annotations
 
@@ -54,7 +54,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     with_dir(status)
     status.set_defaults(func=_status)
 
+    load = cmds.add_parser(
+        "load-image", help="import an OCI or docker image archive into every real node (no registry)"
+    )
+    with_dir(load)
+    load.add_argument("archive", type=Path, metavar="PATH", help="e.g. build/gpuslice-image.oci.tar")
+    load.set_defaults(func=_load_image)
+
     build = cmds.add_parser("build", help="only build (or find cached) control-plane binaries")
+    build.add_argument(
+        "--with-node",
+        action="store_true",
+        help="also the real nodes' binaries (kubelet, containerd, runc, CNI, crictl, crane) and images",
+    )
     build.set_defaults(func=_build)
 
 
@@ -115,12 +127,32 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if running and all(running.values()) else 1
 
 
-def _build(_args: argparse.Namespace) -> int:
+def _load_image(args: argparse.Namespace) -> int:
+    from gpuslice.dev.devcluster.realnode import import_image
+
+    cluster = DevCluster(args.dir, progress=_progress)
     try:
-        bins = ensure_binaries(_progress)
+        nodes = import_image(cluster, args.archive)
+    except (BuildError, DevClusterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _progress(f"imported {args.archive} into {', '.join(nodes)}")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    built: dict[str, object] = {}
+    try:
+        built.update(vars(ensure_binaries(_progress)))
+        if args.with_node:
+            from gpuslice.dev.devcluster.images import ensure_images
+            from gpuslice.dev.devcluster.node_binaries import ensure_node_binaries
+
+            built.update(vars(ensure_node_binaries(_progress)))
+            built.update({img.ref: img.path for img in ensure_images(_progress)})
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for name, path in vars(bins).items():
-        print(f"{name:24} {path}")
+    for name, path in built.items():
+        print(f"{name:30} {path}")
     return 0

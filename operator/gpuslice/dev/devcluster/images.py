@@ -128,7 +128,7 @@ def image_platform() -> str:
 # ------------------------------------------------------------------------------------------ layers
 
 
-def _with_parents(entries: Iterable[Entry]) -> tuple[Entry, ...]:
+def with_parents(entries: Iterable[Entry]) -> tuple[Entry, ...]:
     """The entries sorted by path, each missing parent directory added (0755)."""
     by_path: dict[str, Entry] = {}
     for e in entries:
@@ -264,7 +264,7 @@ def probe_spec(built: ShimPaths, busybox: Path = BUSYBOX) -> ImageSpec:
     return ImageSpec(
         ref=PROBE_IMAGE,
         name="probe",
-        entries=_with_parents(entries),
+        entries=with_parents(entries),
         cmd=("sh",),
         labels={"org.opencontainers.image.title": "gpuslice probe"},
     )
@@ -276,7 +276,7 @@ def pause_spec(pause: Path) -> ImageSpec:
     return ImageSpec(
         ref=PAUSE_IMAGE,
         name="pause",
-        entries=_with_parents([Entry("pause", "file", 0o755, source=pause)]),
+        entries=with_parents([Entry("pause", "file", 0o755, source=pause)]),
         entrypoint=("/pause",),
         user="65535:65535",
         env=(),
@@ -288,7 +288,7 @@ def pause_spec(pause: Path) -> ImageSpec:
 
 
 @contextmanager
-def _registry(crane: Path, workdir: Path) -> Iterator[str]:
+def local_registry(crane: Path, workdir: Path) -> Iterator[str]:
     """A throw-away in-memory registry on 127.0.0.1 (a random port); yields "127.0.0.1:<port>"."""
     log_path = workdir / "registry.log"
     with log_path.open("w") as log:
@@ -326,7 +326,7 @@ def _crane_env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def _crane(crane: Path, args: list[str], workdir: Path) -> None:
+def run_crane(crane: Path, args: list[str], workdir: Path) -> None:
     proc = subprocess.run(
         [str(crane), *args], capture_output=True, text=True, env=_crane_env(workdir), check=False
     )
@@ -338,7 +338,7 @@ def _build_one(spec: ImageSpec, key: str, crane: Path, registry: str, workdir: P
     layer = workdir / f"{spec.name}-layer.tar"
     write_layer(spec.entries, layer)
     staging = f"{registry}/gpuslice/{spec.name}:{key[:20]}"
-    _crane(crane, ["append", "--oci-empty-base", "-f", str(layer), "-t", staging], workdir)
+    run_crane(crane, ["append", "--oci-empty-base", "-f", str(layer), "-t", staging], workdir)
     args = ["mutate", staging, "--set-platform", image_platform(), "-t", spec.ref, "-o", str(out)]
     if spec.entrypoint:
         args += ["--entrypoint", ",".join(spec.entrypoint)]
@@ -352,7 +352,7 @@ def _build_one(spec: ImageSpec, key: str, crane: Path, registry: str, workdir: P
         args += ["--env", env]
     for k, v in sorted({**spec.labels, "io.gpuslice.image.key": key}.items()):
         args += ["--label", f"{k}={v}"]
-    _crane(crane, args, workdir)
+    run_crane(crane, args, workdir)
 
 
 def _archive(spec: ImageSpec, key: str) -> ImageArchive:
@@ -360,7 +360,7 @@ def _archive(spec: ImageSpec, key: str) -> ImageArchive:
 
 
 @contextmanager
-def _images_lock() -> Iterator[None]:
+def images_lock() -> Iterator[None]:
     root = images_dir()
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as fh:
@@ -380,14 +380,14 @@ def build_images(
     archives = [_archive(spec, key) for spec, key in keyed]
     if all(a.path.is_file() for a in archives):
         return archives
-    with _images_lock():
+    with images_lock():
         missing = [(s, k) for (s, k), a in zip(keyed, archives, strict=True) if not a.path.is_file()]
         if not missing:
             return archives
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=".build-", dir=images_dir()) as tmp:
             workdir = Path(tmp)
-            with _registry(crane, workdir) as registry:
+            with local_registry(crane, workdir) as registry:
                 for spec, key in missing:
                     stage = workdir / key
                     stage.mkdir()

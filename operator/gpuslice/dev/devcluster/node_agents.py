@@ -1,7 +1,8 @@
 """One simulated node agent per node, so the whole allocation path runs on one machine.
 
-On kwok nodes the agent serves an emulated kubelet's sockets. On real nodes it registers with the real
-kubelet through its plugins_registry, writes CDI specs where that node's containerd reads them, and
+On kwok nodes the agent only publishes (nothing calls its kubelet sockets). On real nodes it
+registers with the real kubelet through its plugins_registry, writes CDI specs where that node's
+containerd reads them, and
 the NVIDIA side is simulated as on a GPU node: the toolkit's CDI spec (gpusim.nvidia_cdi) and the
 driver test double's host daemon (the kernel module's part: host PIDs, memory of dead processes).
 """
@@ -38,16 +39,24 @@ def _registered(log: Path) -> bool:
     return False
 
 
-def _start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dict[str, Path], Path]:
+def fake_gpu_config(cluster: DevCluster, node: str) -> Path:
+    """The simulated GPUs of a real node, as the driver test double reads them (host path)."""
+    from gpuslice.dev.devcluster.realnode import dirs_of
+
+    return dirs_of(cluster, node).base / "gpu" / "driver" / "fake-gpus.conf"
+
+
+def start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dict[str, Path], Path]:
     """The simulated GPUs of a real node: description, host daemon, NVIDIA CDI spec."""
     from gpuslice.dev.devcluster.realnode import dirs_of
     from gpuslice.dev.gpusim import nvidia_cdi, simulate
     from gpuslice.dev.gpusim.build import ensure_built
 
     d = dirs_of(cluster, node)
-    gpu_dir = d.base / "gpu"
-    driver_dir = gpu_dir / "driver"
-    fake_config = simulate.write_node_config(spec, node, driver_dir)
+    fake_config = fake_gpu_config(cluster, node)
+    driver_dir = fake_config.parent
+    gpu_dir = driver_dir.parent
+    simulate.write_node_config(spec, node, driver_dir)
     name = driverd_process_name(node)
     if not cluster.status().get(name):
         rec = cluster.start_process(name, [str(ensure_built().driverd), "--config", str(fake_config)])
@@ -80,7 +89,7 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
     Each agent runs as its own client-certificate user that may write only its node's
     ResourceSlices. Returns the nodes whose agent was started now.
     """
-    from gpuslice.dev.agents import agent_kubeconfig, install_agent_rbac, spawn_agent
+    from gpuslice.dev.agents import agent_command, agent_kubeconfig, install_agent_rbac
 
     say = progress or (lambda _m: None)
     st = cluster.state()
@@ -98,17 +107,17 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
         kubeconfig = agent_kubeconfig(cluster, node, install=False)
         log = cluster.dir / "logs" / f"agent-{node}.log"
         dirs, fake_config = (
-            _start_real_node_gpus(cluster, node, spec) if node in st.real_nodes else (None, None)
+            start_real_node_gpus(cluster, node, spec) if node in st.real_nodes else (None, None)
         )
         log.unlink(missing_ok=True)
-        proc = spawn_agent(
-            node, spec, kubeconfig, cluster.dir / "agents", log, dirs=dirs, fake_config=fake_config
+        cmd, env = agent_command(
+            node, spec, kubeconfig, cluster.dir / "agents", dirs=dirs, fake_config=fake_config
         )
-        cluster.register_process(name, proc, log, [str(a) for a in proc.args])  # type: ignore[union-attr]
+        rec = cluster.start_process(name, cmd, env)
         if node in st.real_nodes:
             deadline = time.monotonic() + 60
             while not _registered(log):
-                if time.monotonic() > deadline or proc.poll() is not None:
+                if time.monotonic() > deadline or not rec.alive():
                     raise DevClusterError(f"the agent on {node} did not register with kubelet; log: {log}")
                 time.sleep(0.2)
         started.append(node)

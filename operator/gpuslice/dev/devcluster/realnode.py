@@ -16,6 +16,7 @@ unmounts whatever is still mounted under the node's dirs, deletes its bridge and
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +32,10 @@ import yaml
 
 from gpuslice import procfs
 from gpuslice.dev.devcluster import pki
-from gpuslice.dev.devcluster.cluster import (
-    FEATURE_GATES,
-    DevCluster,
-    DevClusterError,
-    State,
-    free_port,
-)
+from gpuslice.dev.devcluster.cluster import DevCluster, State
+from gpuslice.dev.devcluster.components import FEATURE_GATES
 from gpuslice.dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
+from gpuslice.dev.devcluster.supervisor import DevClusterError, free_port, stop
 
 Progress = Callable[[str], None]
 
@@ -156,6 +153,15 @@ def _free_slot(taken: set[int]) -> int:
         if slot not in taken and not Path(f"/sys/class/net/gs-br{slot}").exists():
             return slot
     raise DevClusterError("no free bridge slot (gs-br0..249 all exist); stop other devclusters' real nodes")
+
+
+@contextlib.contextmanager
+def _slot_lock() -> Iterator[None]:
+    lock = Path("/run/gpuslice-dev/slots.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def dirs_of(cluster: DevCluster, name: str) -> NodeDirs:
@@ -427,10 +433,14 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
             stop_node(cluster, name, bins)
         started_at = time.monotonic()
         st = cluster.state() or st
-        if name not in st.node_slots:
-            st.node_slots[name] = _free_slot(set(st.node_slots.values()))
-            st.save()
-        d = node_dirs(cluster.dir, name, st.node_slots[name])
+        with _slot_lock():
+            # The bridge is the slot's reservation: made under the machine-wide lock, so two
+            # devclusters starting at once never take the same subnet.
+            if name not in st.node_slots:
+                st.node_slots[name] = _free_slot(set(st.node_slots.values()))
+                st.save()
+            d = node_dirs(cluster.dir, name, st.node_slots[name])
+            _make_bridge(d)
         _start_containerd(cluster, d, bins, images)
         st = cluster.state() or st
         _start_kubelet(cluster, st, d, bins)
@@ -442,10 +452,23 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
     return started
 
 
+def import_image(cluster: DevCluster, archive: Path) -> list[str]:
+    """`ctr -n k8s.io images import ARCHIVE` (an OCI or docker archive) on every real node of the
+    cluster; returns the nodes it was imported on. kubelet then runs it without pulling."""
+    st = cluster.state()
+    if st is None or not st.real_nodes:
+        raise DevClusterError(f"no real node runs in {cluster.dir}; `gpuslice devcluster up --real-nodes 1`")
+    if not archive.is_file():
+        raise DevClusterError(f"{archive} is not a file (build it with `make image`)")
+    bins = ensure_node_binaries(cluster.progress)
+    for name in st.real_nodes:
+        ctr(bins, dirs_of(cluster, name), "images", "import", str(archive.resolve()))
+    return list(st.real_nodes)
+
+
 # --- stop ---------------------------------------------------------------------------------------
-def _kill_tree_of(pred: Callable[[list[str]], bool]) -> list[int]:
-    """SIGKILL every process whose argv `pred` accepts (shims a stopped containerd left behind)."""
-    killed = []
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, argv) of every process on the machine."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -453,11 +476,17 @@ def _kill_tree_of(pred: Callable[[list[str]], bool]) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        args = [a.decode(errors="replace") for a in argv if a]
+        yield int(entry.name), [a.decode(errors="replace") for a in argv if a]
+
+
+def _kill_tree_of(pred: Callable[[list[str]], bool]) -> list[int]:
+    """SIGKILL every process whose argv `pred` accepts (shims a stopped containerd left behind)."""
+    killed = []
+    for pid, args in _processes():
         if args and pred(args):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
     return killed
 
 
@@ -498,20 +527,18 @@ def _remove_cgroups(cgroup_root: str) -> None:
 
 def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) -> list[str]:
     """Stop one real node and leave nothing behind: no process, mount, netns, bridge or cgroup."""
-    from gpuslice.dev.devcluster.cluster import _stop
-
     bins = bins or ensure_node_binaries(cluster.progress)
     d = dirs_of(cluster, name)
     st = cluster.state()
     stopped: list[str] = []
     names = process_names(name)
     recs = st.processes if st else {}
-    if names["kubelet"] in recs and _stop(recs[names["kubelet"]]):
+    if names["kubelet"] in recs and stop(recs[names["kubelet"]]):
         stopped.append(names["kubelet"])
     if names["containerd"] in recs and recs[names["containerd"]].alive():
         # Through CRI: containers stop, CNI releases the pod addresses, netns are removed.
         crictl(bins, d, "rmp", "--all", "--force")
-    if names["containerd"] in recs and _stop(recs[names["containerd"]]):
+    if names["containerd"] in recs and stop(recs[names["containerd"]]):
         stopped.append(names["containerd"])
     sock = str(d.containerd_socket)
     _kill_tree_of(lambda args: "containerd-shim" in args[0] and sock in args)
@@ -543,8 +570,6 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
 
 def stop_all(cluster: DevCluster, st: State) -> list[str]:
     """Stop every real node (agents on them first: they withdraw their ResourceSlices)."""
-    from gpuslice.dev.devcluster.cluster import _stop
-
     stopped: list[str] = []
     for name in list(st.real_nodes):
         extras = [
@@ -554,7 +579,7 @@ def stop_all(cluster: DevCluster, st: State) -> list[str]:
         ]
         # the agent before the driver daemon it reads GPUs through
         for proc_name in sorted(extras, key=lambda n: not n.startswith("agent/")):
-            if _stop(st.processes[proc_name]):
+            if stop(st.processes[proc_name]):
                 stopped.append(proc_name)
         stopped += stop_node(cluster, name)
     return stopped
@@ -568,16 +593,9 @@ def leftovers(cluster_dir: Path, nodes: dict[str, int]) -> dict[str, list[str]]:
         out["mounts"] += mounts_under(d.base, d.root)
         if Path(f"/sys/class/net/{d.bridge}").exists():
             out["links"].append(d.bridge)
-        sock = str(d.containerd_socket)
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if (sock in cmd or str(d.kubelet_root) in cmd or str(d.runc_root) in cmd) and procfs.alive(
-                int(entry.name)
-            ):
-                out["processes"].append(f"{entry.name}: {cmd[:120]}")
+        ours = (str(d.containerd_socket), str(d.kubelet_root), str(d.runc_root))
+        for pid, args in _processes():
+            cmd = " ".join(args)
+            if any(o in cmd for o in ours) and procfs.alive(pid):
+                out["processes"].append(f"{pid}: {cmd[:120]}")
     return out

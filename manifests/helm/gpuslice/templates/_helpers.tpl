@@ -1,0 +1,50 @@
+{{/*
+One object of the kustomize base, changed where values say so, as a YAML document.
+Arguments: obj (the parsed object), labels (what the kustomization's `labels` add), Values.
+*/}}
+{{- define "gpuslice.object" -}}
+{{- $obj := .obj -}}
+{{- $v := .Values -}}
+{{- $meta := $obj.metadata -}}
+{{- $_ := set $meta "labels" (merge (default dict $meta.labels) .labels) -}}
+{{- if and (eq $obj.kind "Namespace") $v.podSecurity.enforce -}}
+{{- $_ := set $meta.labels "pod-security.kubernetes.io/enforce" $v.podSecurity.enforce -}}
+{{- end -}}
+{{- if and (eq $obj.kind "Deployment") (not (kindIs "invalid" $v.operator.replicas)) -}}
+{{- $_ := set $obj.spec "replicas" $v.operator.replicas -}}
+{{- end -}}
+{{- if eq $obj.kind "DaemonSet" -}}
+{{- $pod := $obj.spec.template.spec -}}
+{{- if not (kindIs "invalid" $v.agent.nodeSelector) -}}
+{{- $_ := set $pod "nodeSelector" $v.agent.nodeSelector -}}
+{{- end -}}
+{{- if not (kindIs "invalid" $v.agent.tolerations) -}}
+{{- $_ := set $pod "tolerations" $v.agent.tolerations -}}
+{{- end -}}
+{{- end -}}
+{{- if has $obj.kind (list "Deployment" "DaemonSet") -}}
+{{- $pod := $obj.spec.template.spec -}}
+{{- range $c := concat (default list $pod.initContainers) (default list $pod.containers) -}}
+{{- $repo := regexReplaceAll ":[^:/]*$" $c.image "" -}}
+{{- $tag := regexFind "[^:/]*$" $c.image -}}
+{{- $_ := set $c "image" (printf "%s:%s" (default $repo $v.image.repository) (default $tag $v.image.tag)) -}}
+{{- if $v.image.pullPolicy -}}
+{{- $_ := set $c "imagePullPolicy" $v.image.pullPolicy -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+---
+{{ toYaml $obj }}
+{{- end -}}
+
+{{/* The objects of one YAML file (several documents). Arguments: root, path, labels. */}}
+{{- define "gpuslice.file" -}}
+{{- $root := .root -}}
+{{- $labels := .labels -}}
+{{- range $doc := regexSplit "(?m)^---[ \t]*$" ($root.Files.Get .path) -1 -}}
+{{- $obj := fromYaml $doc -}}
+{{- if and $obj.kind (not $obj.Error) -}}
+{{- include "gpuslice.object" (dict "obj" $obj "labels" $labels "Values" $root.Values) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

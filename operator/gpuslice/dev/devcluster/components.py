@@ -1,0 +1,153 @@
+"""The control plane's components and their flags: what each one is started with (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuslice.dev.devcluster import pki
+from gpuslice.dev.devcluster.binaries import Binaries
+
+#: Order matters: started in this order, stopped in reverse.
+CORE_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+FEATURE_GATES = "DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true"
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+
+def etcd_argv(bins: Binaries, data: Path, client_port: int, peer_port: int) -> list[str]:
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    return [
+        str(bins.etcd),
+        "--name=devcluster",
+        f"--data-dir={data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=devcluster={peer}",
+        "--listen-metrics-urls=",
+        # A throw-away dev cluster: skipping fsync keeps writes fast on shared disks.
+        "--unsafe-no-fsync",
+        "--quota-backend-bytes=2147483648",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(
+    bins: Binaries,
+    *,
+    etcd_port: int,
+    port: int,
+    pki_dir: Path,
+    serving: pki.CertPair,
+    service_accounts: pki.CertPair,
+    kubelet_client: pki.CertPair,
+    feature_gates: str,
+) -> list[str]:
+    ca = pki_dir / "ca.crt"
+    return [
+        str(bins.kube_apiserver),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        # The `kubernetes` Service endpoint may not be loopback; nothing here needs it.
+        "--endpoint-reconciler-type=none",
+        f"--secure-port={port}",
+        f"--tls-cert-file={serving.cert}",
+        f"--tls-private-key-file={serving.key}",
+        f"--client-ca-file={ca}",
+        f"--service-account-key-file={service_accounts.cert}",
+        f"--service-account-signing-key-file={service_accounts.key}",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        "--api-audiences=https://kubernetes.default.svc",
+        # Node + NodeRestriction: a real kubelet may touch only its own Node and its pods' objects.
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        # kube-apiserver -> kubelet (logs, exec): a client certificate the kubelets authorize by
+        # webhook, and their serving certificates checked against the cluster's CA.
+        f"--kubelet-client-certificate={kubelet_client.cert}",
+        f"--kubelet-client-key={kubelet_client.key}",
+        f"--kubelet-certificate-authority={ca}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        # Privileged pods must reach admission so gpuslice's policies (not this flag) reject them.
+        "--allow-privileged=true",
+        f"--feature-gates={feature_gates}",
+        "--profiling=false",
+        "--enable-priority-and-fairness=false",
+        f"--cert-dir={pki_dir / 'apiserver-generated'}",
+    ]
+
+
+def controller_manager_argv(
+    bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path, service_account_key: Path
+) -> list[str]:
+    return [
+        str(bins.kube_controller_manager),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--leader-elect=false",
+        # Each controller acts as its own service account, with the bootstrap RBAC roles.
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={service_account_key}",
+        f"--root-ca-file={pki_dir / 'ca.crt'}",
+        "--controllers=*",
+        f"--feature-gates={FEATURE_GATES}",
+        f"--cert-dir={pki_dir / 'kcm-generated'}",
+        "--concurrent-gc-syncs=5",
+    ]
+
+
+def scheduler_argv(bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path) -> list[str]:
+    return [
+        str(bins.kube_scheduler),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--leader-elect=false",
+        f"--feature-gates={FEATURE_GATES}",
+        f"--cert-dir={pki_dir / 'scheduler-generated'}",
+    ]
+
+
+def kwok_argv(bins: Binaries, *, kubeconfig: Path, port: int) -> list[str]:
+    return [
+        str(bins.kwok),
+        f"--kubeconfig={kubeconfig}",
+        f"--config={bins.kwok_stages}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION[0]}={KWOK_NODE_ANNOTATION[1]}",
+        "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+        "--cidr=10.0.0.1/16",
+        "--node-ip=10.0.0.1",
+        "--node-lease-duration-seconds=40",
+        f"--server-address=127.0.0.1:{port}",
+    ]
+
+
+def node_manifest(name: str, cpu: str = "32", memory: str = "256Gi") -> dict[str, object]:
+    """A kwok node: Ready as long as kwok runs, with room for many pods."""
+    resources = {"cpu": cpu, "memory": memory, "pods": "110"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                KWOK_NODE_ANNOTATION[0]: KWOK_NODE_ANNOTATION[1],
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
+        },
+        "spec": {},
+        "status": {"allocatable": resources, "capacity": resources},
+    }

@@ -1,0 +1,173 @@
+"""Judging the processes on a node's GPUs against the slices they belong to (hole 8 of issue 10).
+
+The shim runs in the tenant's address space, so a process that loads the CUDA driver library by
+another way (a renamed copy, `dlmopen`, a static driver) allocates past its slice. The node agent
+sees every GPU process from the host: NVML lists host PIDs, /proc/<pid>/cgroup names the pod (the
+kubelet's cgroup path holds the pod UID), the pod names its claims, and the agent's checkpoint says
+which claim holds which slice of which GPU. This module is the pure part: given who each process
+belongs to, which processes break which slice, and which of them may be stopped.
+
+- A process of a pod that holds slices on the process's GPU is counted against those slices: all
+  processes of the pod's slices on that GPU together may hold at most the slices' memory (the shim's
+  limit is per slice, shared by its processes). Past it, the slice is violated; under `Stop` its
+  processes are stopped largest first until the rest fits.
+- Any other process on a GPU that holds slices is "unknown": a host process, a pod without a claim
+  for that GPU, or one the agent could not attribute (its /proc was unreadable, its pod is not on
+  this node). It is reported on every slice of that GPU, never stopped: the agent is not certain
+  whose it is.
+- A process on a GPU that holds no slice harms no slice; it is returned with no slices, for the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuslice.api.package import OnViolation
+
+#: Finding kinds; the values of `gpuslice.metrics.ViolationKind` (the metric's `kind` label).
+KIND_OVER = "memory_over_slice"
+KIND_UNKNOWN = "unknown_process"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process NVML lists on a GPU (host PID, as the agent sees it)."""
+
+    gpu_uuid: str
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class SliceClaim:
+    """A claim prepared on this node: one slice of one GPU."""
+
+    uid: str
+    key: str  # namespace/name it is reported under (its GpuSlice, or the claim itself)
+    gpu_uuid: str
+    limit_bytes: int
+    on_violation: OnViolation = OnViolation.STOP
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose a host process is, from its /proc entry.
+
+    `pod_uid` None and `certain`: in no pod's cgroup (a host process). `certain` False: /proc could
+    not be read or named more than one pod; the process is treated as unknown.
+    """
+
+    pod_uid: str | None
+    certain: bool = True
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """A pod on this node and the UIDs of the claims it holds (from its spec and status)."""
+
+    namespace: str
+    name: str
+    claim_uids: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Finding:
+    gpu_uuid: str
+    kind: str  # KIND_OVER or KIND_UNKNOWN
+    pids: tuple[int, ...]
+    used_bytes: int
+    allowed_bytes: int
+    slices: tuple[str, ...]  # report keys of the slices affected (empty: the GPU holds none)
+    stop: tuple[int, ...]  # pids to SIGKILL (only certain attributions under Stop)
+    message: str
+
+
+def _mib(n: int) -> str:
+    return f"{n >> 20} MiB"
+
+
+def _to_stop(procs: Sequence[GpuProcess], allowed: int) -> tuple[int, ...]:
+    """Largest first, until what remains fits the slices."""
+    remaining = sum(p.used_bytes for p in procs)
+    out: list[int] = []
+    for p in sorted(procs, key=lambda p: (-p.used_bytes, p.pid)):
+        if remaining <= allowed:
+            break
+        out.append(p.pid)
+        remaining -= p.used_bytes
+    return tuple(sorted(out))
+
+
+def _why_unknown(pid: int, owner: Owner | None, pod: PodClaims | None) -> str:
+    if owner is None or not owner.certain:
+        return f"process {pid} could not be attributed to a pod (its /proc entry is gone or ambiguous)"
+    if owner.pod_uid is None:
+        return f"process {pid} belongs to no pod (a host process)"
+    if pod is None:
+        return f"process {pid} belongs to pod UID {owner.pod_uid}, which is not on this node"
+    return f"process {pid} belongs to pod {pod.namespace}/{pod.name}, which holds no slice of this GPU"
+
+
+def judge(
+    processes: Iterable[GpuProcess],
+    owners: Mapping[int, Owner],
+    pods: Mapping[str, PodClaims],
+    claims: Sequence[SliceClaim],
+) -> list[Finding]:
+    """Every violation on this node's GPUs: slices whose processes hold more than the slices, and
+    unknown processes on GPUs that hold slices (see the module docstring)."""
+    by_gpu: dict[str, list[SliceClaim]] = {}
+    for c in claims:
+        by_gpu.setdefault(c.gpu_uuid, []).append(c)
+    procs_by_gpu: dict[str, list[GpuProcess]] = {}
+    for p in processes:
+        procs_by_gpu.setdefault(p.gpu_uuid, []).append(p)
+    found: list[Finding] = []
+    for uuid, procs in sorted(procs_by_gpu.items()):
+        on_gpu = {c.uid: c for c in by_gpu.get(uuid, [])}
+        keys = tuple(sorted({c.key for c in on_gpu.values()}))
+        # group the attributed processes by the set of this GPU's slices their pod holds
+        groups: dict[tuple[str, ...], list[GpuProcess]] = {}
+        for p in sorted(procs, key=lambda p: p.pid):
+            owner = owners.get(p.pid)
+            pod = pods.get(owner.pod_uid) if owner and owner.certain and owner.pod_uid else None
+            mine = tuple(sorted(pod.claim_uids & on_gpu.keys())) if pod else ()
+            if mine:
+                groups.setdefault(mine, []).append(p)
+                continue
+            why = _why_unknown(p.pid, owner, pod)
+            if not keys:
+                message = f"{why}; it holds {_mib(p.used_bytes)} on GPU {uuid}, which holds no slice"
+            else:
+                message = (
+                    f"{why}; it holds {_mib(p.used_bytes)} on GPU {uuid}, whose memory is sold to "
+                    f"slices {', '.join(keys)}: the agent reports it and does not stop it"
+                )
+            found.append(Finding(uuid, KIND_UNKNOWN, (p.pid,), p.used_bytes, 0, keys, (), message))
+        for uids, members in sorted(groups.items()):
+            slices = [on_gpu[u] for u in uids]
+            allowed = sum(s.limit_bytes for s in slices)
+            used = sum(p.used_bytes for p in members)
+            if used <= allowed:
+                continue
+            stop = all(s.on_violation == OnViolation.STOP for s in slices)
+            to_stop = _to_stop(members, allowed) if stop else ()
+            names = ", ".join(sorted({s.key for s in slices}))
+            pids = ", ".join(str(p.pid) for p in members)
+            message = (
+                f"process(es) {pids} of slice {names} hold {_mib(used)} on GPU {uuid}, more than the "
+                f"slice's {_mib(allowed)}: they bypassed the gpuslice shim; "
+                + (
+                    f"the agent stops {', '.join(map(str, to_stop))} (onViolation: Stop)"
+                    if stop
+                    else "reported only (onViolation: Report)"
+                )
+            )
+            found.append(
+                Finding(
+                    uuid, KIND_OVER, tuple(p.pid for p in members), used, allowed,
+                    tuple(sorted({s.key for s in slices})), to_stop, message,
+                )
+            )  # fmt: skip
+    return found

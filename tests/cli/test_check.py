@@ -1,0 +1,192 @@
+"""`gpuslice check` says, one line per prerequisite, whether a cluster can run gpuslice and how to fix
+what is missing; the agent refuses to run where the API server drops its counters.
+
+The dropped-fields path runs against a second, real kube-apiserver started with the DRA gates off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.check import (
+    Outcome,
+    evaluate_agents,
+    evaluate_operator,
+    evaluate_packages,
+    evaluate_probe,
+    evaluate_version,
+    exit_code,
+    fail,
+    ok,
+    probe_slices,
+    render,
+)
+from gpuslice.dev.devcluster.cluster import DevCluster
+from support import V100, package_doc, published
+
+REPO = Path(__file__).resolve().parents[2]
+GATES_OFF = "DRAPartitionableDevices=false,DRAConsumableCapacity=false"
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def gpuslice_check(kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    """`gpuslice check` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuslice", "check", f"--kubeconfig={kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def line(output: str, name: str) -> str:
+    (found,) = [x for x in output.splitlines() if x[2:].startswith(name)]
+    return found
+
+
+# --- the decisions ---------------------------------------------------------------------------------
+
+
+def test_versions_from_1_36_pass_1_34_passes_with_a_note_older_fails() -> None:
+    assert evaluate_version("v1.37.2").outcome == Outcome.OK
+    older = evaluate_version("v1.35.1")
+    assert older.outcome == Outcome.OK and "alpha gates" in older.detail
+    ancient = evaluate_version("v1.33.4")
+    assert ancient.outcome == Outcome.FAIL and "1.36 or newer" in ancient.fix
+
+
+def test_probe_names_each_dropped_field_and_the_gate_that_keeps_it() -> None:
+    sent = probe_slices()
+    kept = evaluate_probe(sent, sent)
+    assert [r.outcome for r in kept] == [Outcome.OK, Outcome.OK]
+    stripped = [{"spec": {k: v for k, v in s["spec"].items() if k != "sharedCounters"}} for s in sent]
+    stripped[1]["spec"]["devices"] = [{"name": d["name"]} for d in sent[1]["spec"]["devices"]]
+    partitionable, consumable = evaluate_probe(sent, stripped)
+    assert partitionable.outcome == Outcome.FAIL
+    assert "spec.sharedCounters, spec.devices[partition].consumesCounters" in partitionable.detail
+    assert "--feature-gates=DRAPartitionableDevices=true" in partitionable.fix
+    assert consumable.outcome == Outcome.FAIL and "DRAConsumableCapacity=true" in consumable.fix
+
+
+def test_operator_is_running_while_a_peer_renews_its_keepalive() -> None:
+    fresh = {"status": {"p1": {"lastseen": (NOW - timedelta(seconds=10)).isoformat(), "lifetime": 60}}}
+    stale = {"status": {"p1": {"lastseen": (NOW - timedelta(seconds=90)).isoformat(), "lifetime": 60}}}
+    assert evaluate_operator(fresh, None, NOW).outcome == Outcome.OK
+    gone = evaluate_operator(stale, None, NOW)
+    assert gone.outcome == Outcome.FAIL and "within its lifetime" in gone.detail
+    assert "rollout status deploy/gpuslice-operator" in gone.fix
+    deployed = {"status": {"availableReplicas": 2}}
+    assert evaluate_operator(None, deployed, NOW).outcome == Outcome.OK
+
+
+def test_gpu_nodes_without_slices_and_packages_without_gpus_are_named() -> None:
+    slices = published("n1", 2, {"v100-8g": 25})
+    assert evaluate_agents(["n1"], slices).detail == "2 GPU(s) on 1 node(s)"
+    silent = evaluate_agents(["n1", "n2"], slices)
+    assert silent.outcome == Outcome.FAIL and "n2" in silent.detail and "n1" not in silent.detail
+    assert evaluate_agents([], []).outcome == Outcome.FAIL
+    pkgs = [package_doc("v100-8g", 25), package_doc("a100", 25, model="NVIDIA A100-SXM4-40GB")]
+    unmatched = evaluate_packages(pkgs, {V100})
+    assert unmatched.outcome == Outcome.FAIL and "a100 ('NVIDIA A100-SXM4-40GB')" in unmatched.detail
+    assert evaluate_packages([], {V100}).outcome == Outcome.SKIP
+
+
+def test_output_is_one_line_per_check_with_the_fix_under_a_failure() -> None:
+    results = [ok("a", "fine"), fail("b", "broken", "do this")]
+    assert render("https://k", results).splitlines() == [
+        "gpuslice check against https://k",
+        "\u221a a: fine",
+        "\u00d7 b: broken",
+        "    fix: do this",
+        "1 check(s) failed",
+    ]
+    assert exit_code(results) == 1 and exit_code(results[:1]) == 0
+
+
+# --- on real API servers ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A second control plane whose kube-apiserver runs with the DRA gates off, as 1.34/1.35 do."""
+    dc = DevCluster(
+        tmp_path_factory.mktemp("gates-off"),
+        progress=lambda m: print(f"[gates-off] {m}", file=sys.stderr),
+        apiserver_feature_gates=GATES_OFF,
+    )
+    try:
+        dc.up(nodes=0)
+        yield dc
+    finally:
+        dc.down()
+
+
+@pytest.mark.cluster
+def test_check_fails_and_names_the_gates_when_the_api_server_drops_the_counters(
+    gates_off: DevCluster,
+) -> None:
+    proc = gpuslice_check(gates_off.kubeconfig)
+    out = proc.stdout
+    print(out)
+    assert proc.returncode == 1, proc.stderr
+    assert line(out, "resource.k8s.io/v1 (DRA) is served").startswith("\u221a ")
+    partitionable = line(out, "partitionable devices (DRAPartitionableDevices) kept by the API server")
+    assert partitionable.startswith("\u00d7 ")
+    assert "spec.sharedCounters, spec.devices[partition].consumesCounters" in partitionable
+    fix = out.splitlines()[out.splitlines().index(partitionable) + 1]
+    assert fix.startswith("    fix: ") and "--feature-gates=DRAPartitionableDevices=true" in fix
+    assert line(out, "consumable capacity (DRAConsumableCapacity)").startswith("\u00d7 ")
+
+
+def _publish(dc: DevCluster, node: str) -> list[dict[str, Any]]:
+    """The agent's publisher, against a real API server; returns the pool as stored."""
+    from gpuslice.agent.kube import Kube, api_client
+    from gpuslice.agent.publisher import Publisher
+    from support import gpu
+
+    async def publish() -> list[dict[str, Any]]:
+        api = api_client(dc.kubeconfig)
+        kube = Kube(api)
+        try:
+            publisher = Publisher(node, [gpu(0, node=node)], kube)
+            publisher.packages_listed([package_doc("v100-8g", 25)])
+            publisher.node_seen({"metadata": {"name": node}})
+            try:
+                await publisher.sync()
+                return await kube.list_pool_slices(node)
+            finally:
+                await publisher.withdraw()
+        finally:
+            await api.close()
+
+    return asyncio.run(publish())
+
+
+@pytest.mark.cluster
+def test_the_agent_refuses_to_run_when_its_slices_come_back_without_counters(gates_off: DevCluster) -> None:
+    from gpuslice.agent.publisher import FieldsDropped
+
+    with pytest.raises(FieldsDropped) as refused:
+        _publish(gates_off, "gpu-node")
+    message = str(refused.value)
+    assert "the API server dropped spec.sharedCounters" in message
+    assert "kube-scheduler would never allocate a slice" in message
+    assert "--feature-gates=DRAPartitionableDevices=true" in message
+
+
+@pytest.mark.cluster
+def test_the_agent_publishes_where_the_api_server_keeps_the_counters(cluster: DevCluster) -> None:
+    # The refusal above must not be a false alarm: with the gates on, the same publish goes through.
+    stored = _publish(cluster, "check-gates-on-node")
+    assert any(s["spec"].get("sharedCounters") for s in stored)
+    assert all(d.get("consumesCounters") for s in stored for d in s["spec"].get("devices") or [])

@@ -1,0 +1,164 @@
+"""NVML and the driver inside a slice: its own processes, its own share, never more than the card."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from gpuslice.dev.gpusim.simulate import start_fake_driverd
+from shim.shim_helpers import GIB, Holder, env_of, probe, run, values
+
+LIMIT = 8 * GIB
+PHYSICAL = 32 * GIB
+CONTEXT = 300 << 20  # a V100 context, as the driver reports it
+
+NVML_VIEW = textwrap.dedent(
+    """
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"):
+        procs = getattr(pynvml, fn)(h)
+        print(f"{fn}=" + ",".join(str(p.pid) for p in sorted(procs, key=lambda p: p.pid)))
+    m = pynvml.nvmlDeviceGetMemoryInfo(h)
+    print(f"total={m.total}")
+    print(f"free={m.free}")
+    print(f"used={m.used}")
+    print(f"gpu_util={pynvml.nvmlDeviceGetUtilizationRates(h).gpu}")
+    """
+)
+
+
+def _outsider(s, built, *args: str) -> subprocess.Popen[str]:
+    """A process on the same card outside the slice (another tenant: no shim)."""
+    return subprocess.Popen(
+        [str(probe(built)), *args],
+        env=env_of(s, shim=False),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_nvml_process_lists_show_only_the_slices_processes(make_slice, built):
+    s = make_slice(memory_bytes=LIMIT)
+    other = _outsider(s, built, "hold", str(5 * GIB))
+    assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
+    mine = Holder(s, built, 2 * GIB)
+    try:
+        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+    finally:
+        mine.close()
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+    assert card["nvmlDeviceGetComputeRunningProcesses"] == ",".join(
+        str(p) for p in sorted([mine.proc.pid, other.pid])
+    )
+    assert inside["nvmlDeviceGetComputeRunningProcesses"] == str(mine.proc.pid)
+    assert inside["nvmlDeviceGetComputeRunningProcesses_v2"] == str(mine.proc.pid)
+
+
+def test_free_is_never_above_what_the_card_has_free(make_slice, built):
+    s = make_slice(memory_bytes=LIMIT)
+    other = _outsider(s, built, "hold", str(30 * GIB))
+    assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
+    try:
+        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+        info = values(run(s, [probe(built), "info"]).stdout)
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+    assert int(inside["total"]) == LIMIT
+    assert int(inside["free"]) == 2 * GIB, "the card has only 2 GiB free"
+    assert int(info["meminfo_free"]) == 2 * GIB
+
+
+def test_totals_are_never_above_the_card(make_slice, built):
+    s = make_slice(memory_bytes=40 * GIB)
+    inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+    info = values(run(s, [probe(built), "info"]).stdout)
+    assert int(inside["total"]) == PHYSICAL
+    assert int(info["meminfo_total"]) == PHYSICAL
+    assert int(info["total_mem"]) == PHYSICAL
+    assert int(info["meminfo_free"]) <= PHYSICAL
+
+
+def test_utilization_is_the_slices_own_as_a_share_of_its_quota(make_slice, built):
+    # another tenant keeps the card busy: the slice does not see it
+    s = make_slice(memory_bytes=LIMIT, compute_share=50)
+    other = _outsider(s, built, "launch", "3", "1000", "kernel")
+    time.sleep(2)
+    inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+    card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+    other.wait(timeout=60)
+    assert int(card["gpu_util"]) >= 50
+    assert int(inside["gpu_util"]) == 0
+    # the slice's own work reads as a share of its quota: half the card is 100 % of a 50 % slice
+    burner = subprocess.Popen(
+        [str(probe(built)), "launch", "4", "1000", "kernel"], env=env_of(s), stdout=subprocess.PIPE, text=True
+    )
+    time.sleep(3)
+    inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+    card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+    burner.wait(timeout=60)
+    expected = min(100, 2 * int(card["gpu_util"]))
+    assert int(card["gpu_util"]) > 10
+    assert abs(int(inside["gpu_util"]) - expected) <= 25, (inside["gpu_util"], card["gpu_util"])
+
+
+INSIDE_A_POD = textwrap.dedent(
+    """
+    import subprocess, sys, pynvml
+    holder = subprocess.Popen(
+        [sys.argv[1], "hold", str(1 << 30)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().startswith("held rc=0")
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    print(f"namespace_pid={holder.pid}")
+    print("listed=" + ",".join(f"{p.pid}:{p.usedGpuMemory}" for p in procs))
+    holder.stdin.close()
+    holder.wait()
+    """
+)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_inside_a_pid_namespace_the_slice_learns_its_host_pids_and_context_cost(make_slice, built):
+    """In a pod NVML reports host pids: a process learns its own at its first context (and what the
+    context costs), so the slice's lists show it and nobody else."""
+    s = make_slice(memory_bytes=LIMIT)
+    conf = s.workdir / "fake-gpus.conf"
+    with conf.open("a") as f:
+        f.write(f"gpu.0.context_bytes={CONTEXT}\n")
+    daemon = start_fake_driverd(conf)
+    other = _outsider(s, built, "hold", str(5 * GIB))
+    try:
+        assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
+        result = run(
+            s,
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", INSIDE_A_POD, probe(built)],
+        )
+        assert result.returncode == 0, result.stderr
+        v = values(result.stdout)
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+    listed = [entry.split(":") for entry in v["listed"].split(",")]
+    assert len(listed) == 1, v["listed"]
+    pid, used = int(listed[0][0]), int(listed[0][1])
+    assert pid != int(v["namespace_pid"]), "NVML reports the host pid"
+    assert used == GIB + CONTEXT
