@@ -389,3 +389,14 @@ async def test_kopf_gets_a_capped_connection_pool_and_short_lived_workers(
     assert info.aiohttp_session.headers["Authorization"] == "Bearer t"
     await info.aiohttp_session.close()
     assert settings.queueing.idle_timeout <= 1.0
+
+
+def test_kopf_calls_the_login_on_the_event_loop() -> None:
+    # A plain function would run in Kopf's thread pool, where no event loop runs to make the session.
+    from gpuslice.operator import run
+
+    registry = kopf.OperatorRegistry()
+    state = OperatorState(config=OperatorConfig(), kube=None)  # type: ignore[arg-type]
+    run.register_login(state, registry)
+    [handler] = registry._activities.get_all_handlers()
+    assert inspect.iscoroutinefunction(handler.fn)
