@@ -389,3 +389,30 @@ async def test_kopf_gets_a_capped_connection_pool_and_short_lived_workers(
     assert info.aiohttp_session.headers["Authorization"] == "Bearer t"
     await info.aiohttp_session.close()
     assert settings.queueing.idle_timeout <= 1.0
+
+
+def test_kopf_calls_the_login_on_the_event_loop() -> None:
+    # A plain function would run in Kopf's thread pool, where no event loop runs to make the session.
+    from gpuslice.operator import run
+
+    registry = kopf.OperatorRegistry()
+    state = OperatorState(config=OperatorConfig(), kube=None)  # type: ignore[arg-type]
+    run.register_login(state, registry)
+    [handler] = registry._activities.get_all_handlers()
+    assert inspect.iscoroutinefunction(handler.fn)
+
+
+async def test_a_refresh_before_the_claims_watch_event_does_not_go_back_to_creating_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(slices.kopf, "event", lambda *_, reason, **__: events.append(reason))
+    kube = _StatusKube()
+    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
+    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
+    idx = idx_of(packages=[pkg], slices=[sl])
+    await slices.refresh(state, "ns", "s", idx)
+    await slices.refresh(state, "ns", "s", idx)  # another event of the slice; the claim's not seen yet
+    assert [(x["phase"], x["reason"]) for x in kube.statuses] == [("Pending", "WaitingForPod")]
+    assert events == ["WaitingForPod"] and kube.applied == ["s"]

@@ -93,13 +93,18 @@ def _register_startup(state: OperatorState) -> None:
         configure_kopf(settings, state.config)
         await policies.apply_policies(state)
 
-    @kopf.on.login()
-    def kopf_login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.AiohttpSession | None:
-        return login(state.config, settings, **kwargs)
+    register_login(state)
 
     @kopf.on.cleanup()
     async def cleanup(**_: Any) -> None:
         await state.kube.close()
+
+
+def register_login(state: OperatorState, registry: kopf.OperatorRegistry | None = None) -> None:
+    @kopf.on.login(registry=registry)
+    async def kopf_login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.AiohttpSession | None:
+        # A coroutine: the session must be made on the operator's event loop, not in Kopf's threads.
+        return login(state.config, settings, **kwargs)
 
 
 def login(

@@ -101,11 +101,14 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
     else:
         if one(idx.claims, entry.ref) is not None:
             state.applied.pop(key, None)
+            state.created.pop(key, None)
             return None
         body = slice_claim(ns, name, entry.uid, pkg)
     error = state.create_errors.get(key)
     if error is None and time.monotonic() - state.applied.get(key, -1e9) < APPLIED_GRACE_SECONDS:
-        return None
+        # Applied, its watch event not here yet: the claim as the apply answered, so a refresh
+        # meanwhile does not go back to CreatingClaim (and forth again when the event comes).
+        return state.created.get(key)
     if is_quota_refusal(error) and _quota_full(idx, ns, pkg):
         return None  # refused for quota, and still no room: retrying now would be refused again
     state.applied[key] = time.monotonic()
@@ -119,7 +122,10 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
         return None
     WRITES.labels(body["kind"], "apply").inc()
     state.create_errors.pop((ns, name), None)
-    return claim_view(answer) if body["kind"] == "ResourceClaim" else None
+    if body["kind"] != "ResourceClaim":
+        return None
+    state.created[key] = claim_view(answer)
+    return state.created[key]
 
 
 def _quota_full(idx: Indexes, ns: str, package: str) -> bool:

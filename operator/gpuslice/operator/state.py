@@ -60,6 +60,8 @@ class OperatorState:
     #: (namespace, slice) -> when this process last applied its claim or template; the watch stream
     #: delivers the new object a moment later, and until then the index does not show it.
     applied: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (namespace, slice) -> the claim as its apply answered, until the index shows it.
+    created: dict[tuple[str, str], ClaimView] = field(default_factory=dict)
     #: (namespace, slice) -> (uid, status) this process last wrote.
     written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     #: package -> when its slices were last all recomputed (monotonic seconds).
@@ -80,6 +82,7 @@ class OperatorState:
         self.create_errors.pop(key, None)
         self.written.pop(key, None)
         self.applied.pop(key, None)
+        self.created.pop(key, None)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():
             del self._locks[key]
