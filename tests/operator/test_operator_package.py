@@ -336,14 +336,15 @@ async def test_a_claim_is_applied_once_while_its_watch_event_lags_behind(
 class _StatusKube(_RecordingKube):
     def __init__(self) -> None:
         super().__init__()
-        self.statuses: list[dict[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []  # GpuSlice status patches
+        self.package_statuses: list[dict[str, Any]] = []  # GpuPackage status.capacity written first
 
     async def apply(self, body: dict[str, Any], **_: Any) -> dict[str, Any]:
         await super().apply(body)
         return {**body, "metadata": {**body["metadata"], "uid": "cu"}}
 
-    async def patch_status(self, *args: Any) -> None:
-        self.statuses.append(args[-1])
+    async def patch_status(self, _api_version: str, kind: str, *args: Any) -> None:
+        (self.statuses if kind == c.SLICE_KIND else self.package_statuses).append(args[-1])
 
 
 async def test_the_refresh_that_creates_a_claim_writes_the_state_after_it_not_creating_claim(
@@ -415,4 +416,5 @@ async def test_a_refresh_before_the_claims_watch_event_does_not_go_back_to_creat
     await slices.refresh(state, "ns", "s", idx)
     await slices.refresh(state, "ns", "s", idx)  # another event of the slice; the claim's not seen yet
     assert [(x["phase"], x["reason"]) for x in kube.statuses] == [("Pending", "WaitingForPod")]
+    assert len(kube.package_statuses) == 1  # the package's capacity, once, before the slice's status
     assert events == ["WaitingForPod"] and kube.applied == ["s"]
