@@ -364,45 +364,6 @@ async def test_the_refresh_that_creates_a_claim_writes_the_state_after_it_not_cr
     assert events == ["WaitingForPod"]
 
 
-async def test_kopf_gets_a_capped_connection_pool_and_short_lived_workers(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # After a 1,000-slice burst the operator held 133 TLS connections (Kopf's pool has no limit; each
-    # costs ~300 KiB) and 649 tasks (a Kopf worker per object lives 5 s after its last event).
-    from gpuslice.operator.run import KOPF_CONNECTIONS, configure_kopf, login
-
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    settings = kopf.OperatorSettings()
-    configure_kopf(settings, OperatorConfig())
-    info = login(OperatorConfig(kubeconfig=str(kubeconfig)), settings)
-    assert isinstance(info, kopf.AiohttpSession) and info.server == "https://127.0.0.1:1"
-    assert (
-        info.aiohttp_session.connector is not None
-        and info.aiohttp_session.connector.limit == KOPF_CONNECTIONS
-    )
-    assert info.aiohttp_session.headers["Authorization"] == "Bearer t"
-    await info.aiohttp_session.close()
-    assert settings.queueing.idle_timeout <= 1.0
-
-
-def test_kopf_calls_the_login_on_the_event_loop() -> None:
-    # A plain function would run in Kopf's thread pool, where no event loop runs to make the session.
-    from gpuslice.operator import run
-
-    registry = kopf.OperatorRegistry()
-    state = OperatorState(config=OperatorConfig(), kube=None)  # type: ignore[arg-type]
-    run.register_login(state, registry)
-    [handler] = registry._activities.get_all_handlers()
-    assert inspect.iscoroutinefunction(handler.fn)
-
-
 async def test_a_refresh_before_the_claims_watch_event_does_not_go_back_to_creating_claim(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

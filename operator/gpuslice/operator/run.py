@@ -8,7 +8,6 @@ import logging
 import os
 from typing import Any
 
-import aiohttp
 import kopf
 
 from gpuslice import constants as c
@@ -19,11 +18,6 @@ from gpuslice.operator.kube import Kube, load_config
 from gpuslice.operator.state import OperatorState
 
 log = get(__name__)
-
-#: Connections Kopf may hold at once: one per watched resource (about 16) and the rest for its
-#: patches, Events and peering. Its own session has no limit: after a 1,000-slice burst it held over
-#: a hundred TLS connections, each ~300 KiB resident.
-KOPF_CONNECTIONS = 48
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -43,9 +37,6 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.posting.reporting_component = "gpuslice-operator"
     settings.posting.event_name_prefix = "gpuslice-"
     settings.watching.server_timeout = 300
-    # A worker per object stays 5 s (Kopf's default) after that object's last event: in a burst that is
-    # thousands of idle tasks at once. Events of one object rarely come closer together than this.
-    settings.queueing.idle_timeout = 1.0
     # "Handler succeeded" for every watch event is noise at 5,000 slices; warnings and errors stay.
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -93,44 +84,17 @@ def _register_startup(state: OperatorState) -> None:
         configure_kopf(settings, state.config)
         await policies.apply_policies(state)
 
-    register_login(state)
+    @kopf.on.login()
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # Kopf's default login handlers read KUBECONFIG when their client library is imported, which
+        # is too early for --kubeconfig; its own parser reads it now.
+        if state.config.kubeconfig or os.environ.get("KUBECONFIG"):
+            return kopf.login_with_kubeconfig(**kwargs)
+        return _in_cluster(kopf.login_with_service_account(**kwargs)) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.cleanup()
     async def cleanup(**_: Any) -> None:
         await state.kube.close()
-
-
-def register_login(state: OperatorState, registry: kopf.OperatorRegistry | None = None) -> None:
-    @kopf.on.login(registry=registry)
-    async def kopf_login(settings: kopf.OperatorSettings, **kwargs: Any) -> kopf.AiohttpSession | None:
-        # A coroutine: the session must be made on the operator's event loop, not in Kopf's threads.
-        return login(state.config, settings, **kwargs)
-
-
-def login(
-    config: OperatorConfig, settings: kopf.OperatorSettings, **kwargs: Any
-) -> kopf.AiohttpSession | None:
-    """Kopf's credentials, in a session of at most KOPF_CONNECTIONS connections."""
-    # Kopf's default login handlers read KUBECONFIG when their client library is imported, which is
-    # too early for --kubeconfig; its own parser reads it now.
-    kwargs["settings"] = settings
-    if config.kubeconfig or os.environ.get("KUBECONFIG"):
-        info = kopf.login_with_kubeconfig(**kwargs)
-    else:
-        info = _in_cluster(kopf.login_with_service_account(**kwargs)) or kopf.login_with_kubeconfig(**kwargs)
-    if info is None:
-        return None
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=KOPF_CONNECTIONS, ssl=info.as_ssl_context()),
-        headers=info.as_http_headers(),
-    )
-    return kopf.AiohttpSession(
-        aiohttp_session=session,
-        server=info.server,
-        default_namespace=info.default_namespace,
-        priority=info.priority,
-        expiration=info.expiration,
-    )
 
 
 async def run_async(config: OperatorConfig, stop_flag: asyncio.Event | None = None) -> None:
