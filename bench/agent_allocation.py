@@ -25,8 +25,8 @@ from typing import Any
 from kubernetes_asyncio import client, config, watch
 
 from gpuslice import constants
-from gpuslice.dev.devcluster.node_agents import agent_process_name, start_agents
 from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.node_agents import agent_process_name, start_agents
 
 PACKAGES = {"v100-8g": 25, "v100-16g": 50, "v100-32g": 100}
 MODEL = "Tesla V100-PCIE-32GB"

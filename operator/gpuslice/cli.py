@@ -13,25 +13,31 @@ from collections.abc import Sequence
 
 from gpuslice import __version__
 
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "gpuslice.operator.cli",
-    "gpuslice.agent.cli",
-    "gpuslice.explain",
-    "gpuslice.check",
+#: subcommand -> the module that registers it.
+SUBCOMMANDS: dict[str, str] = {
+    "operator": "gpuslice.operator.cli",
+    "agent": "gpuslice.agent.cli",
+    "explain": "gpuslice.explain",
+    "check": "gpuslice.check",
     # Dev tooling (gpuslice.dev): absent from a product install, so skipped when missing.
-    "gpuslice.dev.devcluster.cli",
-    "gpuslice.dev.demo",
-    "gpuslice.dev.gpusim.cli",
-)
+    "devcluster": "gpuslice.dev.devcluster.cli",
+    "demo": "gpuslice.dev.demo",
+    "shim": "gpuslice.dev.gpusim.cli",
+}
+SUBCOMMAND_MODULES: tuple[str, ...] = tuple(SUBCOMMANDS.values())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line, only the module of the subcommand it names is imported
+    (a node agent does not pay for the operator's Kubernetes client, nor the operator for grpc)."""
     parser = argparse.ArgumentParser(
         prog="gpuslice", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("--version", action="version", version=f"gpuslice {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
+    first = next((a for a in argv or () if not a.startswith("-")), None)
+    modules = [SUBCOMMANDS[first]] if first in SUBCOMMANDS else SUBCOMMAND_MODULES
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -45,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

@@ -99,7 +99,7 @@ TRANSITIONS = Counter(
 )
 WRITES = Counter(
     "gpuslice_operator_writes_total",
-    "API writes the operator made (server-side applies and deletes), by kind and verb",
+    "API writes the operator made (applies, patches, status patches, deletes, Events), by kind and verb",
     ["kind", "verb"],
     registry=OPERATOR_REGISTRY,
 )

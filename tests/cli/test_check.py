@@ -155,7 +155,7 @@ def _publish(dc: DevCluster, node: str) -> list[dict[str, Any]]:
     from support import gpu
 
     async def publish() -> list[dict[str, Any]]:
-        api = await api_client(dc.kubeconfig)
+        api = api_client(dc.kubeconfig)
         kube = Kube(api)
         try:
             publisher = Publisher(node, [gpu(0, node=node)], kube)

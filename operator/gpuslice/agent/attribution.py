@@ -25,11 +25,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslice import logs, procfs
 from gpuslice.api.package import OnViolation
 from gpuslice.domain.gpu_processes import Finding, GpuProcess, Owner, PodClaims, SliceClaim, judge
+
+if TYPE_CHECKING:
+    from gpuslice.agent.kube import Kube
 
 log = logs.get(__name__)
 
@@ -171,16 +174,11 @@ class PodDirectory:
         return {u: self._pods[u].resolve(claim_uids) for u in want if u in self._pods}
 
 
-def node_pod_lister(api: Any, node: str) -> ListPods:
+def node_pod_lister(kube: Kube, node: str) -> ListPods:
     """Lists the pods bound to `node` (one request; the agent's role may list pods)."""
-    from kubernetes_asyncio import client
 
     async def list_pods() -> Sequence[Mapping[str, Any]]:
-        resp: Any = await client.CoreV1Api(api).list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", _preload_content=False
-        )  # the raw response: plain JSON, no model objects for every field of every pod
-        body: dict[str, Any] = await resp.json()
-        return list(body.get("items") or [])
+        return await kube.list_node_pods(node)
 
     return list_pods
 

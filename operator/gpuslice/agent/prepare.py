@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from gpuslice import constants, logs, metrics
 from gpuslice.agent import cdi, claimcheck
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
@@ -24,6 +22,7 @@ from gpuslice.agent.limits import write_limits
 from gpuslice.api.resourceclaim import allocation_results
 from gpuslice.api.resourceslice import find_device, parse_resource_slices
 from gpuslice.files import atomic_write
+from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import create_utilization_file, utilization_file_for
 
 log = logs.get(__name__)
@@ -225,7 +224,7 @@ async def prepare_many(
             out[uid] = str(exc)
         except (OSError, ValueError) as exc:  # files could not be written; retried on the next call
             out[uid] = f"writing the slice's files for {namespace}/{name}: {exc}"
-        except ApiException as exc:
+        except ApiError as exc:
             what = f"ResourceClaim {namespace}/{name} or this node's ResourceSlices"
             out[uid] = f"reading {what}: {exc.status} {exc.reason}"
         else:

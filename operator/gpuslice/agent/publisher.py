@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
+import aiohttp
 from pydantic import ValidationError
 
 from gpuslice import logs, metrics
@@ -20,6 +20,7 @@ from gpuslice.agent.kube import Kube
 from gpuslice.agent.slices import Package, build_specs, plan_publish
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import dropped_fields, dropped_message
+from gpuslice.kubehttp import ApiError
 
 log = logs.get(__name__)
 
@@ -123,7 +124,7 @@ class Publisher:
                 await self.sync()
                 self.published.set()
                 delay = 1.0
-            except (TimeoutError, ApiException, OSError) as exc:
+            except (TimeoutError, ApiError, OSError, aiohttp.ClientError) as exc:
                 log.warning("publishing failed, retrying", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)

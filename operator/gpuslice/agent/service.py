@@ -71,7 +71,7 @@ async def run(opts: AgentOptions) -> int:
     if opts.metrics_port:
         metrics.serve(opts.metrics_port, metrics.AGENT_REGISTRY)
 
-    api = await api_client(opts.kubeconfig)
+    api = api_client(opts.kubeconfig)
     kube = Kube(api)
     paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
@@ -80,7 +80,7 @@ async def run(opts: AgentOptions) -> int:
     # hole 1 (agent.toolkit): no devices are published while the NVIDIA toolkit config is unsafe
     guard = toolkit.ToolkitGuard(
         opts.node, opts.nvidia_toolkit_config, publisher.set_blocked,
-        toolkit.node_event_recorder(api, opts.node, lambda: publisher.node_uid),
+        toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),
     )  # fmt: skip
     await guard.step()
 
@@ -109,7 +109,7 @@ async def run(opts: AgentOptions) -> int:
     reporter = UsageReporter(
         opts.node,
         paths,
-        api,
+        kube,
         opts.usage_interval,
         policy=lambda name: package_policy(publisher.packages, name),
     )

@@ -30,9 +30,13 @@ import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslice import logs, metrics
+from gpuslice.kubehttp import ApiError
+
+if TYPE_CHECKING:
+    from gpuslice.agent.kube import Kube
 
 log = logs.get(__name__)
 
@@ -160,29 +164,29 @@ class ToolkitGuard:
             await asyncio.sleep(self.interval)
 
 
-def node_event_recorder(api: Any, node: str, node_uid: Callable[[], str | None]) -> NodeEvent:
+def node_event_recorder(kube: Kube, node: str, node_uid: Callable[[], str | None]) -> NodeEvent:
     """An Event recorder on the Node `node` (core/v1 Events in namespace default, as kubelet's)."""
-    from kubernetes_asyncio import client
-    from kubernetes_asyncio.client.exceptions import ApiException
 
     async def record(type_: str, reason: str, message: str) -> None:
-        now = dt.datetime.now(dt.UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{node}.", namespace="default"),
-            involved_object=client.V1ObjectReference(
-                api_version="v1", kind="Node", name=node, uid=node_uid()
-            ),
-            reason=reason,
-            message=message[:1024],
-            type=type_,
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=client.V1EventSource(component="gpuslice-agent", host=node),
-        )
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        involved: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "name": node}
+        uid = node_uid()
+        if uid:
+            involved["uid"] = uid
+        body = {
+            "metadata": {"generateName": f"{node}.", "namespace": "default"},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "source": {"component": "gpuslice-agent", "host": node},
+        }
         try:
-            await client.CoreV1Api(api).create_namespaced_event("default", body)
-        except ApiException as exc:
+            await kube.create_event("default", body)
+        except ApiError as exc:
             log.warning("could not record node event", node=node, reason=reason, status=exc.status)
 
     return record

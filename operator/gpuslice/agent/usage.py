@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from gpuslice import constants, logs, metrics
 from gpuslice.agent import attribution
 from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
+from gpuslice.agent.kube import Kube
 from gpuslice.agent.prepare import NodePaths
 from gpuslice.api.package import OnViolation
 from gpuslice.domain.gpu_processes import Finding, GpuProcess, SliceClaim
+from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import (
     REGION_FILE,
     RegionFormatError,
@@ -213,7 +212,7 @@ def _report_key(record: ClaimRecord, state: _SliceState) -> str:
 class UsageReporter:
     node: str
     paths: NodePaths
-    api: client.ApiClient
+    kube: Kube
     interval: float = 10.0
     #: a package's spec.isolation.onViolation, by package name
     policy: Callable[[str], OnViolation] = lambda _package: OnViolation.STOP
@@ -235,9 +234,7 @@ class UsageReporter:
         key: str | None = None
         package = ""
         try:
-            claim = await client.CustomObjectsApi(self.api).get_namespaced_custom_object(
-                constants.DRA_GROUP, constants.DRA_VERSION, record.namespace, "resourceclaims", record.name
-            )
+            claim = await self.kube.get_claim(record.namespace, record.name)
             meta = claim.get("metadata", {})
             package = meta.get("labels", {}).get(constants.LABEL_PACKAGE, "")
             for ref in meta.get("ownerReferences") or []:
@@ -245,7 +242,7 @@ class UsageReporter:
                     constants.API_GROUP
                 ):
                     key = f"{record.namespace}/{ref['name']}"
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:
                 raise
         name = key.split("/", 1)[1] if key else record.name
@@ -268,7 +265,7 @@ class UsageReporter:
                            self.policy(state.labels[metrics.SLICE_LABELS.index("package")]))
             )  # fmt: skip
         if self.pods is None:
-            self.pods = attribution.PodDirectory(attribution.node_pod_lister(self.api, self.node))
+            self.pods = attribution.PodDirectory(attribution.node_pod_lister(self.kube, self.node))
         findings, seen = await attribution.find_violations(
             nvml_processes(sorted({c.gpu_uuid for c in claims})),
             claims,
@@ -311,14 +308,9 @@ class UsageReporter:
     async def _write_usage(self, key: str, usage: dict[str, Any]) -> None:
         namespace, name = key.split("/", 1)
         try:
-            await client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
-                constants.API_GROUP, constants.API_VERSION, namespace, constants.SLICE_PLURAL, name,
-                {"status": {"usage": usage}},
-                # A merge patch leaves the operator's status fields alone; the client's stubs omit
-                # this (documented) option, and its default for a dict body is a JSON patch.
-                _content_type="application/merge-patch+json",
-            )  # type: ignore[call-arg]  # fmt: skip
-        except ApiException as exc:
+            # A merge patch leaves the operator's status fields alone.
+            await self.kube.patch_slice_status(namespace, name, {"usage": usage})
+        except ApiError as exc:
             if exc.status != 404:  # the slice is being deleted: nothing to report
                 log.warning("could not write usage", slice=key, status=exc.status, reason=exc.reason)
 
@@ -353,22 +345,24 @@ class UsageReporter:
     async def _event(self, key: str, message: str) -> None:
         namespace, name = key.split("/", 1)
         now = dt.datetime.now(dt.UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-            involved_object=client.V1ObjectReference(
-                api_version=constants.GROUP_VERSION, kind=constants.SLICE_KIND, name=name, namespace=namespace
-            ),
-            reason="SliceMemoryViolation",
-            message=message,
-            type="Warning",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=client.V1EventSource(component="gpuslice-agent", host=self.node),
-        )
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": constants.GROUP_VERSION, "kind": constants.SLICE_KIND,
+                "name": name, "namespace": namespace,
+            },
+            "reason": "SliceMemoryViolation",
+            "message": message,
+            "type": "Warning",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "source": {"component": "gpuslice-agent", "host": self.node},
+        }  # fmt: skip
         try:
-            await client.CoreV1Api(self.api).create_namespaced_event(namespace, body)
-        except ApiException as exc:
+            await self.kube.create_event(namespace, body)
+        except ApiError as exc:
             log.warning("could not record event", slice=key, status=exc.status)
 
     async def _utilization_loop(self, interval: float = 0.5) -> None:
@@ -419,7 +413,7 @@ class UsageReporter:
         while True:
             try:
                 await self.tick()
-            except ApiException as exc:
+            except ApiError as exc:
                 log.warning(
                     "usage report failed; retrying next interval", status=exc.status, reason=exc.reason
                 )

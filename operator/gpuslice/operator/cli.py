@@ -7,7 +7,6 @@ import os
 import secrets
 import sys
 
-from kubernetes_asyncio.config.config_exception import ConfigException
 from pydantic import ValidationError
 
 
@@ -68,6 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--peering", action="store_true", help="use Kopf peering (needs its ClusterKopfPeering CRD) for HA"
     )
     p.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="how long a replica's peering record lives without a keep-alive, so how long a standby "
+        "waits for an active replica that died (default 10; Kopf's own default is 60)",
+    )
+    p.add_argument(
         "--priority",
         type=int,
         default=None,
@@ -92,6 +99,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Kopf imports the generated kubernetes_asyncio models when they are installed (~40 MiB resident)
+    # only to recognise their objects and for a login handler the operator does not use: keep it out.
+    sys.modules.setdefault("kubernetes_asyncio", None)  # type: ignore[arg-type]
     from gpuslice import logs
     from gpuslice.operator.config import OperatorConfig
     from gpuslice.operator.run import run
@@ -110,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
             liveness_endpoint=args.liveness,
             metrics_port=args.metrics_port,
             standalone=not args.peering,
+            peering_lifetime=args.peering_lifetime,
             priority=args.priority if args.priority is not None else secrets.randbelow(1_000_000) + 1,
         )
     except ValidationError as exc:
@@ -126,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         return run(config)
-    except (ConfigException, OSError) as exc:
+    except (ValueError, KeyError, OSError) as exc:
         print(
             f"gpuslice operator: cannot reach the cluster ({exc}); check --kubeconfig / $KUBECONFIG, "
             "or run it in a pod with a service account",

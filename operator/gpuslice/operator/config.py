@@ -31,6 +31,9 @@ class OperatorConfig(BaseModel):
     recheck_seconds: float = Field(default=5.0, gt=0)
     #: How long a computed capacity snapshot is reused across status computations.
     capacity_cache_seconds: float = Field(default=1.0, ge=0)
+    #: Seconds a replica's peering record counts as alive without a keep-alive: how long a standby
+    #: waits for a replica that died without saying goodbye (Kopf's default is 60).
+    peering_lifetime: int = Field(default=10, ge=2)
     liveness_endpoint: str | None = None
     standalone: bool = True
     priority: int = 0

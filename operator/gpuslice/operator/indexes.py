@@ -117,7 +117,7 @@ class Indexes:
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
-def gs_packages(
+async def gs_packages(
     name: str, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, **_: Any
 ) -> dict[str, PackageView]:
     return {
@@ -146,7 +146,7 @@ def slice_view(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, 
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
-def gs_slices(
+async def gs_slices(
     namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, **_: Any
 ) -> dict[Ref, SliceView]:
     namespace = ns_of(namespace)
@@ -154,14 +154,14 @@ def gs_slices(
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
-def gs_package_slices(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[str, Ref]:
+async def gs_package_slices(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[str, Ref]:
     """Package name -> the slices that name it."""
     namespace = ns_of(namespace)
     return {spec.get("package", ""): (namespace, name)}
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
-def gs_namespace_slices(namespace: str | None, name: str, **_: Any) -> dict[str, Ref]:
+async def gs_namespace_slices(namespace: str | None, name: str, **_: Any) -> dict[str, Ref]:
     """Namespace -> its slices."""
     namespace = ns_of(namespace)
     return {namespace: (namespace, name)}
@@ -171,45 +171,47 @@ def gs_namespace_slices(namespace: str | None, name: str, **_: Any) -> dict[str,
 
 
 @kopf.index("", "v1", "namespaces")
-def gs_namespaces(name: str, labels: kopf.Labels, meta: kopf.Meta, **_: Any) -> dict[str, NamespaceView]:
+async def gs_namespaces(
+    name: str, labels: kopf.Labels, meta: kopf.Meta, **_: Any
+) -> dict[str, NamespaceView]:
     return {name: NamespaceView(labels=dict(labels), terminating=meta.get("deletionTimestamp") is not None)}
 
 
 @kopf.index("", "v1", "resourcequotas")
-def gs_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, QuotaView]:
+async def gs_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, QuotaView]:
     namespace = ns_of(namespace)
     return {namespace: quota_view(body)}
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
-def gs_device_classes(name: str, spec: kopf.Spec, **_: Any) -> dict[str, str]:
+async def gs_device_classes(name: str, spec: kopf.Spec, **_: Any) -> dict[str, str]:
     selectors = spec.get("selectors") or [{}]
     return {name: str((selectors[0].get("cel") or {}).get("expression", ""))}
 
 
 @kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", labels=MANAGED)
-def gs_admission_policies(
+async def gs_admission_policies(
     name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
 ) -> dict[str, AdmissionView]:
     return {name: AdmissionView(dict(labels), dict(spec))}
 
 
 @kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", labels=MANAGED)
-def gs_admission_bindings(
+async def gs_admission_bindings(
     name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
 ) -> dict[str, AdmissionView]:
     return {name: AdmissionView(dict(labels), dict(spec))}
 
 
 @kopf.index("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", labels=MANAGED)
-def gs_mutating_policies(
+async def gs_mutating_policies(
     name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
 ) -> dict[str, AdmissionView]:
     return {name: AdmissionView(dict(labels), dict(spec))}
 
 
 @kopf.index("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings", labels=MANAGED)
-def gs_mutating_bindings(
+async def gs_mutating_bindings(
     name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
 ) -> dict[str, AdmissionView]:
     return {name: AdmissionView(dict(labels), dict(spec))}
@@ -219,13 +221,15 @@ def gs_mutating_bindings(
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
-def gs_claims(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Ref, ClaimView] | None:
+async def gs_claims(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[Ref, ClaimView] | None:
     namespace = ns_of(namespace)
     return {(namespace, name): claim_view(body)} if uses_gpuslice(body) else None
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
-def gs_template_claims(
+async def gs_template_claims(
     namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels, **_: Any
 ) -> dict[Ref, Ref] | None:
     """(namespace, template slice) -> the claims kube-controller-manager made from its template."""
@@ -237,26 +241,28 @@ def gs_template_claims(
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
-def gs_pool_claims(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, Ref] | None:
+async def gs_pool_claims(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[str, Ref] | None:
     """Pool -> the gpuslice claims with a device allocated in it (what capacity subtracts)."""
     namespace = ns_of(namespace)
     return {pool: (namespace, name) for pool, _device in allocated_devices(body)} or None
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceclaimtemplates", labels=MANAGED)
-def gs_claim_templates(namespace: str | None, name: str, **_: Any) -> dict[Ref, bool]:
+async def gs_claim_templates(namespace: str | None, name: str, **_: Any) -> dict[Ref, bool]:
     namespace = ns_of(namespace)
     return {(namespace, name): True}
 
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "resourceslices")
-def gs_resource_slices(body: kopf.Body, **_: Any) -> dict[str, PublishedSlice] | None:
+async def gs_resource_slices(body: kopf.Body, **_: Any) -> dict[str, PublishedSlice] | None:
     summary = parse_resource_slice(body)
     return {summary.pool: summary} if summary else None
 
 
 @kopf.index("", "v1", "pods")
-def gs_claim_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
+async def gs_claim_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
     """(namespace, claim) -> pods that reference the claim by name."""
     view = pod_view(body)
     if view is None:
@@ -265,7 +271,7 @@ def gs_claim_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
 
 
 @kopf.index("", "v1", "pods")
-def gs_template_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
+async def gs_template_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
     """(namespace, template) -> pods whose claim comes from the template."""
     view = pod_view(body)
     if view is None:
@@ -274,7 +280,7 @@ def gs_template_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
 
 
 @kopf.index("apps", "v1", "replicasets")
-def gs_claim_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
+async def gs_claim_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
     view = workload_view(body)
     if view is None:
         return None
@@ -282,7 +288,7 @@ def gs_claim_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | N
 
 
 @kopf.index("apps", "v1", "replicasets")
-def gs_template_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
+async def gs_template_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
     view = workload_view(body)
     if view is None:
         return None

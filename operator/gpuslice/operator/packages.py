@@ -32,7 +32,7 @@ from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
 from gpuslice.operator.policies import ensure_policies
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
-from gpuslice.operator.slices import refresh_many
+from gpuslice.operator.slices import recheck, refresh_many
 from gpuslice.operator.state import OperatorState, now, one, values
 from gpuslice.operator.tenancy import reconcile_all, retry_unsynced
 
@@ -100,7 +100,8 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
             c.GROUP_VERSION, c.PACKAGE_KIND, name, None, {"conditions": [*conditions, cond]}
         )
         raise kopf.TemporaryError(cond["message"], delay=max(2.0, min(state.config.resync_seconds, 10.0)))
-    await state.kube.delete(DRA_API, "DeviceClass", c.device_class_name(name))
+    if await state.kube.delete(DRA_API, "DeviceClass", c.device_class_name(name)):
+        WRITES.labels("DeviceClass", "delete").inc()
     await reconcile_all(state, idx, exclude=name)
     forget_package(name)
     state.package_capacity.pop(name, None)
@@ -115,6 +116,7 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     if meta.get("deletionTimestamp") is not None:
         return
     spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
+    await recheck(state, name, idx)
     await _write_status(state, name, spec, body, idx)
     if not device_class_current(idx, name, spec):
         await ensure_device_class(state, name, meta.get("uid"), spec)

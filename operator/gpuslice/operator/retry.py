@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
 from gpuslice.operator.kube import error_message
 
@@ -26,7 +26,7 @@ def refusal_is_temporary(what: str, delay: float) -> Iterator[None]:
     retries after `delay` in a timer or change handler."""
     try:
         yield
-    except ApiException as exc:
+    except ApiError as exc:
         raise kopf.TemporaryError(f"{what}: {error_message(exc)}", delay=delay) from exc
 
 

@@ -20,7 +20,7 @@ from gpuslice.operator.state import OperatorState
 log = get(__name__)
 
 
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
+def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     """Everything Kopf writes to objects carries gpuslice's names, not kopf.zalando.org."""
     settings.persistence.finalizer = c.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.KOPF_PROGRESS_PREFIX)
@@ -30,6 +30,8 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.peering.name = c.PEERING_NAME
     settings.peering.clusterwide = True
     settings.peering.mandatory = False
+    # Keep-alives come every 1-5 s at 10 s; a standby takes over that long after the active one died.
+    settings.peering.lifetime = config.peering_lifetime
     # Only warnings become Kubernetes Events automatically; transitions are posted explicitly.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "gpuslice-operator"
@@ -79,7 +81,7 @@ def _register_startup(state: OperatorState) -> None:
 
     @kopf.on.startup()
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings)
+        configure_kopf(settings, state.config)
         await policies.apply_policies(state)
 
     @kopf.on.login()

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants as c
 from gpuslice.api.pod import claim_refs
@@ -24,8 +23,9 @@ from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.package_status import capacity_behind, capacity_status
-from gpuslice.domain.slice_status import SliceFacts, slice_status
-from gpuslice.domain.views import ClaimView
+from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
+from gpuslice.domain.views import ClaimView, claim_view
+from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
 from gpuslice.operator.config import OperatorConfig
@@ -35,11 +35,21 @@ from gpuslice.operator.state import OperatorState, now, one, values
 
 log = get(__name__)
 
-#: How long a claim this process just applied may be missing from the index before it applies again.
-APPLIED_GRACE_SECONDS = 10.0
+#: How long a claim this process applied may stay missing from the index before it applies again.
+#: Once the index has shown it, the record is dropped: a claim deleted later is put back at once. So
+#: this only covers an applied claim deleted before its watch event arrived; a watch that lags under
+#: load must not turn every refresh into another apply.
+APPLIED_GRACE_SECONDS = 120.0
 
 
-def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[str, Any]) -> SliceFacts:
+def _facts(
+    state: OperatorState,
+    entry: SliceView,
+    idx: Indexes,
+    baseline: dict[str, Any],
+    created: ClaimView | None = None,
+) -> SliceFacts:
+    """`created`: the claim this refresh just applied, which the index shows only a watch event later."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     claims: list[ClaimView]
@@ -48,7 +58,7 @@ def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[
         pods = values(idx.template_pods, entry.ref)
         workloads = values(idx.template_workloads, entry.ref)
     else:
-        claim = one(idx.claims, entry.ref)
+        claim = one(idx.claims, entry.ref) or created
         claims = [claim] if claim else []
         pods = values(idx.claim_pods, entry.ref)
         workloads = values(idx.claim_workloads, entry.ref)
@@ -75,37 +85,47 @@ def _facts(state: OperatorState, entry: SliceView, idx: Indexes, baseline: dict[
     )
 
 
-async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> None:
-    """Create the claim or template when the index lacks it; remember why it failed, if it did."""
+async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> ClaimView | None:
+    """Create the claim or template when the index lacks it; remember why it failed, if it did.
+    Returns the claim as the API server answered its create (direct form only)."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     if package is None or package.deleting or not entry.uid:
-        return
+        return None
+    key = entry.ref
     if entry.template:
         if one(idx.templates, entry.ref) is not None:
-            return
+            state.applied.pop(key, None)
+            return None
         body = slice_claim_template(ns, name, entry.uid, pkg)
     else:
         if one(idx.claims, entry.ref) is not None:
-            return
+            state.applied.pop(key, None)
+            state.created.pop(key, None)
+            return None
         body = slice_claim(ns, name, entry.uid, pkg)
-    key = entry.ref
     error = state.create_errors.get(key)
     if error is None and time.monotonic() - state.applied.get(key, -1e9) < APPLIED_GRACE_SECONDS:
-        return
+        # Applied, its watch event not here yet: the claim as the apply answered, so a refresh
+        # meanwhile does not go back to CreatingClaim (and forth again when the event comes).
+        return state.created.get(key)
     if is_quota_refusal(error) and _quota_full(idx, ns, pkg):
-        return  # refused for quota, and still no room: retrying now would be refused again
+        return None  # refused for quota, and still no room: retrying now would be refused again
     state.applied[key] = time.monotonic()
     try:
-        await state.kube.apply(body)
-    except ApiException as exc:
+        answer = await state.kube.apply(body)
+    except ApiError as exc:
         message = error_message(exc)
         if state.create_errors.get((ns, name)) != message:
             log.info("claim create refused", namespace=ns, slice=name, reason=message)
         state.create_errors[(ns, name)] = message
-        return
+        return None
     WRITES.labels(body["kind"], "apply").inc()
     state.create_errors.pop((ns, name), None)
+    if body["kind"] != "ResourceClaim":
+        return None
+    state.created[key] = claim_view(answer)
+    return state.created[key]
 
 
 def _quota_full(idx: Indexes, ns: str, package: str) -> bool:
@@ -132,12 +152,12 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         namespace = one(idx.namespaces, ns)
         if namespace is not None and namespace.terminating:
             return  # it goes with its namespace; nothing can be created there any more, not even Events
-        await ensure_claim(state, entry, idx)
+        created = await ensure_claim(state, entry, idx)
         mine = state.written.get(key)
         baseline: dict[str, Any] = mine[1] if mine and mine[0] == entry.uid else dict(entry.status)
         # status.usage belongs to the node agent: neither compared nor cleared here.
         baseline = {k: v for k, v in baseline.items() if k not in c.AGENT_STATUS_FIELDS}
-        facts = _facts(state, entry, idx, baseline)
+        facts = _facts(state, entry, idx, baseline, created)
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -149,7 +169,7 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             await state.kube.patch_status(
                 c.GROUP_VERSION, c.SLICE_KIND, name, ns, _with_nulls(baseline, desired)
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return
             raise
@@ -170,7 +190,7 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
     desired = capacity_status(live).model_dump(by_alias=True)
     try:
         await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, {"capacity": desired})
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status == 404:
             return
         raise
@@ -178,8 +198,13 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
     STATUS_UPDATES.labels("GpuPackage").inc()
 
 
+#: Steps every slice passes through in a second or two: an Event for each would be two more writes per
+#: slice that tell a user nothing (status still shows them).
+QUIET_REASONS = frozenset({Reason.CREATING_CLAIM, Reason.SCHEDULING})
+
+
 def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any]) -> None:
-    """A Kubernetes Event on the GpuSlice for every phase/reason transition."""
+    """A Kubernetes Event on the GpuSlice for every phase/reason transition but the quiet steps."""
     TRANSITIONS.labels(desired["phase"], desired.get("reason", "")).inc()
     if before.get("phase") in (None, Phase.PENDING.value) and desired["phase"] in (
         Phase.ALLOCATED.value,
@@ -188,6 +213,8 @@ def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any])
         waited = _seconds_since(entry.created)
         if waited is not None:
             SLICE_PENDING.labels(entry.package).observe(waited)
+    if desired.get("reason") in QUIET_REASONS:
+        return
     ref = {
         "apiVersion": c.GROUP_VERSION,
         "kind": c.SLICE_KIND,
@@ -199,6 +226,7 @@ def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any])
         reason=desired.get("reason") or desired["phase"],
         message=f"{desired['phase']}: {desired.get('message', '')}"[:1000],
     )
+    WRITES.labels("Event", "create").inc()
     log.info(
         "slice transition",
         namespace=entry.namespace,
@@ -240,38 +268,39 @@ async def slice_event(namespace: str | None, name: str, type: str | None, memo: 
     await refresh(memo.state, namespace, name, Indexes(kw))
 
 
-async def slice_resync(namespace: str | None, name: str, memo: kopf.Memo, **kw: Any) -> None:
-    """Safety net for what no watch event announces (capacity elsewhere, a retry after quota)."""
-    namespace = ns_of(namespace)
-    await refresh(memo.state, namespace, name, Indexes(kw))
+def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float | None = None) -> list[Ref]:
+    """The package's slices to recompute on this tick of its timer: the Pending ones always (a
+    waiting slice's reason depends on capacity elsewhere, which no event of its own pod or claim
+    announces), and every one once per `resync_seconds` (the safety net)."""
+    now = time.monotonic() if now is None else now
+    last = state.resynced.get(package)
+    full = last is None or now - last >= state.config.resync_seconds
+    if full:
+        state.resynced[package] = now
+    out = []
+    for ref in values(idx.package_slices, package):
+        entry = one(idx.slices, ref)
+        if entry is not None and (full or entry.phase in (None, Phase.PENDING.value)):
+            out.append(ref)
+    return out
 
 
-async def pending_recheck(namespace: str | None, name: str, memo: kopf.Memo, **kw: Any) -> None:
-    """A waiting slice's reason depends on capacity elsewhere (which GPUs filled up meanwhile): no
-    event of its own pod or claim announces that, so only Pending slices are re-read this often."""
-    namespace = ns_of(namespace)
-    await refresh(memo.state, namespace, name, Indexes(kw))
-
-
-def _pending(status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") == Phase.PENDING.value
+async def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
+    """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
+    no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice."""
+    targets = due_for_recheck(state, package, idx)
+    results = await asyncio.gather(
+        *(refresh(state, ns, name, idx) for ns, name in targets), return_exceptions=True
+    )
+    for ref, result in zip(targets, results, strict=True):
+        if isinstance(result, Exception):
+            log.warning(
+                "slice recheck failed; next tick retries", slice=f"{ref[0]}/{ref[1]}", error=str(result)
+            )
 
 
 def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
-    """The timers, at the intervals the configuration gives (called once, before Kopf starts)."""
-    resync, recheck = config.resync_seconds, config.recheck_seconds
-    kopf.timer(
-        c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL, interval=resync, initial_delay=resync, registry=registry
-    )(slice_resync)
-    kopf.timer(
-        c.API_GROUP,
-        c.API_VERSION,
-        c.SLICE_PLURAL,
-        interval=recheck,
-        initial_delay=recheck,
-        when=_pending,
-        registry=registry,
-    )(pending_recheck)
+    """GpuSlices have no timers: `recheck` runs from the package timers (see packages.register)."""
 
 
 def _slice_of_claim(labels: kopf.Labels, namespace: str) -> Ref | None:

@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
 from typing import Any, TypeVar
 
 import kopf
@@ -45,10 +44,6 @@ class Snapshot:
     uuids: dict[tuple[str, str], str]
     _capacity: dict[str, Capacity] = field(default_factory=dict)
 
-    @cached_property
-    def allocated_set(self) -> frozenset[tuple[str, str]]:
-        return frozenset(self.allocated)
-
     def capacity(self, package: str) -> Capacity:
         if package not in self._capacity:
             self._capacity[package] = package_capacity(package, self.slices, self.allocated)
@@ -65,8 +60,12 @@ class OperatorState:
     #: (namespace, slice) -> when this process last applied its claim or template; the watch stream
     #: delivers the new object a moment later, and until then the index does not show it.
     applied: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (namespace, slice) -> the claim as its apply answered, until the index shows it.
+    created: dict[tuple[str, str], ClaimView] = field(default_factory=dict)
     #: (namespace, slice) -> (uid, status) this process last wrote.
     written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    #: package -> when its slices were last all recomputed (monotonic seconds).
+    resynced: dict[str, float] = field(default_factory=dict)
     #: package -> the status.capacity this process last wrote for it (the index may lag behind).
     package_capacity: dict[str, dict[str, int]] = field(default_factory=dict)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -83,6 +82,7 @@ class OperatorState:
         self.create_errors.pop(key, None)
         self.written.pop(key, None)
         self.applied.pop(key, None)
+        self.created.pop(key, None)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():
             del self._locks[key]
@@ -94,15 +94,17 @@ class OperatorState:
         claims: kopf.Index[tuple[str, str], ClaimView],
         need: Iterable[tuple[str, str]] = (),
     ) -> Snapshot:
-        """The cached snapshot, unless it is old or misses an allocated (pool, device) in `need`:
-        a status computed from a snapshot older than its own claim would lack the GPU and stay so
-        until the next event."""
+        """The cached snapshot, unless it is old or does not know an allocated (pool, device) in
+        `need`: a status computed from a snapshot older than the device's ResourceSlice would lack
+        the GPU and stay so until the next event. (A snapshot older than the slice's own claim is
+        fine: capacity only explains why an unallocated slice waits; requiring the claim in it
+        rebuilt the snapshot for every newly allocated slice of a burst.)"""
         now = time.monotonic()
         cached = self.snapshot
         if (
             cached
             and now - cached.taken_at < self.config.capacity_cache_seconds
-            and all(d in cached.uuids and d in cached.allocated_set for d in need)
+            and all(d in cached.uuids for d in need)
         ):
             return cached
         slices: list[PublishedSlice] = [s for pool in resource_slices for s in resource_slices[pool]]
