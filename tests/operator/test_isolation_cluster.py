@@ -683,6 +683,9 @@ def test_an_agent_may_publish_only_its_own_pool(iso: Iso) -> None:
     doc["metadata"]["name"] = f"{node}-{token}"
     doc["spec"]["nodeName"] = node
     doc["spec"]["pool"]["name"] = iso.cluster.nodes[1]  # another node's pool, on its own node
+    # agent_kubeconfig (re)applies the agent's policies: one another test removed is enforced only
+    # once the API server has loaded it again.
+    wait_for(lambda: dry_run(iso, doc, agent).returncode != 0, 15, "the agent policy to be enforced")
     refused(iso, doc, f"may only write ResourceSlices of pool {node}", kubeconfig=agent)
 
 
