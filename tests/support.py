@@ -8,6 +8,8 @@ Kubernetes objects are built here once; the folders' own helpers (`operator/oper
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -244,3 +246,26 @@ def deployment_doc(
             "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]},
         },
     }
+
+
+# --- running gpuslice as a user does ----------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def gpuslice_check(kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    """`gpuslice check` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuslice", "check", f"--kubeconfig={kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def check_line(output: str, name: str) -> str:
+    """The one line of `gpuslice check`'s output for prerequisite `name`."""
+    (found,) = [x for x in output.splitlines() if x[2:].startswith(name)]
+    return found

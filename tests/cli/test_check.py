@@ -7,7 +7,6 @@ The dropped-fields path runs against a second, real kube-apiserver started with 
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -30,28 +29,10 @@ from gpuslice.check import (
     render,
 )
 from gpuslice.dev.devcluster.cluster import DevCluster
-from support import V100, package_doc, published
+from support import V100, check_line, gpuslice_check, package_doc, published
 
-REPO = Path(__file__).resolve().parents[2]
 GATES_OFF = "DRAPartitionableDevices=false,DRAConsumableCapacity=false"
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
-
-
-def gpuslice_check(kubeconfig: Path) -> subprocess.CompletedProcess[str]:
-    """`gpuslice check` as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "gpuslice", "check", f"--kubeconfig={kubeconfig}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        check=False,
-    )
-
-
-def line(output: str, name: str) -> str:
-    (found,) = [x for x in output.splitlines() if x[2:].startswith(name)]
-    return found
 
 
 # --- the decisions ---------------------------------------------------------------------------------
@@ -139,13 +120,13 @@ def test_check_fails_and_names_the_gates_when_the_api_server_drops_the_counters(
     out = proc.stdout
     print(out)
     assert proc.returncode == 1, proc.stderr
-    assert line(out, "resource.k8s.io/v1 (DRA) is served").startswith("\u221a ")
-    partitionable = line(out, "partitionable devices (DRAPartitionableDevices) kept by the API server")
+    assert check_line(out, "resource.k8s.io/v1 (DRA) is served").startswith("\u221a ")
+    partitionable = check_line(out, "partitionable devices (DRAPartitionableDevices) kept by the API server")
     assert partitionable.startswith("\u00d7 ")
     assert "spec.sharedCounters, spec.devices[partition].consumesCounters" in partitionable
     fix = out.splitlines()[out.splitlines().index(partitionable) + 1]
     assert fix.startswith("    fix: ") and "--feature-gates=DRAPartitionableDevices=true" in fix
-    assert line(out, "consumable capacity (DRAConsumableCapacity)").startswith("\u00d7 ")
+    assert check_line(out, "consumable capacity (DRAConsumableCapacity)").startswith("\u00d7 ")
 
 
 def _publish(dc: DevCluster, node: str) -> list[dict[str, Any]]:

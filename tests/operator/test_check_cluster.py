@@ -3,8 +3,6 @@ with peering, an agent's ResourceSlices on a labelled GPU node, a package of tha
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -12,27 +10,11 @@ import pytest
 
 from gpuslice import constants as c
 from gpuslice.dev.devcluster.cluster import DevCluster, free_port
-from support import apply, get_json, package_doc, published, wait_for
+from support import apply, check_line, get_json, gpuslice_check, package_doc, published, wait_for
 
 from .operator_cluster import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def gpuslice_check(kubeconfig: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuslice", "check", f"--kubeconfig={kubeconfig}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        check=False,
-    )
-
-
-def line(output: str, name: str) -> str:
-    (found,) = [x for x in output.splitlines() if x[2:].startswith(name)]
-    return found
 
 
 @pytest.mark.cluster
@@ -98,7 +80,7 @@ def test_check_passes_line_by_line_on_a_cluster_set_up_for_gpuslice(
         "operator running: 1 replica(s) keep ClusterKopfPeering gpuslice alive",
         "RuntimeClass nvidia",
     ):
-        assert line(out, name).startswith("\u221a "), out
-    assert line(out, "agents publish GPUs").startswith("\u221a "), out
+        assert check_line(out, name).startswith("\u221a "), out
+    assert check_line(out, "agents publish GPUs").startswith("\u221a "), out
     # The dry-run probe leaves nothing behind.
     assert get_json(cluster, "resourceslice", "gpuslice-check-probe-counters") is None
