@@ -10,7 +10,6 @@ import asyncio
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
