@@ -366,8 +366,8 @@ def _make_bridge(d: NodeDirs) -> None:
 
 
 def _start_kubelet(cluster: DevCluster, st: State, d: NodeDirs, bins: NodeBinaries) -> None:
+    # (the node's bridge, and so its address, exists already: start_real_nodes made it with the slot)
     _make_cgroup_root(d.cgroup_root)
-    _make_bridge(d)
     ca = pki.LocalCA(cluster.dir / "pki")
     client = ca.issue(f"kubelet-{d.name}", f"system:node:{d.name}", ["system:nodes"])
     pki.write_kubeconfig(d.kubeconfig, st.server, ca.cert_path, client, f"system:node:{d.name}")
