@@ -101,6 +101,9 @@ static int set_gpu_key(fake_gpu *g, const char *key, const char *val)
     } else if (strcmp(key, "context_bytes") == 0) {
         g->context_bytes = strtoull(val, &end, 10);
         if (*end) return -1;
+    } else if (strcmp(key, "context_create_us") == 0) {
+        g->context_create_us = (unsigned)strtoul(val, &end, 10);
+        if (*end) return -1;
     } else if (strcmp(key, "multiprocessors") == 0) {
         g->multiprocessors = (int)strtol(val, &end, 10);
         if (*end) return -1;
@@ -432,6 +435,7 @@ fake_proc *fake_self_slot(fake_dev_state *s)
             p->managed = (uint32_t)managed;
             p->start_time = st;
             atomic_store(&p->used, 0);
+            atomic_store(&p->contexts, 0);
             found = p;
         }
     }

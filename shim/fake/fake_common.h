@@ -41,6 +41,8 @@ typedef struct {
     unsigned minor;
     char serial[32];
     uint64_t context_bytes; /* device memory each context takes (gpu.N.context_bytes; default 0) */
+    unsigned context_create_us; /* how long creating a context takes (gpu.N.context_create_us; the
+                                   real driver takes 100 ms and more; default 0) */
 } fake_gpu;
 
 #define FAKE_SOCK_NAME "driver.sock"
@@ -50,6 +52,8 @@ typedef struct {
     uint32_t managed; /* 1: the daemon frees this slot when the process's connection closes */
     uint64_t start_time;
     _Atomic uint64_t used;
+    _Atomic uint32_t contexts; /* live contexts: NVML lists a process with a context, memory or not */
+    uint32_t pad2;
 } fake_proc;
 
 /* What the daemon sends a client right after it connects. */

@@ -429,8 +429,12 @@ static uint64_t limit_cost(CUdevice dev, int which, uint64_t value)
 static CUresult ctx_memory_charge(struct CUctx_st *c)
 {
     for (int i = 0; i < LIM_N; i++) c->limits[i] = limit_default[i];
-    uint64_t b = sys()->gpus[c->dev].context_bytes;
-    return b ? charge(c->dev, b) : CUDA_SUCCESS;
+    const fake_gpu *g = &sys()->gpus[c->dev];
+    if (g->context_create_us) usleep(g->context_create_us);
+    CUresult rc = g->context_bytes ? charge(c->dev, g->context_bytes) : CUDA_SUCCESS;
+    fake_proc *me = fake_self_slot(sys()->state[c->dev]);
+    if (rc == CUDA_SUCCESS && me) atomic_fetch_add(&me->contexts, 1);
+    return rc;
 }
 
 static void ctx_limits_reset(struct CUctx_st *c)
@@ -447,6 +451,8 @@ static void ctx_memory_uncharge(struct CUctx_st *c)
     ctx_limits_reset(c);
     uint64_t b = sys()->gpus[c->dev].context_bytes;
     if (b) uncharge(c->dev, b);
+    fake_proc *me = fake_self_slot(sys()->state[c->dev]);
+    if (me && atomic_load(&me->contexts) > 0) atomic_fetch_sub(&me->contexts, 1);
 }
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)

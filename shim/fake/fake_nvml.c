@@ -373,7 +373,8 @@ static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, 
         fake_proc *p = &s->procs[i];
         if (!p->pid) continue;
         uint64_t used = atomic_load(&p->used);
-        if (used == 0) continue; /* a process appears once it holds memory, like a context would */
+        /* Like the real driver: a process is listed from its first context on, memory or not. */
+        if (used == 0 && atomic_load(&p->contexts) == 0) continue;
         if (infos && n < cap) {
             char *slot = (char *)infos + n * stride;
             if (v1) {

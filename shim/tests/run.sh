@@ -102,6 +102,23 @@ check "a context's cost is measured exactly beside a busy neighbour" \
 kill "$churner" 2>/dev/null
 wait "$churner" 2>/dev/null
 
+# ... and not mistaken for a neighbour that starts meanwhile. Contexts take 0.6 s to create here (the
+# real driver's take 100 ms and more); the neighbour's context is made during ours and then holds
+# 1 GiB. A context that costs nothing must still cost nothing, and the slice stay whole. (On a loaded
+# machine the windows may miss each other; then the check passes without testing the race.)
+sed "s/^gpu.0.minor=0$/gpu.0.minor=0\ngpu.0.context_create_us=600000/" "$work/fake.conf" > "$work/fake-slow.conf"
+mkfifo "$work/slow.in"
+GPUSLICE_FAKE_GPU_CONFIG="$work/fake-slow.conf" "$build/tests/cuda_probe" hold $((1 << 30)) < "$work/slow.in" \
+    > "$work/slow.out" 2>&1 &
+starter=$!
+exec 8> "$work/slow.in"
+sleep 0.3
+slice "$limit" 100
+check "a context's cost is not taken from a neighbour that starts during its creation" \
+    env GPUSLICE_FAKE_GPU_CONFIG="$work/fake-slow.conf" "$build/tests/cuda_probe" limit "$limit"
+exec 8>&-
+wait "$starter"
+
 iters=4000
 [[ "$san" == thread ]] && iters=600
 rm -f "$work/counter"
