@@ -23,6 +23,10 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gpuslice.logs import get
+
+log = get(__name__)
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
@@ -245,14 +249,28 @@ class Client:
                     yield event
 
 
-async def list_and_watch(client: Client, url_path: str, **params: str) -> AsyncIterator[tuple[str, Any]]:
-    """("LIST", items) after every (re)list, then (event type, object); BOOKMARKs only move the
-    resourceVersion. Relists on 410 (Gone); other failures propagate to the caller's retry."""
+async def list_pages_and_watch(
+    client: Client, url_path: str, params: Mapping[str, str] | None = None, *, page_size: int = 500
+) -> AsyncIterator[tuple[str, Any]]:
+    """List-then-watch, the list read a page at a time (a cluster's pods never sit in memory whole):
+    ("RELIST", []) when a (re)list begins, ("PAGE", items) per page, ("SYNCED", []) when the list is
+    complete, then (event type, object). BOOKMARKs only move the resourceVersion. Relists on 410
+    (Gone, also an expired continue token); other failures propagate to the caller's retry."""
     while True:
-        listing = await client.get(url_path, **params)
-        rv = listing["metadata"]["resourceVersion"]
-        yield "LIST", list(listing.get("items") or [])
         try:
+            yield "RELIST", []
+            token = ""
+            while True:
+                query = {**(params or {}), "limit": str(page_size)}
+                if token:
+                    query["continue"] = token
+                listing = await client.get(url_path, **query)
+                yield "PAGE", list(listing.get("items") or [])
+                token = (listing.get("metadata") or {}).get("continue") or ""
+                if not token:
+                    break
+            rv = listing["metadata"]["resourceVersion"]
+            yield "SYNCED", []
             while True:
                 async for event in client.watch(url_path, rv, params):
                     obj = event.get("object") or {}
@@ -263,3 +281,57 @@ async def list_and_watch(client: Client, url_path: str, **params: str) -> AsyncI
             if exc.status != 410:
                 raise
         await asyncio.sleep(0)
+
+
+async def list_and_watch(client: Client, url_path: str, **params: str) -> AsyncIterator[tuple[str, Any]]:
+    """("LIST", items) after every (re)list, then (event type, object) (see `list_pages_and_watch`)."""
+    items: list[Any] = []
+    async for kind, obj in list_pages_and_watch(client, url_path, params):
+        if kind == "RELIST":
+            items = []
+        elif kind == "PAGE":
+            items.extend(obj)
+        elif kind == "SYNCED":
+            yield "LIST", items
+        else:
+            yield kind, obj
+
+
+async def watch_forever(
+    client: Client, url_path: str, *, paged: bool = False, **params: str
+) -> AsyncIterator[tuple[str, Any]]:
+    """`list_and_watch` (or, `paged`, `list_pages_and_watch`) that never ends: a failed connection or
+    request relists after a backoff (1 s doubling to 30 s). A resource that is not served (404: its
+    CRD not installed yet) counts as empty, an empty listing every 5 s until it is."""
+    delay = 1.0
+    missing = False
+    while True:
+        try:
+            source = (
+                list_pages_and_watch(client, url_path, params)
+                if paged
+                else list_and_watch(client, url_path, **params)
+            )
+            async for kind, obj in source:
+                if kind in ("LIST", "SYNCED"):
+                    delay, missing = 1.0, False
+                yield kind, obj
+        except ApiError as exc:
+            if exc.status == 404:
+                if not missing:
+                    log.warning(
+                        "resource not served yet; polling until it is", url=url_path, reason=exc.reason
+                    )
+                missing = True
+                empty: list[tuple[str, Any]] = [("RELIST", []), ("SYNCED", [])] if paged else [("LIST", [])]
+                for event in empty:
+                    yield event
+                await asyncio.sleep(5.0)
+                continue
+            log.warning(
+                "watch failed, relisting", url=url_path, status=exc.status, reason=exc.reason, retry_in=delay
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            log.warning("watch connection failed, relisting", url=url_path, error=str(exc), retry_in=delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 30.0)

@@ -7,15 +7,11 @@ agent does not import the generated kubernetes_asyncio client: it would cost ~60
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from gpuslice import constants, kubehttp, logs
-from gpuslice.kubehttp import ApiError
 
 log = logs.get(__name__)
 
@@ -69,40 +65,9 @@ class Kube:
     # --- watches ---------------------------------------------------------------------------------
 
     def watch_packages(self) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
-        return _watch(self.api, kubehttp.path(*GPUSLICE, constants.PACKAGE_PLURAL))
+        return kubehttp.watch_forever(self.api, kubehttp.path(*GPUSLICE, constants.PACKAGE_PLURAL))
 
     def watch_node(self, node: str) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
-        return _watch(self.api, kubehttp.path("", "v1", "nodes"), fieldSelector=f"metadata.name={node}")
-
-
-async def _watch(
-    api: kubehttp.Client, url: str, **params: str
-) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
-    """List-then-watch forever. Yields ("LIST", items) after every (re)list, then (event type, object).
-
-    The watch resumes from the last seen resourceVersion (bookmarks keep it fresh) and relists only
-    when the API server says that version is gone (410) or the connection failed.
-    """
-    delay = 1.0
-    missing = False
-    while True:
-        try:
-            async for kind, obj in kubehttp.list_and_watch(api, url, **params):
-                if kind == "LIST":
-                    delay, missing = 1.0, False
-                yield kind, obj
-        except ApiError as exc:
-            if exc.status == 404:
-                # The resource is not served (GpuPackage CRD not installed yet): there is none of it.
-                # Until it appears the node still publishes its cards, with no partitions.
-                if not missing:
-                    log.warning("resource not served yet; polling until it is", reason=exc.reason)
-                missing = True
-                yield "LIST", []
-                await asyncio.sleep(5.0)
-                continue
-            log.warning("watch failed, relisting", status=exc.status, reason=exc.reason, retry_in=delay)
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            log.warning("watch connection failed, relisting", error=str(exc), retry_in=delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 30.0)
+        return kubehttp.watch_forever(
+            self.api, kubehttp.path("", "v1", "nodes"), fieldSelector=f"metadata.name={node}"
+        )

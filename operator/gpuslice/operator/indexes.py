@@ -22,11 +22,11 @@ from gpuslice.domain.views import (
     QuotaView,
     WorkloadView,
     claim_view,
-    pod_view,
     quota_view,
     uses_gpuslice,
-    workload_view,
 )
+from gpuslice.operator.state import Lookup
+from gpuslice.operator.workloads import Workloads
 
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
 
@@ -88,7 +88,7 @@ class AdmissionView:
 class Indexes:
     """Every gpuslice index of a handler call (Kopf passes them as keyword arguments), as one typed view."""
 
-    def __init__(self, kw: dict[str, Any]) -> None:
+    def __init__(self, kw: dict[str, Any], workloads: Workloads) -> None:
         self.packages: kopf.Index[str, PackageView] = kw["gs_packages"]
         self.slices: kopf.Index[Ref, SliceView] = kw["gs_slices"]
         self.package_slices: kopf.Index[str, Ref] = kw["gs_package_slices"]
@@ -98,10 +98,11 @@ class Indexes:
         self.template_claims: kopf.Index[Ref, Ref] = kw["gs_template_claims"]
         self.pool_claims: kopf.Index[str, Ref] = kw["gs_pool_claims"]
         self.templates: kopf.Index[Ref, bool] = kw["gs_claim_templates"]
-        self.claim_pods: kopf.Index[Ref, PodView] = kw["gs_claim_pods"]
-        self.template_pods: kopf.Index[Ref, PodView] = kw["gs_template_pods"]
-        self.claim_workloads: kopf.Index[Ref, WorkloadView] = kw["gs_claim_workloads"]
-        self.template_workloads: kopf.Index[Ref, WorkloadView] = kw["gs_template_workloads"]
+        #: Pods and ReplicaSets come from the operator's own watches (see `workloads`), not Kopf's.
+        self.claim_pods: Lookup[Ref, PodView] = workloads.pods.by_claim
+        self.template_pods: Lookup[Ref, PodView] = workloads.pods.by_template
+        self.claim_workloads: Lookup[Ref, WorkloadView] = workloads.replicasets.by_claim
+        self.template_workloads: Lookup[Ref, WorkloadView] = workloads.replicasets.by_template
         self.quotas: kopf.Index[str, QuotaView] = kw["gs_quotas"]
         self.resource_slices: kopf.Index[str, PublishedSlice] = kw["gs_resource_slices"]
         self.namespaces: kopf.Index[str, NamespaceView] = kw["gs_namespaces"]
@@ -259,37 +260,3 @@ async def gs_claim_templates(namespace: str | None, name: str, **_: Any) -> dict
 async def gs_resource_slices(body: kopf.Body, **_: Any) -> dict[str, PublishedSlice] | None:
     summary = parse_resource_slice(body)
     return {summary.pool: summary} if summary else None
-
-
-@kopf.index("", "v1", "pods")
-async def gs_claim_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
-    """(namespace, claim) -> pods that reference the claim by name."""
-    view = pod_view(body)
-    if view is None:
-        return None
-    return {(view.namespace, claim): view for claim in view.direct_claims} or None
-
-
-@kopf.index("", "v1", "pods")
-async def gs_template_pods(body: kopf.Body, **_: Any) -> dict[Ref, PodView] | None:
-    """(namespace, template) -> pods whose claim comes from the template."""
-    view = pod_view(body)
-    if view is None:
-        return None
-    return {(view.namespace, t): view for t in view.templates.values()} or None
-
-
-@kopf.index("apps", "v1", "replicasets")
-async def gs_claim_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
-    view = workload_view(body)
-    if view is None:
-        return None
-    return {(view.namespace, n): view for n in view.claim_names} or None
-
-
-@kopf.index("apps", "v1", "replicasets")
-async def gs_template_workloads(body: kopf.Body, **_: Any) -> dict[Ref, WorkloadView] | None:
-    view = workload_view(body)
-    if view is None:
-        return None
-    return {(view.namespace, n): view for n in view.template_names} or None

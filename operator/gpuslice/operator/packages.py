@@ -28,6 +28,7 @@ from gpuslice.metrics import (
     WRITES,
     forget_package,
 )
+from gpuslice.operator import heap
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
 from gpuslice.operator.policies import ensure_policies
@@ -56,7 +57,7 @@ async def ensure_device_class(state: OperatorState, name: str, uid: str | None, 
 async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **kw: Any) -> None:
     """Level-triggered: every event of a package re-derives its DeviceClass and all tenant quotas;
     only differences are written."""
-    idx = Indexes(kw)
+    idx = Indexes(kw, memo.state.workloads)
     state: OperatorState = memo.state
     if type == "DELETED":
         await fast_path(reconcile_all(state, idx, exclude=name), TIMER)
@@ -77,7 +78,7 @@ async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf
 @kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
 async def device_class_event(name: str, type: str | None, memo: kopf.Memo, **kw: Any) -> None:
     """A gpuslice DeviceClass deleted or edited by someone else: put it back while its package lives."""
-    idx = Indexes(kw)
+    idx = Indexes(kw, memo.state.workloads)
     package = one(idx.packages, name.removesuffix(c.DEVICE_CLASS_SUFFIX))
     if package is None or package.deleting:
         return
@@ -88,7 +89,7 @@ async def device_class_event(name: str, type: str | None, memo: kopf.Memo, **kw:
 @kopf.on.delete(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
 async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any) -> None:
     """Held while GpuSlices use the package, with a condition that names them; then clean up."""
-    idx = Indexes(kw)
+    idx = Indexes(kw, memo.state.workloads)
     state: OperatorState = memo.state
     users = sorted(f"{ns}/{n}" for ns, n in values(idx.package_slices, name))
     if users:
@@ -111,7 +112,7 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
 async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **kw: Any) -> None:
     """Capacity and the rest of the status (written only when it changed); then whatever a refused
     write left undone. A refusal raises TemporaryError, which Kopf retries after its delay."""
-    idx = Indexes(kw)
+    idx = Indexes(kw, memo.state.workloads)
     state: OperatorState = memo.state
     if meta.get("deletionTimestamp") is not None:
         return
@@ -122,6 +123,7 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
         await ensure_device_class(state, name, meta.get("uid"), spec)
     await retry_unsynced(state, idx)
     await ensure_policies(state, idx)
+    heap.trim(state.config.recheck_seconds)
 
 
 def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:

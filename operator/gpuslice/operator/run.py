@@ -82,6 +82,7 @@ def _register_startup(state: OperatorState) -> None:
     @kopf.on.startup()
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, state.config)
+        state.workloads.start(state.kube.api)
         await policies.apply_policies(state)
 
     @kopf.on.login()
@@ -94,6 +95,7 @@ def _register_startup(state: OperatorState) -> None:
 
     @kopf.on.cleanup()
     async def cleanup(**_: Any) -> None:
+        await state.workloads.stop()
         await state.kube.close()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -16,12 +16,17 @@ from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.kube import Kube
+from gpuslice.operator.workloads import Workloads
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-def one(index: kopf.Index[K, V], key: K) -> V | None:
+#: What `one` and `values` read: a Kopf index, or one of the operator's own (`workloads.ViewIndex`).
+Lookup = Mapping[K, Collection[V]]
+
+
+def one(index: Lookup[K, V], key: K) -> V | None:
     """The single value under `key`, or None."""
     store = index.get(key)
     if not store:
@@ -29,7 +34,7 @@ def one(index: kopf.Index[K, V], key: K) -> V | None:
     return next(iter(store), None)
 
 
-def values(index: kopf.Index[K, V], key: K) -> list[V]:
+def values(index: Lookup[K, V], key: K) -> list[V]:
     store = index.get(key)
     return list(store) if store else []
 
@@ -73,6 +78,8 @@ class OperatorState:
     unsynced_namespaces: set[str] = field(default_factory=set)
     #: (kind, name) -> the admission policies and bindings this configuration wants (see policies).
     admission: dict[tuple[str, str], dict[str, Any]] | None = None
+    #: Pods and ReplicaSets that reference claims (watched outside Kopf; see `workloads`).
+    workloads: Workloads = field(default_factory=Workloads)
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())

@@ -111,11 +111,11 @@ async def namespace_event(name: str, type: str | None, memo: kopf.Memo, **kw: An
     if type == "DELETED":
         memo.state.unsynced_namespaces.discard(name)
         return
-    await fast_path(reconcile_namespace(name, memo.state, Indexes(kw)), TIMER)
+    await fast_path(reconcile_namespace(name, memo.state, Indexes(kw, memo.state.workloads)), TIMER)
 
 
 @kopf.on.event("", "v1", "resourcequotas", labels=MANAGED)
 async def quota_event(namespace: str | None, memo: kopf.Memo, **kw: Any) -> None:
     """Someone changed or deleted a gpuslice quota (or it was just created): converge again."""
     namespace = ns_of(namespace)
-    await fast_path(reconcile_namespace(namespace, memo.state, Indexes(kw)), TIMER)
+    await fast_path(reconcile_namespace(namespace, memo.state, Indexes(kw, memo.state.workloads)), TIMER)
