@@ -6,8 +6,8 @@ API writes, operator CPU and memory.
 
 Each run gets a fresh `gpuslice devcluster` (kwok nodes) whose ResourceSlices are published exactly as
 the node agents publish them (the agent's own builder: `--gpus` simulated V100s per node, one package of
-fraction 25, so `4 * gpus * nodes` slots). `--noise-pods` unrelated pods (bound to nodes, Running) are
-created in another namespace first. Then, with the same client:
+fraction 25, so `4 * gpus * nodes` slots). `--noise-pods` unrelated pods (bound to CPU-only kwok nodes of
+their own, 100 per node, Running) are created in another namespace first. Then, with the same client:
 
 - A: documented-form ResourceClaims and one pod each, no operator (kube-scheduler alone);
 - B: the operator runs; GpuSlices and one pod each (the pod names the slice's claim).
@@ -50,6 +50,7 @@ from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice.dev.devcluster.components import node_manifest
 from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.domain.deviceclass import device_selector_expression
 
@@ -59,6 +60,7 @@ PACKAGE = "v100-8g"
 FRACTION = 25
 TENANT = "bench"
 NOISE = "noise"
+NOISE_PODS_PER_NODE = 100
 TENANT_LABEL = "bench.gpuslice.io/tenant"
 DRA = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
 WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"}
@@ -389,16 +391,28 @@ class Run:
         for ns in (TENANT, NOISE):
             self.cluster.wait_default_service_account(ns)
         if a.noise_pods:
+            # On nodes of their own, 100 per node (a node holds 110 pods): on the GPU nodes they would
+            # fill every node and leave the slices' pods unschedulable.
             t0 = time.monotonic()
+            hosts = [f"noise-node-{i}" for i in range(-(-a.noise_pods // NOISE_PODS_PER_NODE))]
+            await gather_limited(
+                a.concurrency,
+                [lambda h=h: api.create(kubehttp.path("", "v1", "nodes"), node_manifest(h)) for h in hosts],
+            )
             purl = kubehttp.path("", "v1", "pods", namespace=NOISE)
             await gather_limited(
                 a.concurrency,
                 [
-                    lambda i=i: create_with_retry(api, purl, pod(f"noise-{i}", node=nodes[i % len(nodes)]))
+                    lambda i=i: create_with_retry(
+                        api, purl, pod(f"noise-{i}", node=hosts[i // NOISE_PODS_PER_NODE])
+                    )
                     for i in range(a.noise_pods)
                 ],
             )
-            log(f"{self.mode}: {a.noise_pods} noise pods created in {time.monotonic() - t0:.1f}s")
+            log(
+                f"{self.mode}: {a.noise_pods} noise pods on {len(hosts)} nodes"
+                f" created in {time.monotonic() - t0:.1f}s"
+            )
         self.result["resourceslices"] = len(slices)
 
     def start_operator(self) -> None:

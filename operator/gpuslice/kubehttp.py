@@ -298,7 +298,7 @@ async def list_and_watch(client: Client, url_path: str, **params: str) -> AsyncI
 
 
 async def watch_forever(
-    client: Client, url_path: str, *, paged: bool = False, **params: str
+    client: Client, url_path: str, *, paged: bool = False, page_size: int = 500, **params: str
 ) -> AsyncIterator[tuple[str, Any]]:
     """`list_and_watch` (or, `paged`, `list_pages_and_watch`) that never ends: a failed connection or
     request relists after a backoff (1 s doubling to 30 s). A resource that is not served (404: its
@@ -308,7 +308,7 @@ async def watch_forever(
     while True:
         try:
             source = (
-                list_pages_and_watch(client, url_path, params)
+                list_pages_and_watch(client, url_path, params, page_size=page_size)
                 if paged
                 else list_and_watch(client, url_path, **params)
             )

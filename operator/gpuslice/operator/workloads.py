@@ -30,6 +30,9 @@ log = get(__name__)
 K = TypeVar("K")
 V = TypeVar("V")
 
+#: Objects per list page: a page is decoded whole, and its bodies are garbage a moment later.
+PAGE = 200
+
 #: (namespace, name) of a namespaced object.
 Ref = tuple[str, str]
 
@@ -149,7 +152,7 @@ class Workloads:
 
     async def _watch(self, client: kubehttp.Client, source: Source[Any]) -> None:
         seen: set[str] = set()
-        async for kind, obj in kubehttp.watch_forever(client, source.url, paged=True):
+        async for kind, obj in kubehttp.watch_forever(client, source.url, paged=True, page_size=PAGE):
             if kind == "RELIST":
                 seen = set()
             elif kind == "PAGE":
