@@ -291,15 +291,17 @@ def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float
 async def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
     """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
     no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice."""
-    targets = due_for_recheck(state, package, idx)
-    results = await asyncio.gather(
-        *(refresh(state, ns, name, idx) for ns, name in targets), return_exceptions=True
+    await refresh_logged(
+        state, due_for_recheck(state, package, idx), idx, "slice recheck failed; next tick retries"
     )
+
+
+async def refresh_logged(state: OperatorState, targets: list[Ref], idx: Indexes, failed: str) -> None:
+    """Refresh each target; a failure is logged with `failed` and left to the next tick."""
+    results = await asyncio.gather(*(refresh(state, ns, n, idx) for ns, n in targets), return_exceptions=True)
     for ref, result in zip(targets, results, strict=True):
         if isinstance(result, Exception):
-            log.warning(
-                "slice recheck failed; next tick retries", slice=f"{ref[0]}/{ref[1]}", error=str(result)
-            )
+            log.warning(failed, slice=f"{ref[0]}/{ref[1]}", error=str(result))
 
 
 def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
@@ -353,13 +355,7 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
                 continue
             wakeup.clear()
             targets = state.workloads.take(mine)
-            results = await asyncio.gather(
-                *(refresh(state, ns, n, idx) for ns, n in targets), return_exceptions=True
-            )
-            for ref, result in zip(targets, results, strict=True):
-                if isinstance(result, Exception):
-                    log.warning("slice refresh failed; the next recheck retries", slice=f"{ref[0]}/{ref[1]}",
-                                error=str(result))  # fmt: skip
+            await refresh_logged(state, targets, idx, "slice refresh failed; the next recheck retries")
     finally:
         state.workloads.unlisten(name)
 
