@@ -597,6 +597,8 @@ class Run:
                 after = self.operator_metrics()
                 r["operator_writes"] = {k: int(v - op_before.get(k, 0)) for k, v in after.items()}
                 r["operator_writes_total"] = sum(r["operator_writes"].values())
+                if a.rest > 0:
+                    r.update(await self.at_rest(proc, after, a.rest))
             if (self.args.tracemalloc or self.args.memstats) and self.operator is not None:
                 self.operator.send_signal(signal.SIGUSR1)
                 await asyncio.sleep(10)
@@ -608,6 +610,18 @@ class Run:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await api.close()
+
+    async def at_rest(self, proc: Proc, writes_before: dict[str, float], seconds: float) -> dict[str, Any]:
+        """After the burst settled: does the operator keep growing, working or writing while nothing changes?"""
+        rss_before, cpu_before = proc.mem("VmRSS"), proc.cpu()
+        await asyncio.sleep(seconds)
+        after = self.operator_metrics()
+        return {
+            "rest_s": seconds,
+            "operator_rest_rss_growth_mib": round(proc.mem("VmRSS") - rss_before, 1),
+            "operator_rest_cpu_pct": round(100 * (proc.cpu() - cpu_before) / seconds, 2),
+            "operator_rest_writes": int(sum(after.values()) - sum(writes_before.values())),
+        }
 
     async def _sample(self) -> None:
         while True:
@@ -661,6 +675,8 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         ("operator start-up to package reconciled (s)", "operator_startup_s"),
         ("operator RSS idle / peak / after (MiB)",
          ("operator_idle_rss_mib", "operator_peak_rss_mib", "operator_rss_after_mib")),
+        ("at rest after the burst: RSS growth (MiB) / CPU (%) / writes",
+         ("operator_rest_rss_growth_mib", "operator_rest_cpu_pct", "operator_rest_writes")),
         ("every device distinct", "distinct_devices"),
     ]  # fmt: skip
     names = [r["run"] for r in results]
@@ -710,6 +726,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32, help="create requests in flight")
     p.add_argument("--timeout", type=float, default=1200, help="seconds to wait for the burst")
     p.add_argument("--settle", type=float, default=5, help="seconds after the burst before counting writes")
+    p.add_argument("--rest", type=float, default=60,
+                   help="seconds watched after that: the operator's RSS growth, CPU and writes at rest")  # fmt: skip
     p.add_argument("--operator-arg", action="append", default=[], help="extra `gpuslice operator` flag")
     p.add_argument("--profile", metavar="DIR", help="record the operator with py-spy (speedscope) into DIR")
     p.add_argument(

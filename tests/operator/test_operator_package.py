@@ -17,9 +17,12 @@ import structlog.testing
 
 from gpuslice import cli
 from gpuslice import constants as c
+from gpuslice.kubehttp import ApiError
+from gpuslice.metrics import WRITES
 from gpuslice.operator import indexes, packages, slices
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import Indexes
+from gpuslice.operator.kube import Kube
 from gpuslice.operator.retry import fast_path
 from gpuslice.operator.state import OperatorState, one, values
 from gpuslice.operator.workloads import Workloads
@@ -385,3 +388,79 @@ async def test_a_refresh_before_the_claims_watch_event_does_not_go_back_to_creat
     # before every slice's status was 7.5 package writes per slice in a burst).
     assert kube.package_statuses == []
     assert events == ["WaitingForPod"] and kube.applied == ["s"]
+
+
+class _RefusingApi:
+    """An API server that refuses every write, as an overloaded one answers (timeouts, 429, 500)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def _refuse(self, *_: Any, **__: Any) -> Any:
+        self.requests += 1
+        raise ApiError(500, "Internal Server Error", '{"message": "etcdserver: request timed out"}')
+
+    apply = merge_patch = json_patch = delete = _refuse
+
+
+def _written(kind: str, verb: str) -> float:
+    return WRITES.labels(kind, verb)._value.get()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("call", "kind", "verb"),
+    [
+        (
+            lambda k: k.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"}}),
+            "Node",
+            "apply",
+        ),
+        (lambda k: k.patch_status("v1", "Node", "x", None, {}), "Node", "patch-status"),
+        (lambda k: k.json_patch("v1", "Node", "x", []), "Node", "patch"),
+        (lambda k: k.delete("v1", "Node", "x"), "Node", "delete"),
+    ],
+)
+async def test_the_writes_metric_counts_a_refused_write(
+    call: Callable[[Kube], Any], kind: str, verb: str
+) -> None:
+    # At 5,000 slices the API server counted 35,530 claim applies and the metric 4,725: only the
+    # accepted ones were counted, so the metric hid the retries an overloaded API server paid for.
+    api = _RefusingApi()
+    before = _written(kind, verb)
+    with pytest.raises(ApiError):
+        await call(Kube(api))  # type: ignore[arg-type]
+    assert api.requests == 1
+    assert _written(kind, verb) - before == 1
+
+
+async def test_a_refused_claim_is_retried_with_a_growing_delay_not_on_every_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every pod or quota event refreshes the slice; each refresh re-applied a refused claim at once,
+    # a write per event into an API server that was refusing because it was overloaded.
+    clock = [1000.0]
+    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    api = _RefusingApi()
+    state = OperatorState(config=OperatorConfig(), kube=Kube(api))  # type: ignore[arg-type]
+    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
+    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
+    idx = idx_of(packages=[pkg], slices=[sl])
+    entry = slices.one(idx.slices, ("ns", "s"))
+    assert entry is not None
+    for _ in range(600):  # an event every 0.1 s for a minute
+        await slices.ensure_claim(state, entry, idx)
+        clock[0] += 0.1
+    assert 3 <= api.requests <= 10, api.requests
+    assert state.create_errors[("ns", "s")] == "etcdserver: request timed out"
+    # Once the API server answers again, the next retry after the delay creates it.
+    created: list[str] = []
+
+    async def accept(url: str, body: Any, *_: Any, **__: Any) -> Any:
+        created.append(body["metadata"]["name"])
+        return body
+
+    api.apply = accept  # type: ignore[method-assign]
+    clock[0] += slices.REFUSED_RETRY_MAX_SECONDS
+    await slices.ensure_claim(state, entry, idx)
+    assert created == ["s"]
+    assert ("ns", "s") not in state.create_errors

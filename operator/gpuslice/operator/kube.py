@@ -55,6 +55,7 @@ class Kube:
 
     async def apply(self, body: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
         """Server-side apply; identical content writes nothing (resourceVersion stays)."""
+        WRITES.labels(body["kind"], "apply").inc()  # counted when sent: a refused write is a write too
         meta = body["metadata"]
         url = object_path(body["apiVersion"], body["kind"], meta["name"], meta.get("namespace"))
         out: dict[str, Any] = await self.api.apply(url + ("/status" if status else ""), body, c.FIELD_MANAGER)
@@ -74,6 +75,7 @@ class Kube:
 
     async def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """False when it was already gone."""
+        WRITES.labels(kind, "delete").inc()
         return await self.api.delete(object_path(api_version, kind, name, namespace))
 
     async def json_patch(
@@ -87,6 +89,7 @@ class Kube:
         missing_ok: bool = False,
     ) -> bool:
         """A JSON patch (RFC 6902); with `missing_ok`, a failed `test` op or a gone object is False."""
+        WRITES.labels(kind, "patch").inc()
         try:
             await self.api.json_patch(object_path(api_version, kind, name, namespace), ops)
         except ApiError as exc:

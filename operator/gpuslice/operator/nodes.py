@@ -14,7 +14,6 @@ import kopf
 
 from gpuslice.domain.isolation import taint_patch
 from gpuslice.logs import get
-from gpuslice.metrics import WRITES
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.state import OperatorState
 
@@ -35,5 +34,4 @@ async def node_event(
 async def _taint(state: OperatorState, name: str, ops: list[dict[str, Any]]) -> None:
     with refusal_is_temporary(f"node {name}", state.config.recheck_seconds):
         if await state.kube.json_patch("v1", "Node", name, ops, missing_ok=True):
-            WRITES.labels("Node", "patch").inc()
             log.info("GPU node tainted", node=name, taint=ops[-1]["value"])

@@ -25,7 +25,6 @@ from gpuslice.metrics import (
     PACKAGE_FREE_SLICES,
     SLICES,
     STATUS_UPDATES,
-    WRITES,
     forget_package,
 )
 from gpuslice.operator import heap
@@ -50,7 +49,6 @@ def device_class_current(idx: Indexes, package: str, spec: GpuPackageSpec) -> bo
 async def ensure_device_class(state: OperatorState, name: str, uid: str | None, spec: GpuPackageSpec) -> None:
     with refusal_is_temporary(f"DeviceClass of {name}", state.config.recheck_seconds):
         await state.kube.apply(device_class(name, uid, spec))
-    WRITES.labels("DeviceClass", "apply").inc()
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
@@ -101,8 +99,7 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
             c.GROUP_VERSION, c.PACKAGE_KIND, name, None, {"conditions": [*conditions, cond]}
         )
         raise kopf.TemporaryError(cond["message"], delay=max(2.0, min(state.config.resync_seconds, 10.0)))
-    if await state.kube.delete(DRA_API, "DeviceClass", c.device_class_name(name)):
-        WRITES.labels("DeviceClass", "delete").inc()
+    await state.kube.delete(DRA_API, "DeviceClass", c.device_class_name(name))
     await reconcile_all(state, idx, exclude=name)
     forget_package(name)
     state.package_capacity.pop(name, None)

@@ -14,7 +14,6 @@ import kopf
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
 from gpuslice.domain.conditions import contains
 from gpuslice.logs import get
-from gpuslice.metrics import WRITES
 from gpuslice.operator.indexes import MANAGED, AdmissionView, Indexes
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.state import OperatorState, one
@@ -49,7 +48,6 @@ async def apply_policies(state: OperatorState) -> None:
         if existing is not None and _current(existing, obj):
             continue
         await state.kube.apply(obj)
-        WRITES.labels(obj["kind"], "apply").inc()
         written += 1
     log.info(
         "admission policies in place", written=written, identities=list(state.config.operator_identities)
@@ -60,7 +58,6 @@ async def _apply(state: OperatorState, obj: dict[str, Any]) -> None:
     kind, name = obj["kind"], obj["metadata"]["name"]
     with refusal_is_temporary(f"{kind} {name}", state.config.recheck_seconds):
         await state.kube.apply(obj)
-    WRITES.labels(kind, "apply").inc()
     log.info("admission object restored", kind=kind, name=name)
 
 

@@ -41,6 +41,15 @@ log = get(__name__)
 #: load must not turn every refresh into another apply.
 APPLIED_GRACE_SECONDS = 120.0
 
+#: A create refused for another reason than quota (an overloaded API server's timeouts, a webhook
+#: down) is retried after 1, 2, 4 ... s, at most this long apart: every event of the slice's pods
+#: refreshes it, and re-applying on each one only adds load to an API server that is refusing.
+REFUSED_RETRY_MAX_SECONDS = 30.0
+
+
+def _retry_delay(refusals: int) -> float:
+    return 0.0 if refusals == 0 else min(2.0 ** (refusals - 1), REFUSED_RETRY_MAX_SECONDS)
+
 
 def _facts(
     state: OperatorState,
@@ -48,8 +57,10 @@ def _facts(
     idx: Indexes,
     baseline: dict[str, Any],
     created: ClaimView | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> SliceFacts:
-    """`created`: the claim this refresh just applied, which the index shows only a watch event later."""
+    """`created`: the claim this refresh just applied, which the index shows only a watch event later;
+    `usage`: the node agent's status.usage as the object shows it."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     claims: list[ClaimView]
@@ -81,7 +92,7 @@ def _facts(
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
-        memory_violation=(entry.status.get("usage") or {}).get("violation"),
+        memory_violation=(usage or {}).get("violation"),
     )
 
 
@@ -109,8 +120,11 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
         # Applied, its watch event not here yet: the claim as the apply answered, so a refresh
         # meanwhile does not go back to CreatingClaim (and forth again when the event comes).
         return state.created.get(key)
-    if is_quota_refusal(error) and _quota_full(idx, ns, pkg):
-        return None  # refused for quota, and still no room: retrying now would be refused again
+    if is_quota_refusal(error):
+        if _quota_full(idx, ns, pkg):
+            return None  # refused for quota, and still no room: retrying now would be refused again
+    elif time.monotonic() - state.applied.get(key, -1e9) < _retry_delay(state.refusals.get(key, 0)):
+        return None
     state.applied[key] = time.monotonic()
     try:
         answer = await state.kube.apply(body)
@@ -119,9 +133,11 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
         if state.create_errors.get((ns, name)) != message:
             log.info("claim create refused", namespace=ns, slice=name, reason=message)
         state.create_errors[(ns, name)] = message
+        if not is_quota_refusal(message):
+            state.refusals[key] = state.refusals.get(key, 0) + 1
         return None
-    WRITES.labels(body["kind"], "apply").inc()
     state.create_errors.pop((ns, name), None)
+    state.refusals.pop(key, None)
     if body["kind"] != "ResourceClaim":
         return None
     state.created[key] = claim_view(answer)
@@ -154,11 +170,16 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         if namespace is not None and namespace.terminating:
             return  # it goes with its namespace; nothing can be created there any more, not even Events
         created = await ensure_claim(state, entry, idx)
-        mine = state.written.get(key)
-        baseline: dict[str, Any] = mine[1] if mine and mine[0] == entry.uid else dict(entry.status)
         # status.usage belongs to the node agent: neither compared nor cleared here.
-        baseline = {k: v for k, v in baseline.items() if k not in c.AGENT_STATUS_FIELDS}
-        facts = _facts(state, entry, idx, baseline, created)
+        status = entry.status
+        shown = {k: v for k, v in status.items() if k not in c.AGENT_STATUS_FIELDS}
+        mine = state.written.get(key)
+        if mine is not None and (mine[0] != entry.uid or mine[1] == shown):
+            # The index shows what this process wrote: no second copy of every status kept at rest.
+            del state.written[key]
+            mine = None
+        baseline: dict[str, Any] = mine[1] if mine is not None else shown
+        facts = _facts(state, entry, idx, baseline, created, status.get("usage"))
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -61,6 +61,8 @@ class OperatorState:
     kube: Kube
     #: (namespace, slice) -> the API server's message from the last failed claim/template create.
     create_errors: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: (namespace, slice) -> how many creates in a row were refused for another reason than quota.
+    refusals: dict[tuple[str, str], int] = field(default_factory=dict)
     snapshot: Snapshot | None = None
     #: (namespace, slice) -> when this process last applied its claim or template; the watch stream
     #: delivers the new object a moment later, and until then the index does not show it.
@@ -87,6 +89,7 @@ class OperatorState:
     def forget(self, key: tuple[str, str]) -> None:
         """A slice is gone: drop what was kept for it."""
         self.create_errors.pop(key, None)
+        self.refusals.pop(key, None)
         self.written.pop(key, None)
         self.applied.pop(key, None)
         self.created.pop(key, None)

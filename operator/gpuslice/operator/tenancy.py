@@ -17,7 +17,6 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.domain.tenancy import ObservedTenant, changes, tenant_state, untenant_patch
 from gpuslice.logs import get
-from gpuslice.metrics import WRITES
 from gpuslice.operator.indexes import MANAGED, Indexes, PackageView, ns_of
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.state import OperatorState, one, values
@@ -65,19 +64,15 @@ async def reconcile_namespace(
         quota = desired.quota()
         if quota_action == "apply" and quota is not None:
             await state.kube.apply(quota)
-            WRITES.labels("ResourceQuota", "apply").inc()
             log.info("quota applied", namespace=namespace, hard=desired.hard)
         if label_change and not desired.tenant and observed.labeled:
             # Whoever set it (before the namespace-labels policy, or an admin): gone, not just released.
             await state.kube.json_patch("v1", "Namespace", namespace, untenant_patch(), missing_ok=True)
-            WRITES.labels("Namespace", "patch").inc()
         if label_change:
             await state.kube.apply(desired.namespace_patch())
-            WRITES.labels("Namespace", "apply").inc()
             log.info("tenant labels", namespace=namespace, tenant=desired.tenant, labels=desired.labels)
         if quota_action == "delete":
             await state.kube.delete("v1", "ResourceQuota", c.QUOTA_NAME, namespace)
-            WRITES.labels("ResourceQuota", "delete").inc()
             log.info("quota removed", namespace=namespace)
     state.unsynced_namespaces.discard(namespace)
 

@@ -357,7 +357,10 @@ class DevCluster(KubectlClient):
         names = [f"kwok-node-{i}" for i in range(count)]
         if names:
             self.apply(yaml.safe_dump_all([node_manifest(n) for n in names]))
-            self.kubectl("wait", "--for=condition=Ready", "--timeout=60s", *[f"node/{n}" for n in names])
+            # kwok marks nodes Ready one after another (about 5 a second here): the wait grows with them.
+            timeout = 60 + len(names) // 2
+            nodes = [f"node/{n}" for n in names]
+            self.kubectl("wait", "--for=condition=Ready", f"--timeout={timeout}s", *nodes)
         st.nodes = sorted(set(st.nodes) | set(names), key=lambda n: int(n.rsplit("-", 1)[1]))
         st.save()
         self.progress(f"{len(st.nodes)} kwok node(s) Ready")
