@@ -241,7 +241,7 @@ def _unique_tenant_roles(base: list[Doc], suffix: str) -> list[Doc]:
 
 @pytest.fixture
 def tenant(cluster: DevCluster, base: list[Doc], namespace: str, installed: None) -> Iterator[Path]:
-    suffix = uuid.uuid4().hex[:8]
+    suffix = "t" + uuid.uuid4().hex[:7]  # a letter first: YAML reads "8031e9" as a number
     roles = _unique_tenant_roles(base, suffix)
     cluster.apply(yaml.safe_dump_all(roles))
     binding = {
@@ -352,7 +352,7 @@ class Agent:
 
     def __init__(self, cluster: DevCluster, base: list[Doc]) -> None:
         self.cluster = cluster
-        self.suffix = uuid.uuid4().hex[:8]
+        self.suffix = "t" + uuid.uuid4().hex[:7]  # a letter first: YAML reads "8031e9" as a number
         self.user = f"system:serviceaccount:{NAMESPACE}:agent-{self.suffix}"
         #: Stands in for the dev cluster's agent group gpuslice:agents.
         self.group = f"agents-{self.suffix}"

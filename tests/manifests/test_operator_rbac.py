@@ -47,7 +47,7 @@ def one(docs: list[Doc], kind: str, name: str) -> Doc:
 def operator_kubeconfig(cluster: DevCluster, base: list[Doc]) -> Iterator[Path]:
     """The manifests' operator role and binding (under test-unique names) and credentials for the
     service account they bind."""
-    suffix = uuid.uuid4().hex[:8]
+    suffix = "t" + uuid.uuid4().hex[:7]  # a letter first: YAML reads "8031e9" as a number
     role = one(base, "ClusterRole", "gpuslice-operator")
     binding = one(base, "ClusterRoleBinding", "gpuslice-operator")
     assert binding["subjects"] == [
@@ -109,7 +109,7 @@ def test_operator_does_its_job_with_the_deployed_role(
     cluster: DevCluster, operator_kubeconfig: Path, namespace: str, tmp_path: Path
 ) -> None:
     cluster.apply_crds()
-    suffix = uuid.uuid4().hex[:6]
+    suffix = "t" + uuid.uuid4().hex[:6]  # a letter first: YAML reads "8031e9" as a number
     package = f"rbac-{suffix}-8g"
     cluster.kubectl("label", "namespace", namespace, f"manifests-test.example.com/team={suffix}")
     docs = [
