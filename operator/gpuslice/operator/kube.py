@@ -8,6 +8,7 @@ objects, and importing it costs ~40 MiB (see `run.py`, which keeps Kopf from imp
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gpuslice import constants as c
@@ -49,16 +50,27 @@ async def load_config(kubeconfig: str | None) -> kubehttp.Client:
     return kubehttp.Client(kubehttp.load(kubeconfig), connections=32)
 
 
+#: Writes in flight at once. At 5,000 slices every refresh wrote at once (a recheck tick refreshes
+#: every Pending slice): thousands of requests queued in the API server's quota admission, 1,281
+#: claim applies and ~1,900 status patches outlived the client's 60 s timeout, and the retries
+#: added load. Queued here instead, a write waits for a slot, not for a timeout.
+MAX_WRITES_IN_FLIGHT = 32
+
+
 class Kube:
-    def __init__(self, api: kubehttp.Client) -> None:
+    def __init__(self, api: kubehttp.Client, max_in_flight: int = MAX_WRITES_IN_FLIGHT) -> None:
         self.api = api
+        self._slots = asyncio.Semaphore(max_in_flight)
 
     async def apply(self, body: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
         """Server-side apply; identical content writes nothing (resourceVersion stays)."""
-        WRITES.labels(body["kind"], "apply").inc()  # counted when sent: a refused write is a write too
         meta = body["metadata"]
         url = object_path(body["apiVersion"], body["kind"], meta["name"], meta.get("namespace"))
-        out: dict[str, Any] = await self.api.apply(url + ("/status" if status else ""), body, c.FIELD_MANAGER)
+        async with self._slots:
+            WRITES.labels(body["kind"], "apply").inc()  # counted when sent: a refused write is a write too
+            out: dict[str, Any] = await self.api.apply(
+                url + ("/status" if status else ""), body, c.FIELD_MANAGER
+            )
         return out
 
     async def get(
@@ -75,8 +87,9 @@ class Kube:
 
     async def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """False when it was already gone."""
-        WRITES.labels(kind, "delete").inc()
-        return await self.api.delete(object_path(api_version, kind, name, namespace))
+        async with self._slots:
+            WRITES.labels(kind, "delete").inc()
+            return await self.api.delete(object_path(api_version, kind, name, namespace))
 
     async def json_patch(
         self,
@@ -89,9 +102,10 @@ class Kube:
         missing_ok: bool = False,
     ) -> bool:
         """A JSON patch (RFC 6902); with `missing_ok`, a failed `test` op or a gone object is False."""
-        WRITES.labels(kind, "patch").inc()
         try:
-            await self.api.json_patch(object_path(api_version, kind, name, namespace), ops)
+            async with self._slots:
+                WRITES.labels(kind, "patch").inc()
+                await self.api.json_patch(object_path(api_version, kind, name, namespace), ops)
         except ApiError as exc:
             if missing_ok and exc.status in (404, 422):
                 return False
@@ -102,10 +116,11 @@ class Kube:
         self, api_version: str, kind: str, name: str, namespace: str | None, status: Any
     ) -> None:
         """Merge-patch the status subresource (the operator owns every status field of its CRDs)."""
-        WRITES.labels(kind, "patch-status").inc()  # counted when sent: a refused write is a write too
-        await self.api.merge_patch(
-            object_path(api_version, kind, name, namespace) + "/status", {"status": status}
-        )
+        async with self._slots:
+            WRITES.labels(kind, "patch-status").inc()  # counted when sent: a refused write is a write too
+            await self.api.merge_patch(
+                object_path(api_version, kind, name, namespace) + "/status", {"status": status}
+            )
 
     async def whoami(self) -> str:
         """The username the API server sees for these credentials (SelfSubjectReview)."""

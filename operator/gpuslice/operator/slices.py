@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import aiohttp
 import kopf
 
 from gpuslice import constants as c
@@ -128,8 +129,11 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
     state.applied[key] = time.monotonic()
     try:
         answer = await state.kube.apply(body)
-    except ApiError as exc:
-        message = error_message(exc)
+    except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
+        # No answer in time is a refusal too: retried after the delay below, not on the next event.
+        message = (
+            error_message(exc) if isinstance(exc, ApiError) else f"no answer from the API server: {exc!r}"
+        )
         if state.create_errors.get((ns, name)) != message:
             log.info("claim create refused", namespace=ns, slice=name, reason=message)
         state.create_errors[(ns, name)] = message
