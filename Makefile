@@ -42,8 +42,8 @@ demo: install shim
 	$(BIN)/gpuslice demo
 
 lint: install
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
 
 typecheck: install
 	$(BIN)/mypy

@@ -612,7 +612,7 @@ class Run:
             await api.close()
 
     async def at_rest(self, proc: Proc, writes_before: dict[str, float], seconds: float) -> dict[str, Any]:
-        """After the burst settled: does the operator keep growing, working or writing while nothing changes?"""
+        """After the burst settled: does the operator keep growing, working or writing while idle?"""
         rss_before, cpu_before = proc.mem("VmRSS"), proc.cpu()
         await asyncio.sleep(seconds)
         after = self.operator_metrics()
@@ -727,7 +727,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1200, help="seconds to wait for the burst")
     p.add_argument("--settle", type=float, default=5, help="seconds after the burst before counting writes")
     p.add_argument("--rest", type=float, default=60,
-                   help="seconds watched after that: the operator's RSS growth, CPU and writes at rest")  # fmt: skip
+                   help="seconds watched after that: operator RSS growth, CPU, writes at rest")  # fmt: skip
     p.add_argument("--operator-arg", action="append", default=[], help="extra `gpuslice operator` flag")
     p.add_argument("--profile", metavar="DIR", help="record the operator with py-spy (speedscope) into DIR")
     p.add_argument(
