@@ -5,6 +5,7 @@ handlers leave a refused write to a timer, and its command line says what is wro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections import defaultdict
@@ -15,12 +16,14 @@ import kopf
 import pytest
 import structlog
 import structlog.testing
+from kopf._cogs.aiokits.aioenums import FlagSetter
 
 from gpuslice import cli
 from gpuslice import constants as c
 from gpuslice.kubehttp import ApiError
 from gpuslice.metrics import WRITES
 from gpuslice.operator import indexes, packages, slices
+from gpuslice.operator import state as state_module
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import Indexes
 from gpuslice.operator.kube import Kube
@@ -76,6 +79,12 @@ def build(fn: Callable[..., Any], bodies: Iterable[dict[str, Any]]) -> dict[Any,
 
 def idx_of(**bodies: list[dict[str, Any]]) -> Indexes:
     """Every index, built from the given objects (by resource: packages, slices, claims, pods, ...)."""
+    kw, workloads = kw_of(**bodies)
+    return Indexes(kw, workloads)
+
+
+def kw_of(**bodies: list[dict[str, Any]]) -> tuple[dict[str, Any], Workloads]:
+    """The index keyword arguments Kopf passes a handler, and the pod and ReplicaSet views."""
     sources = {
         "gs_packages": "packages",
         "gs_slices": "slices",
@@ -100,9 +109,7 @@ def idx_of(**bodies: list[dict[str, Any]]) -> Indexes:
         workloads.pods.put(body)
     for body in bodies.get("workloads", []):
         workloads.replicasets.put(body)
-    return Indexes(
-        {n: build(INDEX_FUNCTIONS[n], bodies.get(src, [])) for n, src in sources.items()}, workloads
-    )
+    return {n: build(INDEX_FUNCTIONS[n], bodies.get(src, [])) for n, src in sources.items()}, workloads
 
 
 def generated_claim(namespace: str, template_slice: str, pod: str, node: str, device: str) -> dict[str, Any]:
@@ -509,3 +516,89 @@ async def test_the_operator_has_a_bounded_number_of_writes_in_flight() -> None:
     kube = Kube(SlowApi(), max_in_flight=8)  # type: ignore[arg-type]
     await asyncio.gather(*(kube.patch_status("v1", "Node", f"n{i}", None, {}) for i in range(200)))
     assert most == 8
+
+
+class _StuckKube(_StatusKube):
+    """An API server that never answers a status patch (an overloaded one, until the timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = self.most = 0
+
+    async def patch_status(self, *_: Any) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.in_flight -= 1
+
+
+def _package(name: str = "p", **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": "pu", **meta}, "spec": {"gpuModel": "m", "fraction": 25}}
+
+
+def _slice(name: str, package: str = "p") -> dict[str, Any]:
+    meta = {"namespace": "ns", "name": name, "uid": f"u-{name}"}
+    return {"metadata": meta, "spec": {"package": package}, "status": {}}
+
+
+async def test_an_event_of_a_slice_marks_it_for_its_package_and_does_not_wait_for_its_write() -> None:
+    # At 5,000 slices every event handler refreshed its slice itself, waiting for the write: Kopf
+    # indexes an object's next event only after its handler returns, so the claims index lagged
+    # minutes behind and claims were applied again (30,765 applies for 5,000 claims).
+    kube = _StuckKube()
+    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    kw, workloads = kw_of(packages=[_package()], slices=[_slice("s")])
+    state.workloads = workloads
+    await asyncio.wait_for(
+        slices.slice_event(namespace="ns", name="s", type="ADDED", memo=kopf.Memo(state=state), **kw), 1
+    )
+    claim = {"metadata": {"namespace": "ns", "name": "s", "labels": {c.LABEL_SLICE: "s"}}}
+    await asyncio.wait_for(
+        slices.claim_event(
+            namespace="ns", labels=claim["metadata"]["labels"], memo=kopf.Memo(state=state), **kw
+        ),
+        1,
+    )
+    assert kube.applied == [] and kube.in_flight == 0
+    assert state.changes.take(lambda ref: True) == [("ns", "s")]
+
+
+async def test_a_slice_of_a_package_without_a_daemon_is_refreshed_by_its_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No daemon takes what is marked for a missing package (or one being deleted: Kopf stops its
+    # daemons); its slices still get a status from their own events.
+    monkeypatch.setattr(slices.kopf, "event", lambda *_, **__: None)
+    kube = _StatusKube()
+    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    deleting = _package("gone", deletionTimestamp="2026-12-03T00:00:00Z")
+    kw, workloads = kw_of(packages=[deleting], slices=[_slice("a", "missing"), _slice("b", "gone")])
+    state.workloads = workloads
+    memo = kopf.Memo(state=state)
+    await slices.slice_event(namespace="ns", name="a", type="ADDED", memo=memo, **kw)
+    await slices.slice_event(namespace="ns", name="b", type="ADDED", memo=memo, **kw)
+    assert [x["phase"] for x in kube.statuses] == ["Failed", "Failed"]
+    assert state.changes.changed == set()
+
+
+async def test_a_burst_of_marked_slices_is_refreshed_a_bounded_number_at_a_time() -> None:
+    # 5,000 refreshes at once each held its facts and status while its write waited for a slot.
+    kube = _StuckKube()
+    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    many = [_slice(f"s{i}") for i in range(300)]
+    kw, workloads = kw_of(packages=[_package()], slices=many)
+    state.workloads = workloads
+    state.changes.mark(("ns", f"s{i}") for i in range(300))
+    stopped = FlagSetter[Any]().async_waiter  # what Kopf passes a daemon as `stopped`
+    daemon = asyncio.create_task(
+        slices.refresh_changed(name="p", stopped=stopped, memo=kopf.Memo(state=state), **kw)
+    )
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+    assert kube.most == state_module.REFRESHES_IN_FLIGHT < 300
+    assert len(kube.applied) == kube.most  # the others wait for a slot, holding nothing yet
+    daemon.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await daemon

@@ -53,7 +53,7 @@ async def test_unrelated_pods_keep_nothing_and_mark_nothing(monkeypatch: pytest.
     workloads = Workloads()
     page = [noise(i) for i in range(2000)]
     await run_watch(monkeypatch, workloads, [("RELIST", []), ("PAGE", page), ("PAGE", page), ("SYNCED", [])])
-    assert workloads.changed == set()
+    assert workloads.changes.changed == set()
     assert len(workloads.pods.by_claim) == 0 and len(workloads.pods.by_template) == 0
 
 
@@ -75,28 +75,28 @@ async def test_a_pod_that_uses_a_claim_marks_it_and_a_relist_forgets_deleted_pod
         ],
     )
     # The first listing marks nothing (Kopf's own first pass refreshes every slice); later events do.
-    assert workloads.changed == {("team-a", "bert")}
+    assert workloads.changes.changed == {("team-a", "bert")}
     assert [p.name for p in values(workloads.pods.by_claim, ("team-a", "llm"))] == ["p"]
-    workloads.changed.add(("team-b", "gone"))
+    workloads.changes.changed.add(("team-b", "gone"))
     # Taken by whoever refreshes; refs no slice has are dropped.
-    assert workloads.take(lambda ref: None if ref[1] == "gone" else True) == [("team-a", "bert")]
-    assert workloads.changed == set()
+    assert workloads.changes.take(lambda ref: None if ref[1] == "gone" else True) == [("team-a", "bert")]
+    assert workloads.changes.changed == set()
 
     # The watch broke; the relist no longer shows "p" (deleted meanwhile): its slice is marked again.
     await run_watch(monkeypatch, workloads, [("RELIST", []), ("PAGE", [other]), ("SYNCED", [])])
-    assert workloads.changed == {("team-a", "llm")}
+    assert workloads.changes.changed == {("team-a", "llm")}
     assert values(workloads.pods.by_claim, ("team-a", "llm")) == []
     assert [p.name for p in values(workloads.pods.by_claim, ("team-a", "bert"))] == ["q"]
 
 
 async def test_every_listener_is_woken_by_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
     workloads = Workloads()
-    a, b = workloads.listen("pkg-a"), workloads.listen("pkg-b")
+    a, b = workloads.changes.listen("pkg-a"), workloads.changes.listen("pkg-b")
     await run_watch(
         monkeypatch,
         workloads,
         [("RELIST", []), ("SYNCED", []), ("ADDED", with_uid(pod_doc("p", "t", "x"), "u"))],
     )
     assert a.is_set() and b.is_set()
-    workloads.unlisten("pkg-a")
-    assert list(workloads._listeners) == ["pkg-b"]
+    workloads.changes.unlisten("pkg-a")
+    assert list(workloads.changes._listeners) == ["pkg-b"]

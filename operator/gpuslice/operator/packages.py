@@ -32,7 +32,7 @@ from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
 from gpuslice.operator.policies import ensure_policies
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
-from gpuslice.operator.slices import recheck, refresh_many
+from gpuslice.operator.slices import recheck, refresh_routed
 from gpuslice.operator.state import OperatorState, now, one, values
 from gpuslice.operator.tenancy import reconcile_all, retry_unsynced
 
@@ -70,7 +70,7 @@ async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf
     await fast_path(reconcile_all(state, idx), TIMER)
     if type == "ADDED":
         # Slices that named this package before it existed were Failed (PackageNotFound): go on now.
-        await refresh_many(state, values(idx.package_slices, name), idx)
+        await refresh_routed(state, values(idx.package_slices, name), idx)
 
 
 @kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
@@ -114,7 +114,7 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     if meta.get("deletionTimestamp") is not None:
         return
     spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
-    await recheck(state, name, idx)
+    recheck(state, name, idx)
     await _write_status(state, name, spec, body, idx)
     if not device_class_current(idx, name, spec):
         await ensure_device_class(state, name, meta.get("uid"), spec)

@@ -2,7 +2,8 @@
 
 Status is recomputed from indexes whenever something it depends on changes (the slice, its claims,
 pods that reference it, workloads that would create such pods, the namespace's quotas), and on a
-slow resync; it is written only when it differs from what the object shows.
+slow resync; it is written only when it differs from what the object shows. Handlers only mark the
+slice (`changes`); its package's daemon recomputes marked slices, a bounded number at a time.
 """
 
 from __future__ import annotations
@@ -280,8 +281,25 @@ def _with_nulls(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, A
     return out
 
 
-async def refresh_many(state: OperatorState, targets: Iterable[Ref], idx: Indexes) -> None:
-    await asyncio.gather(*(refresh(state, ns, name, idx) for ns, name in set(targets)))
+def route(state: OperatorState, targets: Iterable[Ref], idx: Indexes) -> list[Ref]:
+    """Mark `targets` for their package's daemon; returns those no daemon runs for (their package
+    is missing or being deleted: Kopf stops a deleted object's daemons), which the caller refreshes."""
+    direct: list[Ref] = []
+    marked: list[Ref] = []
+    for ref in set(targets):
+        entry = one(idx.slices, ref)
+        if entry is None:
+            continue
+        package = one(idx.packages, entry.package)
+        (direct if package is None or package.deleting else marked).append(ref)
+    state.changes.mark(marked)
+    return direct
+
+
+async def refresh_routed(state: OperatorState, targets: Iterable[Ref], idx: Indexes) -> None:
+    """What an event handler does: mark the slices, refresh at once only those no daemon takes."""
+    for ns, name in route(state, targets, idx):
+        await refresh(state, ns, name, idx)
 
 
 # --- triggers -------------------------------------------------------------------------------------
@@ -293,7 +311,7 @@ async def slice_event(namespace: str | None, name: str, type: str | None, memo: 
     if type == "DELETED":
         memo.state.forget((namespace, name))
         return
-    await refresh(memo.state, namespace, name, Indexes(kw, memo.state.workloads))
+    await refresh_routed(memo.state, [(namespace, name)], Indexes(kw, memo.state.workloads))
 
 
 def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float | None = None) -> list[Ref]:
@@ -313,17 +331,22 @@ def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float
     return out
 
 
-async def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
+def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
     """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
-    no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice."""
-    await refresh_logged(
-        state, due_for_recheck(state, package, idx), idx, "slice recheck failed; next tick retries"
-    )
+    no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice.
+    Marks them for the package's daemon, which refreshes them with whatever events marked."""
+    state.changes.mark(due_for_recheck(state, package, idx))
 
 
 async def refresh_logged(state: OperatorState, targets: list[Ref], idx: Indexes, failed: str) -> None:
-    """Refresh each target; a failure is logged with `failed` and left to the next tick."""
-    results = await asyncio.gather(*(refresh(state, ns, n, idx) for ns, n in targets), return_exceptions=True)
+    """Refresh each target, `REFRESHES_IN_FLIGHT` at a time; a failure is logged with `failed` and
+    left to the next tick."""
+
+    async def bounded(ns: str, name: str) -> None:
+        async with state.refresh_slots:
+            await refresh(state, ns, name, idx)
+
+    results = await asyncio.gather(*(bounded(ns, n) for ns, n in targets), return_exceptions=True)
     for ref, result in zip(targets, results, strict=True):
         if isinstance(result, Exception):
             log.warning(failed, slice=f"{ref[0]}/{ref[1]}", error=str(result))
@@ -346,7 +369,7 @@ async def claim_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Mem
     namespace = ns_of(namespace)
     target = _slice_of_claim(labels, namespace)
     if target:
-        await refresh(memo.state, *target, Indexes(kw, memo.state.workloads))
+        await refresh_routed(memo.state, [target], Indexes(kw, memo.state.workloads))
 
 
 @kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaimtemplates", labels=MANAGED)
@@ -355,17 +378,17 @@ async def claim_template_event(
 ) -> None:
     namespace = ns_of(namespace)
     if type == "DELETED":
-        await refresh(memo.state, namespace, name, Indexes(kw, memo.state.workloads))
+        await refresh_routed(memo.state, [(namespace, name)], Indexes(kw, memo.state.workloads))
 
 
 @kopf.daemon(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL, cancellation_timeout=5.0)
 async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **kw: Any) -> None:
-    """The package's slices whose pods or ReplicaSets changed (the operator's own watches mark them;
-    see `workloads`). A daemon, so that only the active replica runs it: Kopf stops daemons while
-    peering pauses the operator."""
+    """The package's slices marked in `changes` (by their events, the recheck timer and the pod and
+    ReplicaSet watches). A daemon, so that only the active replica runs it: Kopf stops daemons while
+    peering pauses the operator, and what is marked meanwhile waits for the next active one."""
     state: OperatorState = memo.state
     idx = Indexes(kw, state.workloads)
-    wakeup = state.workloads.listen(name)
+    wakeup = state.changes.listen(name)
     wakeup.set()  # what changed while no replica was active, or before this package was seen
 
     def mine(ref: Ref) -> bool | None:
@@ -379,10 +402,10 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
             if not wakeup.is_set():
                 continue
             wakeup.clear()
-            targets = state.workloads.take(mine)
+            targets = state.changes.take(mine)
             await refresh_logged(state, targets, idx, "slice refresh failed; the next recheck retries")
     finally:
-        state.workloads.unlisten(name)
+        state.changes.unlisten(name)
 
 
 @kopf.on.event("", "v1", "resourcequotas")
@@ -395,4 +418,4 @@ async def namespace_quota_event(namespace: str | None, memo: kopf.Memo, **kw: An
         entry = one(idx.slices, ref)
         if entry and entry.phase in (None, Phase.PENDING.value, Phase.FAILED.value):
             targets.append(ref)
-    await refresh_many(memo.state, targets, idx)
+    await refresh_routed(memo.state, targets, idx)

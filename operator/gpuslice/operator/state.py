@@ -14,6 +14,7 @@ import kopf
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.views import ClaimView
+from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.kube import Kube
 from gpuslice.operator.workloads import Workloads
@@ -21,6 +22,9 @@ from gpuslice.operator.workloads import Workloads
 K = TypeVar("K")
 V = TypeVar("V")
 
+#: Slice refreshes at once (see `changes`): each holds its facts and the status it decides until its
+#: write is answered, so thousands at once cost memory, and the writes queue anyway (`kube`).
+REFRESHES_IN_FLIGHT = 64
 
 #: What `one` and `values` read: a Kopf index, or one of the operator's own (`workloads.ViewIndex`).
 Lookup = Mapping[K, Collection[V]]
@@ -82,6 +86,12 @@ class OperatorState:
     admission: dict[tuple[str, str], dict[str, Any]] | None = None
     #: Pods and ReplicaSets that reference claims (watched outside Kopf; see `workloads`).
     workloads: Workloads = field(default_factory=Workloads)
+    refresh_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(REFRESHES_IN_FLIGHT))
+
+    @property
+    def changes(self) -> Changes:
+        """The slices marked for a refresh (by events, timers and the pod watches)."""
+        return self.workloads.changes
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())

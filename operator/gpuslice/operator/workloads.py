@@ -9,8 +9,8 @@ is read in pages, so a big cluster never sits in memory whole; only views of pod
 claims are kept, in indexes that read like Kopf's (`one`, `values`).
 
 The watches run on every replica, so a standby's views are current when it takes over. What changed is
-refreshed by each package's daemon (`slices.refresh_changed`), which Kopf runs only on the active
-replica: a paused standby writes nothing.
+marked in `changes` and refreshed by each package's daemon (`slices.refresh_changed`), which Kopf runs
+only on the active replica: a paused standby writes nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from gpuslice import kubehttp
 from gpuslice.domain.views import PodView, WorkloadView, pod_view, workload_view
 from gpuslice.logs import get
+from gpuslice.operator.changes import Changes, Ref
 
 log = get(__name__)
 
@@ -32,9 +33,6 @@ V = TypeVar("V")
 
 #: Objects per list page: a page is decoded whole, and its bodies are garbage a moment later.
 PAGE = 200
-
-#: (namespace, name) of a namespaced object.
-Ref = tuple[str, str]
 
 
 class ViewIndex(Mapping[K, tuple[V, ...]], Generic[K, V]):
@@ -119,16 +117,14 @@ class Source(Generic[V]):
 
 
 class Workloads:
-    """The pod and ReplicaSet views, their watches, and which slices they changed."""
+    """The pod and ReplicaSet views, their watches, and which slices they changed (in `changes`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, changes: Changes | None = None) -> None:
+        self.changes = changes if changes is not None else Changes()
         self.pods: Source[PodView] = Source(kubehttp.path("", "v1", "pods"), pod_entries)
         self.replicasets: Source[WorkloadView] = Source(
             kubehttp.path("apps", "v1", "replicasets"), workload_entries
         )
-        #: (namespace, claim or template name) whose views changed: the slice of that name, if any.
-        self.changed: set[Ref] = set()
-        self._listeners: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self, client: kubehttp.Client) -> None:
@@ -162,36 +158,11 @@ class Workloads:
                     # The first listing marks nothing: every slice gets its first refresh from Kopf's own
                     # listing, which waits for this one (`ready`).
                     if source.synced.is_set():
-                        self._mark(changed)
+                        self.changes.mark(changed)
             elif kind == "SYNCED":
                 dropped = source.drop_except(seen)
                 if source.synced.is_set():
-                    self._mark(dropped)
+                    self.changes.mark(dropped)
                 source.synced.set()
             else:
-                self._mark(source.put(obj, deleted=kind == "DELETED")[0])
-
-    def _mark(self, refs: set[Ref]) -> None:
-        if not refs:
-            return
-        self.changed |= refs
-        for event in self._listeners.values():
-            event.set()
-
-    def listen(self, package: str) -> asyncio.Event:
-        return self._listeners.setdefault(package, asyncio.Event())
-
-    def unlisten(self, package: str) -> None:
-        self._listeners.pop(package, None)
-
-    def take(self, mine: Callable[[Ref], bool | None]) -> list[Ref]:
-        """The changed refs `mine` claims (True), dropping those it says no slice has (None)."""
-        out: list[Ref] = []
-        for ref in list(self.changed):
-            verdict = mine(ref)
-            if verdict is None:
-                self.changed.discard(ref)
-            elif verdict:
-                self.changed.discard(ref)
-                out.append(ref)
-        return out
+                self.changes.mark(source.put(obj, deleted=kind == "DELETED")[0])
