@@ -562,7 +562,7 @@ async def test_an_event_of_a_slice_marks_it_for_its_package_and_does_not_wait_fo
         1,
     )
     assert kube.applied == [] and kube.in_flight == 0
-    assert state.changes.take(lambda ref: True) == [("ns", "s")]
+    assert state.changes.take("p", lambda ref: "p") == [("ns", "s")]
 
 
 async def test_a_slice_of_a_package_without_a_daemon_is_refreshed_by_its_event(
@@ -580,7 +580,7 @@ async def test_a_slice_of_a_package_without_a_daemon_is_refreshed_by_its_event(
     await slices.slice_event(namespace="ns", name="a", type="ADDED", memo=memo, **kw)
     await slices.slice_event(namespace="ns", name="b", type="ADDED", memo=memo, **kw)
     assert [x["phase"] for x in kube.statuses] == ["Failed", "Failed"]
-    assert state.changes.changed == set()
+    assert state.changes.unrouted == set() and state.changes.routed == {}
 
 
 async def test_a_burst_of_marked_slices_is_refreshed_a_bounded_number_at_a_time() -> None:
@@ -590,7 +590,7 @@ async def test_a_burst_of_marked_slices_is_refreshed_a_bounded_number_at_a_time(
     many = [_slice(f"s{i}") for i in range(300)]
     kw, workloads = kw_of(packages=[_package()], slices=many)
     state.workloads = workloads
-    state.changes.mark(("ns", f"s{i}") for i in range(300))
+    state.changes.mark((("ns", f"s{i}") for i in range(300)), "p")
     stopped = FlagSetter[Any]().async_waiter  # what Kopf passes a daemon as `stopped`
     daemon = asyncio.create_task(
         slices.refresh_changed(name="p", stopped=stopped, memo=kopf.Memo(state=state), **kw)

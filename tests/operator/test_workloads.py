@@ -53,7 +53,7 @@ async def test_unrelated_pods_keep_nothing_and_mark_nothing(monkeypatch: pytest.
     workloads = Workloads()
     page = [noise(i) for i in range(2000)]
     await run_watch(monkeypatch, workloads, [("RELIST", []), ("PAGE", page), ("PAGE", page), ("SYNCED", [])])
-    assert workloads.changes.changed == set()
+    assert workloads.changes.unrouted == set()
     assert len(workloads.pods.by_claim) == 0 and len(workloads.pods.by_template) == 0
 
 
@@ -75,16 +75,16 @@ async def test_a_pod_that_uses_a_claim_marks_it_and_a_relist_forgets_deleted_pod
         ],
     )
     # The first listing marks nothing (Kopf's own first pass refreshes every slice); later events do.
-    assert workloads.changes.changed == {("team-a", "bert")}
+    assert workloads.changes.unrouted == {("team-a", "bert")}
     assert [p.name for p in values(workloads.pods.by_claim, ("team-a", "llm"))] == ["p"]
-    workloads.changes.changed.add(("team-b", "gone"))
+    workloads.changes.unrouted.add(("team-b", "gone"))
     # Taken by whoever refreshes; refs no slice has are dropped.
-    assert workloads.changes.take(lambda ref: None if ref[1] == "gone" else True) == [("team-a", "bert")]
-    assert workloads.changes.changed == set()
+    assert workloads.changes.take("p", lambda ref: None if ref[1] == "gone" else "p") == [("team-a", "bert")]
+    assert workloads.changes.unrouted == set()
 
     # The watch broke; the relist no longer shows "p" (deleted meanwhile): its slice is marked again.
     await run_watch(monkeypatch, workloads, [("RELIST", []), ("PAGE", [other]), ("SYNCED", [])])
-    assert workloads.changes.changed == {("team-a", "llm")}
+    assert workloads.changes.unrouted == {("team-a", "llm")}
     assert values(workloads.pods.by_claim, ("team-a", "llm")) == []
     assert [p.name for p in values(workloads.pods.by_claim, ("team-a", "bert"))] == ["q"]
 

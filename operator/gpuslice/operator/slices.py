@@ -285,14 +285,18 @@ def route(state: OperatorState, targets: Iterable[Ref], idx: Indexes) -> list[Re
     """Mark `targets` for their package's daemon; returns those no daemon runs for (their package
     is missing or being deleted: Kopf stops a deleted object's daemons), which the caller refreshes."""
     direct: list[Ref] = []
-    marked: list[Ref] = []
+    marked: dict[str, list[Ref]] = {}
     for ref in set(targets):
         entry = one(idx.slices, ref)
         if entry is None:
             continue
         package = one(idx.packages, entry.package)
-        (direct if package is None or package.deleting else marked).append(ref)
-    state.changes.mark(marked)
+        if package is None or package.deleting:
+            direct.append(ref)
+        else:
+            marked.setdefault(package.name, []).append(ref)
+    for package_name, refs in marked.items():
+        state.changes.mark(refs, package_name)
     return direct
 
 
@@ -335,7 +339,7 @@ def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
     """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
     no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice.
     Marks them for the package's daemon, which refreshes them with whatever events marked."""
-    state.changes.mark(due_for_recheck(state, package, idx))
+    state.changes.mark(due_for_recheck(state, package, idx), package)
 
 
 async def refresh_logged(state: OperatorState, targets: list[Ref], idx: Indexes, failed: str) -> None:
@@ -391,9 +395,9 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
     wakeup = state.changes.listen(name)
     wakeup.set()  # what changed while no replica was active, or before this package was seen
 
-    def mine(ref: Ref) -> bool | None:
+    def package_of(ref: Ref) -> str | None:
         entry = one(idx.slices, ref)
-        return None if entry is None else entry.package == name
+        return None if entry is None else entry.package
 
     try:
         while not stopped:
@@ -402,7 +406,7 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
             if not wakeup.is_set():
                 continue
             wakeup.clear()
-            targets = state.changes.take(mine)
+            targets = state.changes.take(name, package_of)
             await refresh_logged(state, targets, idx, "slice refresh failed; the next recheck retries")
     finally:
         state.changes.unlisten(name)
