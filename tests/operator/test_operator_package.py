@@ -17,12 +17,13 @@ import pytest
 import structlog
 import structlog.testing
 from kopf._cogs.aiokits.aioenums import FlagSetter
+from kopf._cogs.structs.references import Resource
 
 from gpuslice import cli
 from gpuslice import constants as c
 from gpuslice.kubehttp import ApiError
 from gpuslice.metrics import WRITES
-from gpuslice.operator import indexes, packages, slices
+from gpuslice.operator import indexes, nodes, packages, run, slices
 from gpuslice.operator import state as state_module
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import Indexes
@@ -197,6 +198,24 @@ def test_the_defaults_are_what_the_operator_always_did() -> None:
         5,
         5,
     )
+
+
+def test_only_gpu_nodes_are_watched_and_only_when_a_gpu_label_is_set() -> None:
+    # Every Node of the cluster came down Kopf's watch and into a handler, to be told it is no GPU
+    # node: with 20,000 noise pods on 200 CPU nodes, 8.6 % CPU at rest (0.4 % without them).
+    core_nodes = Resource("", "v1", "nodes", kind="Node", namespaced=False)
+    settings = kopf.OperatorSettings()
+    run.configure_kopf(settings, OperatorConfig())
+    assert list(settings.watching.label_selectors.collect(core_nodes)) == [c.GPU_NODE_LABEL]
+    registry = kopf.OperatorRegistry()
+    nodes.register(OperatorConfig(), registry)
+    assert [h.fn.__name__ for h in registry._watching.get_all_handlers()] == ["node_event"]
+
+    settings, registry = kopf.OperatorSettings(), kopf.OperatorRegistry()
+    run.configure_kopf(settings, OperatorConfig(gpu_node_label=""))
+    nodes.register(OperatorConfig(gpu_node_label=""), registry)
+    assert list(settings.watching.label_selectors.collect(core_nodes)) == []
+    assert list(registry._watching.get_all_handlers()) == []
 
 
 def test_slices_get_no_kopf_timer_of_their_own() -> None:

@@ -13,6 +13,7 @@ import kopf
 from gpuslice import constants as c
 from gpuslice import metrics
 from gpuslice.logs import get
+from gpuslice.operator import nodes
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.kube import Kube, load_config
 from gpuslice.operator.state import OperatorState
@@ -43,6 +44,7 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     # "Handler succeeded" for every watch event is noise at 5,000 slices; warnings and errors stay.
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    nodes.select(settings, config)
     # No queueing.worker_limit: Kopf indexes objects inside their workers and holds every handler until
     # all indexes are filled, so a limit below the number of objects deadlocks the start-up.
 
@@ -76,11 +78,12 @@ def _in_cluster(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
 
 
 def _register_startup(state: OperatorState) -> None:
-    from gpuslice.operator import nodes, packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
+    from gpuslice.operator import packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
     # Timers take their intervals from the configuration, so they are registered now, not at import.
     slices.register(state.config)
     packages.register(state.config)
+    nodes.register(state.config)
 
     @kopf.on.startup()
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:

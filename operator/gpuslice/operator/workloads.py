@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 from gpuslice import kubehttp
 from gpuslice.domain.views import PodView, WorkloadView, pod_view, workload_view
 from gpuslice.logs import get
+from gpuslice.operator import heap
 from gpuslice.operator.changes import Changes, Ref
 
 log = get(__name__)
@@ -59,6 +60,9 @@ class ViewIndex(Mapping[K, tuple[V, ...]], Generic[K, V]):
         else:
             self._entries.pop(obj, None)
         return set(old) | set(entries)
+
+    def holds(self, obj: str) -> bool:
+        return obj in self._entries
 
     def objects(self) -> set[str]:
         return set(self._entries)
@@ -108,6 +112,10 @@ class Source(Generic[V]):
         claims, templates = ({}, {}) if deleted else self.entries(body)
         return self.by_claim.put(uid, claims) | self.by_template.put(uid, templates), uid
 
+    def holds(self, uid: str) -> bool:
+        """Whether the views hold anything of object `uid`."""
+        return self.by_claim.holds(uid) or self.by_template.holds(uid)
+
     def drop_except(self, seen: set[str]) -> set[Ref]:
         """After a relist: forget the objects it no longer showed."""
         changed: set[Ref] = set()
@@ -154,15 +162,21 @@ class Workloads:
             elif kind == "PAGE":
                 for body in obj:
                     changed, uid = source.put(body)
-                    seen.add(uid)
+                    if source.holds(uid):
+                        # Only what the views hold can go missing from a relist: 20,000 unrelated
+                        # pods' uids kept between relists were 2.5 MB of the operator's idle RSS.
+                        seen.add(uid)
                     # The first listing marks nothing: every slice gets its first refresh from Kopf's own
                     # listing, which waits for this one (`ready`).
                     if source.synced.is_set():
                         self.changes.mark(changed)
             elif kind == "SYNCED":
                 dropped = source.drop_except(seen)
+                seen = set()
                 if source.synced.is_set():
                     self.changes.mark(dropped)
                 source.synced.set()
+                # A listing decoded every pod of the cluster, page by page, and dropped nearly all.
+                heap.trim(min_interval=0.0)
             else:
                 self.changes.mark(source.put(obj, deleted=kind == "DELETED")[0])
