@@ -202,7 +202,7 @@ def test_the_defaults_are_what_the_operator_always_did() -> None:
 
 def test_only_gpu_nodes_are_watched_and_only_when_a_gpu_label_is_set() -> None:
     # Every Node of the cluster came down Kopf's watch and into a handler, to be told it is no GPU
-    # node: with 20,000 noise pods on 200 CPU nodes, 8.6 % CPU at rest (0.4 % without them).
+    # node: with 20,000 noise pods on 200 CPU nodes, idle RSS 17.7 % above a cluster without them.
     core_nodes = Resource("", "v1", "nodes", kind="Node", namespaced=False)
     settings = kopf.OperatorSettings()
     run.configure_kopf(settings, OperatorConfig())

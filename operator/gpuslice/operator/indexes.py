@@ -26,13 +26,11 @@ from gpuslice.domain.views import (
     quota_view,
     uses_gpuslice,
 )
+from gpuslice.operator.changes import Ref
 from gpuslice.operator.state import Lookup
 from gpuslice.operator.workloads import Workloads
 
 MANAGED = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
-
-#: (namespace, name) of a namespaced object.
-Ref = tuple[str, str]
 
 
 def ns_of(namespace: str | None) -> str:

@@ -7,8 +7,8 @@ The operator never removes the taint: taking a node out of GPU service is the pl
 
 Only GPU nodes are watched: the label is a server-side selector. Every node renews its status every
 few seconds to minutes, and a CPU node's body (kilobytes, tens of them with an image list) was
-decoded and handled for nothing; with 20,000 noise pods on 200 CPU nodes that was most of the
-operator's CPU at rest.
+decoded and handled for nothing; with 20,000 noise pods on 200 CPU nodes the operator's idle RSS
+was 17.7 % above a cluster without them, 9.7 % with the selector.
 """
 
 from __future__ import annotations

@@ -127,8 +127,8 @@ class Source(Generic[V]):
 class Workloads:
     """The pod and ReplicaSet views, their watches, and which slices they changed (in `changes`)."""
 
-    def __init__(self, changes: Changes | None = None) -> None:
-        self.changes = changes if changes is not None else Changes()
+    def __init__(self) -> None:
+        self.changes = Changes()
         self.pods: Source[PodView] = Source(kubehttp.path("", "v1", "pods"), pod_entries)
         self.replicasets: Source[WorkloadView] = Source(
             kubehttp.path("apps", "v1", "replicasets"), workload_entries
