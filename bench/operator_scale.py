@@ -573,6 +573,11 @@ class Run:
             if a.probes:
                 lat = await self.probes(api, status_watch)
                 r["idle_status_p50_s"], r["idle_status_p99_s"] = pct(lat, 0.5), pct(lat, 0.99)
+            if self.operator is not None:
+                # 2 s after start-up the operator may still be reading a big cluster's pods, page by
+                # page; a slice's status waits for that listing, so after the probes it is done.
+                await asyncio.sleep(2)
+                r["operator_settled_rss_mib"] = round(Proc(self.operator.pid).mem("VmRSS"), 1)
             names = [f"s{i}" for i in range(a.slices)]
             metrics_before = parse_counter(await api.text("/metrics"), "apiserver_request_total")
             op_before = self.operator_metrics() if self.with_operator else {}
@@ -692,8 +697,9 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         ("operator writes (its own metric)", "operator_writes_total"),
         ("operator CPU during the burst (s)", "operator_cpu_s"),
         ("operator start-up to package reconciled (s)", "operator_startup_s"),
-        ("operator RSS idle / peak / after (MiB)",
-         ("operator_idle_rss_mib", "operator_peak_rss_mib", "operator_rss_after_mib")),
+        ("operator RSS idle: 2 s after start-up / after the idle probes (MiB)",
+         ("operator_idle_rss_mib", "operator_settled_rss_mib")),
+        ("operator RSS peak / after the burst (MiB)", ("operator_peak_rss_mib", "operator_rss_after_mib")),
         ("at rest after the burst: RSS growth (MiB) / CPU (%) / writes",
          ("operator_rest_rss_growth_mib", "operator_rest_cpu_pct", "operator_rest_writes")),
         ("every device distinct", "distinct_devices"),

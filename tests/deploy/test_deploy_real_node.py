@@ -60,6 +60,24 @@ def diagnose(c: DevCluster) -> str:
     return "\n".join(out)
 
 
+def wait_for_log(c: DevCluster, pod: str, text: str, timeout: float, what: str) -> None:
+    """Until `text` is in the pod's log; a timeout says what the log and the peering showed instead."""
+    last: list[subprocess.CompletedProcess[str]] = []
+
+    def says() -> bool:
+        last[:] = [c.kubectl("logs", "-n", NAMESPACE, pod, check=False, timeout=60)]
+        return last[0].returncode == 0 and text in last[0].stdout
+
+    try:
+        wait_for(says, timeout, what, interval=1)
+    except AssertionError as exc:
+        proc = last[0] if last else None
+        shown = f"rc={proc.returncode} stderr={proc.stderr[-1000:]}\n{proc.stdout[-3000:]}" if proc else ""
+        peering = peering_status(c)
+        message = f"{exc}\nkubectl logs {pod}: {shown}\npeering: {peering}\n{diagnose(c)}"
+        raise AssertionError(message) from None
+
+
 def rollout(c: DevCluster, what: str, timeout: int = 240) -> None:
     proc = c.kubectl(
         "-n", NAMESPACE, "rollout", "status", what, f"--timeout={timeout}s", check=False, timeout=timeout + 30
@@ -155,13 +173,7 @@ def test_operator_and_agent_ready_with_one_active_replica(deployed: tuple[DevClu
     active = active_operator(c, pods)
     assert active, peers
     (standby,) = [p for p in pods if p != active]
-    wait_for(
-        lambda: (
-            "Pausing operations in favour of" in kubectl(c, "logs", "-n", NAMESPACE, standby, check=False)
-        ),
-        60,
-        f"the standby {standby} pausing",
-    )
+    wait_for_log(c, standby, "Pausing operations in favour of", 60, f"the standby {standby} pausing")
     # the agent pod published the node's GPUs as itself (its service account, its node only)
     slices = wait_for(
         lambda: get_json(c, "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"],
@@ -209,14 +221,7 @@ def test_standby_takes_over_when_the_active_operator_is_killed(deployed: tuple[D
     # peering record on the way out, and the standby resumes at once.
     kubectl(c, "delete", "pod", active, "-n", NAMESPACE, "--wait=true", "--timeout=60s")
     killed_at = time.monotonic()
-    wait_for(
-        lambda: (
-            "Resuming operations after the pause" in kubectl(c, "logs", "-n", NAMESPACE, standby, check=False)
-        ),
-        90,
-        f"the standby {standby} resuming",
-        interval=1,
-    )
+    wait_for_log(c, standby, "Resuming operations after the pause", 90, f"the standby {standby} resuming")
     # ... and serves a new slice: its claim, allocation and the tenant's pod on the card
     apply_docs(c, slice_pod("second", ["sleep", "3600"]))
     ready = c.kubectl(
