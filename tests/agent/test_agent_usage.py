@@ -3,7 +3,12 @@ test_attribution.py)."""
 
 from __future__ import annotations
 
-from gpuslice.agent.usage import should_write, usage_status
+import asyncio
+from typing import Any, cast
+
+from gpuslice.agent.kube import Kube
+from gpuslice.agent.usage import UsageReporter, _SliceState, should_write, usage_patch, usage_status
+from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import ProcessUsage, UsageSnapshot
 
 GIB = 1024**3
@@ -43,3 +48,40 @@ def test_no_write_when_only_the_time_changed_and_at_most_one_per_interval() -> N
     assert not should_write(a, same_later, 0.0, 100.0, 10.0)
     assert not should_write(a, changed, 0.0, 5.0, 10.0)  # changed, but inside the interval
     assert should_write(a, changed, 0.0, 10.0, 10.0)
+
+
+def test_usage_goes_only_to_the_slice_that_owns_the_claim() -> None:
+    """A GpuSlice deleted and re-created under its name while the old claim is still prepared: the old
+    claim's usage (a violation among it) must not land on the new slice. The patch tests the uid."""
+    usage = usage_status(_snapshot(GIB, [(1, GIB)]), 8 * GIB, "t1")
+    ops = usage_patch("uid-old", usage)
+    assert ops[0] == {"op": "test", "path": "/metadata/uid", "value": "uid-old"}
+    # the whole usage object replaces the last one: a violation that is over leaves no key behind
+    assert ops[1] == {"op": "add", "path": "/status/usage", "value": usage}
+
+
+class _Kube:
+    def __init__(self, answers: list[ApiError | None]) -> None:
+        self.answers, self.writes = answers, []  # type: list[ApiError | None], list[Any]
+
+    async def patch_slice_usage(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        self.writes.append((namespace, name, ops))
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+
+
+def test_a_refused_usage_write_is_tried_again_and_a_gone_slice_is_not() -> None:
+    """A write the API server refused is not taken for written (that left a violation that was over
+    on the slice for good): the next interval writes it again. A slice that is gone (404) is done."""
+    refused = ApiError(422, "Unprocessable Entity", '{"message": "denied"}')
+    kube = _Kube([refused, None, ApiError(404, "Not Found")])
+    reporter = UsageReporter(node="n0", paths=cast(Any, None), kube=cast(Kube, kube))
+    state = _SliceState(key="ns/s", owner_uid="uid-s", labels=())
+    usage = usage_status(_snapshot(GIB, [(1, GIB)]), 8 * GIB, "t1")
+    assert asyncio.run(reporter._write_usage(state, usage)) is False
+    assert state.write_error == 422
+    assert asyncio.run(reporter._write_usage(state, usage)) is True
+    assert state.write_error is None
+    assert asyncio.run(reporter._write_usage(state, usage)) is True
+    assert [w[:2] for w in kube.writes] == [("ns", "s")] * 3

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.agent import attribution, toolkit
+from gpuslice.dev.agents import DEV_USAGE_INTERVAL
 from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.dev.devcluster.node_agents import agent_process_name, fake_gpu_config, start_agents
 from gpuslice.dev.gpusim import simulate
@@ -182,6 +183,9 @@ def bypass_pod(node_cluster: DevCluster) -> Iterator[tuple[str, str, int]]:
     finally:
         delete(node_cluster, "pod", pod)
         delete(node_cluster, "gpuslice", pod)
+        # The garbage collector deletes the claim a moment later. The next test's slice of the same name
+        # must not meet it: its pod would be given that claim, which is not the new slice's.
+        delete(node_cluster, "resourceclaim", pod)
 
 
 def test_a_pod_process_past_its_slice_is_attributed_reported_and_stopped(
@@ -203,7 +207,7 @@ def test_a_pod_process_past_its_slice_is_attributed_reported_and_stopped(
             in message
         )
         assert "reported only (onViolation: Report)" in message
-        time.sleep(12)  # another reading: Report never stops it
+        time.sleep(2 * DEV_USAGE_INTERVAL)  # two more readings: Report never stops it
         assert holder.poll() is None, "a Report package's violator was stopped"
 
         _set_policy(node_cluster, "Stop")
@@ -232,7 +236,7 @@ def test_a_host_process_on_a_sold_card_is_flagged_unknown_and_not_stopped(
         )  # fmt: skip
         assert "belongs to no pod (a host process); it holds 1024 MiB on GPU" in cond["message"]
         assert "does not stop it" in cond["message"]
-        time.sleep(12)
+        time.sleep(2 * DEV_USAGE_INTERVAL)  # two more readings
         assert holder.poll() is None, "an unattributed process was stopped"
     finally:
         _release(holder)

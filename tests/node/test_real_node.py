@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuslice.agent.cdi import spec_file_name
+from gpuslice.dev.agents import DEV_USAGE_INTERVAL
 from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.dev.devcluster.node_agents import agent_process_name, start_agents
 from gpuslice.dev.devcluster.realnode import dirs_of, leftovers, start_real_nodes
@@ -111,6 +115,50 @@ def test_deleting_the_pod_unprepares_its_claim(node_cluster: DevCluster) -> None
     delete(node_cluster, "pod", pod)
     wait_for(lambda: not spec.exists(), 60, "kubelet's NodeUnprepareResources to remove the CDI spec")
     delete(node_cluster, "gpuslice", pod)
+
+
+def test_a_recreated_slice_does_not_take_the_deleted_ones_claim(node_cluster: DevCluster) -> None:
+    """A GpuSlice deleted while its pod runs and created again under the same name: the old claim
+    (owned by the deleted slice's uid) stays until that pod is gone. It is not the new slice's: no
+    allocation, no usage of it; once it is gone the new slice gets a claim of its own."""
+    docs = slice_pod("again", ["sleep", "3600"])
+    run_pod(node_cluster, docs)
+    old = get_json(node_cluster, "resourceclaim", "again", "-n", TENANT)["metadata"]
+    try:
+        delete(node_cluster, "gpuslice", "again")  # the pod holds the claim: only marked for deletion
+        node_cluster.apply(json.dumps(docs[0]))
+        new_uid = get_json(node_cluster, "gpuslice", "again", "-n", TENANT)["metadata"]["uid"]
+        assert new_uid != old["ownerReferences"][0]["uid"]
+
+        def status() -> dict[str, Any]:
+            return dict(get_json(node_cluster, "gpuslice", "again", "-n", TENANT).get("status") or {})
+
+        st = wait_for(lambda: (s := status()).get("reason") and s, 60, "the new slice's status")
+        assert (st["phase"], st["reason"]) == ("Pending", "CreatingClaim"), st
+        assert "ResourceClaim again belongs to a deleted GpuSlice again" in st["message"], st["message"]
+        assert "pod again holds it" in st["message"], st["message"]
+        assert not st.get("allocations") and "gpuUUID" not in st, st
+        assert "MemoryIsolated" not in {c["type"] for c in st["conditions"]}
+        # the old claim's usage changes (a refused allocation): the agent must not report it here
+        rc, _, err = exec_in(node_cluster, "again", "gpuslice-probe", "alloc", "4Gi", "3Gi", "2Gi")
+        assert rc == 0, err
+        time.sleep(2 * DEV_USAGE_INTERVAL + 1)
+        assert "usage" not in status(), status()
+        assert get_json(node_cluster, "resourceclaim", "again", "-n", TENANT)["metadata"]["uid"] == old["uid"]
+
+        delete(node_cluster, "pod", "again")  # the old claim goes with it; the new slice makes its own
+        st = wait_for(lambda: (s := status()).get("reason") == "WaitingForPod" and s, 60, "its own claim")
+        claim = get_json(node_cluster, "resourceclaim", "again", "-n", TENANT)["metadata"]
+        assert claim["uid"] != old["uid"] and claim["ownerReferences"][0]["uid"] == new_uid
+        run_pod(node_cluster, [docs[1]])
+        st = wait_for(
+            lambda: (s := status()).get("phase") == "InUse" and "usage" in s and s, 60, "in use, with usage"
+        )
+        assert {c["type"]: c["status"] for c in st["conditions"]}["MemoryIsolated"] == "True"
+        assert st["usage"]["refusedAllocations"] == 0, st["usage"]  # its own claim's, not the old one's
+    finally:
+        delete(node_cluster, "pod", "again")
+        delete(node_cluster, "gpuslice", "again")
 
 
 def test_agent_restart_keeps_prepared_claims(node_cluster: DevCluster) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from gpuslice import constants as c
 from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.capacity import Capacity
+from gpuslice.domain.ownership import owner_reference
 from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
 from gpuslice.domain.views import claim_view, pod_view, quota_view, uses_gpuslice, workload_view
 from support import allocated_claim
@@ -312,3 +313,27 @@ def test_status_round_trips_through_the_api_shape() -> None:
     dumped = st.model_dump(by_alias=True, exclude_none=True, mode="json")
     assert dumped["phase"] == "Pending" and dumped["claimName"] == "s"
     assert GpuSliceStatus.model_validate(dumped) == st
+
+
+def test_a_claim_left_by_a_deleted_slice_of_the_same_name_is_not_the_new_slices() -> None:
+    """A GpuSlice deleted and re-created under its name: until the garbage collector has deleted the
+    old slice's claim (its owner reference names the old uid), a pod may still hold that claim. It is
+    not the new slice's: no allocation, no MemoryIsolated, and the slice says what it waits for."""
+    body = allocated_claim("ns", "s", "n0", "gpu-0-v100-8g-1", reserved_for=["p"])
+    body["metadata"]["ownerReferences"] = [owner_reference(c.SLICE_KIND, "s", "old-uid")]
+    body["metadata"]["deletionTimestamp"] = "2026-12-02T11:59:59Z"
+    old = claim_view(body)
+    running = pod_view(pod("p", claim="s", node=True, phase="Running"))
+    uuids = {("n0", "gpu-0-v100-8g-1"): "GPU-abc"}
+    st = slice_status(facts(uid="new-uid", claims=[old], pods=[running], uuids=uuids), NOW)
+    assert (st.phase, st.reason) == (Phase.PENDING, Reason.CREATING_CLAIM)
+    assert "ResourceClaim s belongs to a deleted GpuSlice s" in st.message and "pod p holds it" in st.message
+    assert st.allocations == [] and st.gpu_uuid is None
+    conds = {cd.type: cd.status for cd in st.conditions}
+    assert "MemoryIsolated" not in conds and conds["ClaimReady"] == "False" and conds["InUse"] == "False"
+    # its own claim (the owner reference names this slice's uid) is its claim, as before
+    body["metadata"]["ownerReferences"] = [owner_reference(c.SLICE_KIND, "s", "new-uid")]
+    del body["metadata"]["deletionTimestamp"]
+    mine = slice_status(facts(uid="new-uid", claims=[claim_view(body)], pods=[running], uuids=uuids), NOW)
+    assert mine.phase == Phase.IN_USE and mine.gpu_uuid == "GPU-abc"
+    assert {cd.type: cd.status for cd in mine.conditions}["MemoryIsolated"] == "True"

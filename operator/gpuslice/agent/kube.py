@@ -54,10 +54,10 @@ class Kube:
     async def delete_slice(self, name: str) -> None:
         await self.api.delete(kubehttp.path(*DRA, "resourceslices", name))
 
-    async def patch_slice_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """A merge patch of a GpuSlice's status: it leaves the operator's status fields alone."""
+    async def patch_slice_usage(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        """A JSON patch of a GpuSlice's status subresource (`usage.usage_patch`)."""
         url = kubehttp.path(*GPUSLICE, constants.SLICE_PLURAL, name, namespace)
-        await self.api.merge_patch(f"{url}/status", {"status": status})
+        await self.api.json_patch(f"{url}/status", ops)
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         await self.api.create(kubehttp.path("", "v1", "events", namespace=namespace), body)

@@ -2,9 +2,11 @@
 
 Pure decisions (what status.usage says, whether to write it, what counts as a violation) are plain
 functions; `UsageReporter` reads the regions and NVML, calls them, and writes:
-- `status.usage` of the GpuSlice that owns each prepared claim, by JSON merge patch on the status
-  subresource (the operator merge-patches the other status fields, so neither erases the other);
-  at most one write per slice per interval, and none when nothing but the reading time changed;
+- `status.usage` of the GpuSlice that owns each prepared claim, by a JSON patch of that one key on
+  the status subresource (the operator merge-patches the other status fields, so neither erases the
+  other), which first tests the slice's uid: a GpuSlice re-created under the name of the claim's
+  deleted owner never gets its predecessor's usage; at most one write per slice per interval, none
+  when nothing but the reading time changed, and a refused write is tried again the next interval;
 - the per-slice and per-GPU Prometheus series of `gpuslice.metrics`;
 - for an out-of-band violation, found by `agent.attribution` (each GPU process attributed from the
   host to its pod and slice, and judged against that slice by `domain.gpu_processes`): an Event on
@@ -88,6 +90,15 @@ def should_write(
     if strip(previous) == strip(current):
         return False
     return last_write is None or now - last_write >= interval
+
+
+def usage_patch(owner_uid: str, usage: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """JSON patch of the status subresource that sets `status.usage` of the GpuSlice with uid
+    `owner_uid`, and of no other GpuSlice of that name: the test fails (422) once it was replaced."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": owner_uid},
+        {"op": "add", "path": "/status/usage", "value": dict(usage)},
+    ]
 
 
 def nvml_processes(gpu_uuids: Sequence[str]) -> list[GpuProcess]:
@@ -196,11 +207,13 @@ def write_slice_utilization(
 @dataclass
 class _SliceState:
     key: str | None  # namespace/slice when the claim belongs to a (non-template) GpuSlice
+    owner_uid: str | None  # that GpuSlice's uid (the claim's owner reference)
     #: the slice's series labels (metrics.SLICE_LABELS order); fixed for the claim's life
     labels: tuple[str, ...]
     last_usage: dict[str, Any] | None = None
     last_write: float | None = None
     violation: str | None = None
+    write_error: int | None = None  # HTTP status of the last refused usage write (logged once)
 
 
 def _report_key(record: ClaimRecord, state: _SliceState) -> str:
@@ -232,6 +245,7 @@ class UsageReporter:
         if state is not None:
             return state
         key: str | None = None
+        owner_uid: str | None = None
         package = ""
         try:
             claim = await self.kube.get_claim(record.namespace, record.name)
@@ -242,12 +256,13 @@ class UsageReporter:
                     constants.API_GROUP
                 ):
                     key = f"{record.namespace}/{ref['name']}"
+                    owner_uid = ref.get("uid")
         except ApiError as exc:
             if exc.status != 404:
                 raise
         name = key.split("/", 1)[1] if key else record.name
         labels = metrics.slice_labels(record.namespace, name, package, self.node, record.devices[0].gpu_uuid)
-        state = _SliceState(key=key, labels=labels)
+        state = _SliceState(key=key, owner_uid=owner_uid if key else None, labels=labels)
         self._states[record.uid] = state
         return state
 
@@ -288,15 +303,15 @@ class UsageReporter:
                 metrics.SLICE_COMPUTE_UTILIZATION.labels(*labels).set(snapshot.shim_utilization_percent / 100)
             self._refused.update(labels, snapshot.refused_allocations_total)
             self._throttled.update(labels, snapshot.throttled_seconds_total)
-            if state.key is None:
+            if state.key is None or state.owner_uid is None:
                 continue  # template claims: metrics only (several nodes may serve one GpuSlice)
             usage = usage_status(snapshot, limit, now_iso, state.violation)
             # a violation found or gone is written at once: a stopped process may be gone next tick
             news = usage.get("violation") != (state.last_usage or {}).get("violation")
             if news or should_write(state.last_usage, usage, state.last_write, now_s, self.interval):
-                # a merge patch keeps keys it does not name: a violation that is over is deleted by null
-                await self._write_usage(state.key, {"violation": None, **usage})
-                state.last_usage, state.last_write = usage, now_s
+                state.last_write = now_s
+                if await self._write_usage(state, usage):
+                    state.last_usage = usage  # a refused write is not: the next tick tries again
         self._forget_unprepared({r.uid for r in checkpoint.claims.values()})
 
     def _forget_unprepared(self, uids: set[str]) -> None:
@@ -305,14 +320,26 @@ class UsageReporter:
             if uid not in uids:
                 metrics.forget_slice(self._states.pop(uid).labels, self._refused, self._throttled)
 
-    async def _write_usage(self, key: str, usage: dict[str, Any]) -> None:
-        namespace, name = key.split("/", 1)
+    async def _write_usage(self, state: _SliceState, usage: dict[str, Any]) -> bool:
+        """True when written, or when the slice is gone (nothing to report); False to try again."""
+        assert state.key is not None and state.owner_uid is not None
+        namespace, name = state.key.split("/", 1)
         try:
-            # A merge patch leaves the operator's status fields alone.
-            await self.kube.patch_slice_status(namespace, name, {"usage": usage})
+            await self.kube.patch_slice_usage(namespace, name, usage_patch(state.owner_uid, usage))
         except ApiError as exc:
-            if exc.status != 404:  # the slice is being deleted: nothing to report
-                log.warning("could not write usage", slice=key, status=exc.status, reason=exc.reason)
+            if exc.status == 404:  # the slice is being deleted: nothing to report
+                return True
+            # 422: a GpuSlice of another uid holds the name now (the test), or the admission policy
+            # refused (the operator has not shown the allocation on this node yet); others: transient.
+            if exc.status != state.write_error:
+                log.warning(
+                    "could not write usage; trying again next interval",
+                    slice=state.key, status=exc.status, reason=exc.reason, message=exc.message,
+                )  # fmt: skip
+            state.write_error = exc.status
+            return False
+        state.write_error = None
+        return True
 
     async def _handle_violations(
         self,

@@ -39,6 +39,11 @@ def agent_dirs(state_root: Path, node: str) -> dict[str, Path]:
     }
 
 
+#: Seconds between the dev cluster's usage readings (the agent's default is 10): the demo and the tests
+#: wait for readings, and a dev cluster of a few slices can afford a write every few seconds.
+DEV_USAGE_INTERVAL = 3.0
+
+
 def agent_command(
     node: str,
     simulate_spec: str,
@@ -82,6 +87,7 @@ def agent_command(
         "--plugins-dir", str(dirs["plugins"]),
         "--registry-dir", str(dirs["registry"]),
         "--metrics-port", str(metrics_port),
+        "--usage-interval", str(DEV_USAGE_INTERVAL),
     ]  # fmt: skip
     return cmd, env
 

@@ -93,6 +93,29 @@ class SliceFacts:
     previous: GpuSliceStatus | None = None
     #: What the node agent's NVML cross-check found (status.usage.violation), if anything.
     memory_violation: str | None = None
+    #: The slice's own uid: a claim whose owner reference names another GpuSlice uid is not its claim.
+    uid: str | None = None
+
+
+def predecessor_claim(facts: SliceFacts) -> ClaimView | None:
+    """Direct form: the claim named like the slice when it belongs to another GpuSlice of that name,
+    one deleted before this one was created, which the garbage collector deletes (once no pod holds
+    it). It is not this slice's: neither its claim nor its allocation, and none is created meanwhile."""
+    if facts.template or facts.uid is None:
+        return None
+    return next(
+        (
+            cl
+            for cl in facts.claims
+            if cl.name == facts.name and cl.owner_uid is not None and cl.owner_uid != facts.uid
+        ),
+        None,
+    )
+
+
+def own_claims(facts: SliceFacts) -> list[ClaimView]:
+    old = predecessor_claim(facts)
+    return [cl for cl in facts.claims if cl is not old]
 
 
 @dataclass(frozen=True)
@@ -223,6 +246,22 @@ def _claim_verdict(facts: SliceFacts, claim: ClaimView, pods: Sequence[PodView])
 
 
 def _direct(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
+    old = predecessor_claim(facts)
+    if old is not None:
+        holders = [p.name for p in facts.pods if p.name in old.reserved_for]
+        owner = f"ResourceClaim {facts.name} belongs to a deleted GpuSlice {facts.name} (uid {old.owner_uid})"
+        return _Verdict(
+            Phase.PENDING,
+            Reason.CREATING_CLAIM,
+            (
+                f"{owner}; pod {holders[0]} holds it, so it is garbage-collected once that pod is gone. "
+                f"Then this slice's own ResourceClaim {facts.name} is created (re-create pod {holders[0]} "
+                "to use it)"
+            )
+            if holders
+            else f"{owner} and is being garbage-collected; then this slice's own ResourceClaim "
+            f"{facts.name} is created",
+        )
     claim = next((cl for cl in facts.claims if cl.name == facts.name), None)
     if claim is None:
         if facts.create_error:
@@ -292,7 +331,7 @@ def _template(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
 
 def _allocations(facts: SliceFacts, pods: Sequence[PodView]) -> list[SliceAllocation]:
     out = []
-    for claim in sorted(facts.claims, key=lambda cl: cl.name):
+    for claim in sorted(own_claims(facts), key=lambda cl: cl.name):
         if not claim.allocated or claim.deleting:
             continue
         pool, device = claim.devices[0] if claim.devices else (None, None)
@@ -335,7 +374,8 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
         verdict = _direct(facts, usage)
     allocations = _allocations(facts, facts.pods)
     first = allocations[0] if allocations else None
-    exists = bool(facts.claims) if not facts.template else (facts.package_found and not facts.create_error)
+    own = own_claims(facts)
+    exists = bool(own) if not facts.template else (facts.package_found and not facts.create_error)
     claim_reason = "ClaimCreated" if exists else verdict.reason
     conditions = [
         *health_conditions(

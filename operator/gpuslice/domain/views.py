@@ -26,6 +26,9 @@ class ClaimView:
     devices: tuple[tuple[str, str], ...] = ()
     reserved_for: tuple[str, ...] = ()
     deleting: bool = False
+    #: uid of the GpuSlice that controls the claim (its owner reference), if one does: a slice
+    #: re-created under the same name must not take its deleted predecessor's claim for its own.
+    owner_uid: str | None = None
 
 
 def claim_view(obj: Mapping[str, Any]) -> ClaimView:
@@ -47,6 +50,14 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
             r.get("name", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"
         ),
         deleting=meta.get("deletionTimestamp") is not None,
+        owner_uid=next(
+            (
+                ref.get("uid")
+                for ref in meta.get("ownerReferences") or []
+                if ref.get("controller") and ref.get("kind") == c.SLICE_KIND
+            ),
+            None,
+        ),
     )
 
 

@@ -95,6 +95,7 @@ def _facts(
         uuids=snapshot.uuids,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
+        uid=entry.uid,
     )
 
 
@@ -112,6 +113,8 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
             return None
         body = slice_claim_template(ns, name, entry.uid, pkg)
     else:
+        # Its own, or a deleted predecessor's of the same name (`predecessor_claim`): an apply over
+        # that one would fail; its deletion (a claim event) refreshes this slice, which creates its own.
         if one(idx.claims, entry.ref) is not None:
             state.applied.pop(key, None)
             state.created.pop(key, None)
