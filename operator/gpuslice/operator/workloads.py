@@ -32,8 +32,11 @@ log = get(__name__)
 K = TypeVar("K")
 V = TypeVar("V")
 
-#: Objects per list page: a page is decoded whole, and its bodies are garbage a moment later.
-PAGE = 200
+#: Objects per list page: a page is decoded whole, and its bodies are garbage a moment later, but
+#: the heap keeps part of what a page took (fragmented among long-lived objects). Operator RSS once
+#: 20,000 unrelated pods were listed, against 63.2 MiB without them: 82.6 MiB at 500 per page,
+#: 70.7 at 200, 64.9 at 50, 64.1 at 25.
+PAGE = 50
 
 
 class ViewIndex(Mapping[K, tuple[V, ...]], Generic[K, V]):
