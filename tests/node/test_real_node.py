@@ -50,6 +50,25 @@ def test_real_node_registers_with_its_kubelet_and_runtime(node_cluster: DevClust
     assert internal and not internal[0].startswith("127."), node["status"]["addresses"]
 
 
+def test_pod_logs_live_in_the_nodes_own_dir_not_the_machines(
+    node_cluster: DevCluster, probe_pod: str
+) -> None:
+    """Two dev clusters on one machine (the suite's workers, two demos) must not share /var/log/pods:
+    each kubelet deletes the log dirs there of pods it does not know, and `kubectl logs` of the other
+    cluster's pods came back empty."""
+    uid = get_json(node_cluster, "pod", probe_pod, "-n", TENANT)["metadata"]["uid"]
+    own = dirs_of(node_cluster, NODE).pod_logs
+    mine = [p for p in own.glob(f"{TENANT}_{probe_pod}_{uid}/*/*.log")] if own.is_dir() else []
+    assert mine, f"no log of pod {probe_pod} under {own}"
+    assert not list(Path("/var/log/pods").glob(f"*_{uid}")), (
+        "the pod's logs went to the machine's /var/log/pods"
+    )
+    rc, _, _ = exec_in(node_cluster, probe_pod, "sh", "-c", "echo from-the-probe > /proc/1/fd/1")
+    assert rc == 0
+    logs = node_cluster.kubectl("logs", "-n", TENANT, probe_pod, check=False)
+    assert "from-the-probe" in logs.stdout, logs
+
+
 def test_slice_pod_sees_exactly_its_slice_through_nvml(node_cluster: DevCluster, probe_pod: str) -> None:
     rc, out, err = exec_in(node_cluster, probe_pod, "gpuslice-probe", "smi")
     assert rc == 0, err

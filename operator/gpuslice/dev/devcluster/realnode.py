@@ -94,6 +94,12 @@ class NodeDirs:
         return self.base / "kubelet-config.yaml"
 
     @property
+    def pod_logs(self) -> Path:
+        """The kubelet's pod log dir. Not the machine's /var/log/pods: a kubelet removes the log dirs
+        there of every pod it does not know, i.e. every other dev cluster's pods."""
+        return self.base / "pod-logs"
+
+    @property
     def kubeconfig(self) -> Path:
         return self.base / "kubelet.kubeconfig"
 
@@ -250,6 +256,7 @@ def kubelet_config(
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": d.cgroup_root,
+        "podLogsDir": str(d.pod_logs),
         "containerRuntimeEndpoint": f"unix://{d.containerd_socket}",
         "address": d.node_ip,
         "port": port,
