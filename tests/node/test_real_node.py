@@ -58,7 +58,7 @@ def test_pod_logs_live_in_the_nodes_own_dir_not_the_machines(
     cluster's pods came back empty."""
     uid = get_json(node_cluster, "pod", probe_pod, "-n", TENANT)["metadata"]["uid"]
     own = dirs_of(node_cluster, NODE).pod_logs
-    mine = [p for p in own.glob(f"{TENANT}_{probe_pod}_{uid}/*/*.log")] if own.is_dir() else []
+    mine = list(own.glob(f"{TENANT}_{probe_pod}_{uid}/*/*.log")) if own.is_dir() else []
     assert mine, f"no log of pod {probe_pod} under {own}"
     assert not list(Path("/var/log/pods").glob(f"*_{uid}")), (
         "the pod's logs went to the machine's /var/log/pods"

@@ -32,6 +32,7 @@ from gpuslice.agent.kube import Kube
 from gpuslice.agent.prepare import NodePaths
 from gpuslice.api.package import OnViolation
 from gpuslice.domain.gpu_processes import Finding, GpuProcess, SliceClaim
+from gpuslice.domain.ownership import slice_owner
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import (
     REGION_FILE,
@@ -251,12 +252,9 @@ class UsageReporter:
             claim = await self.kube.get_claim(record.namespace, record.name)
             meta = claim.get("metadata", {})
             package = meta.get("labels", {}).get(constants.LABEL_PACKAGE, "")
-            for ref in meta.get("ownerReferences") or []:
-                if ref.get("kind") == constants.SLICE_KIND and ref.get("apiVersion", "").startswith(
-                    constants.API_GROUP
-                ):
-                    key = f"{record.namespace}/{ref['name']}"
-                    owner_uid = ref.get("uid")
+            if (ref := slice_owner(meta)) is not None:
+                key = f"{record.namespace}/{ref['name']}"
+                owner_uid = ref.get("uid")
         except ApiError as exc:
             if exc.status != 404:
                 raise

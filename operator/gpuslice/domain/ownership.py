@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gpuslice import constants as c
@@ -24,3 +25,16 @@ def owner_reference(kind: str, name: str, uid: str, *, controller: bool = True) 
         "controller": controller,
         "blockOwnerDeletion": False,
     }
+
+
+def slice_owner(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference to a GpuSlice (gpuslice's API group) among an object's, if any: the
+    claims and templates gpuslice makes carry exactly one."""
+    return next(
+        (
+            ref
+            for ref in meta.get("ownerReferences") or []
+            if ref.get("kind") == c.SLICE_KIND and str(ref.get("apiVersion", "")).startswith(c.API_GROUP)
+        ),
+        None,
+    )

@@ -329,9 +329,11 @@ def _template(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
     )
 
 
-def _allocations(facts: SliceFacts, pods: Sequence[PodView]) -> list[SliceAllocation]:
+def _allocations(
+    facts: SliceFacts, claims: Sequence[ClaimView], pods: Sequence[PodView]
+) -> list[SliceAllocation]:
     out = []
-    for claim in sorted(own_claims(facts), key=lambda cl: cl.name):
+    for claim in sorted(claims, key=lambda cl: cl.name):
         if not claim.allocated or claim.deleting:
             continue
         pool, device = claim.devices[0] if claim.devices else (None, None)
@@ -372,9 +374,9 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
         verdict = _template(facts, usage)
     else:
         verdict = _direct(facts, usage)
-    allocations = _allocations(facts, facts.pods)
-    first = allocations[0] if allocations else None
     own = own_claims(facts)
+    allocations = _allocations(facts, own, facts.pods)
+    first = allocations[0] if allocations else None
     exists = bool(own) if not facts.template else (facts.package_found and not facts.create_error)
     claim_reason = "ClaimCreated" if exists else verdict.reason
     conditions = [

@@ -14,6 +14,7 @@ from gpuslice import constants as c
 from gpuslice.api.pod import claim_refs, generated_claims
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.api.resourceclaim import allocated_devices, allocated_node, allocation
+from gpuslice.domain.ownership import slice_owner
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,7 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
             r.get("name", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"
         ),
         deleting=meta.get("deletionTimestamp") is not None,
-        owner_uid=next(
-            (
-                ref.get("uid")
-                for ref in meta.get("ownerReferences") or []
-                if ref.get("controller") and ref.get("kind") == c.SLICE_KIND
-            ),
-            None,
-        ),
+        owner_uid=owner.get("uid") if (owner := slice_owner(meta)) and owner.get("controller") else None,
     )
 
 
