@@ -2,7 +2,7 @@
 #
 #   docker build -t ghcr.io/gpuslice/gpuslice:0.1.0 .
 #
-# `make image` builds the same image without a Docker engine (gpuslice.dev.image: mmdebstrap,
+# `make image` builds the same image without a Docker engine (gpuslice_dev.image: mmdebstrap,
 # chroot, crane) into build/gpuslice-image.oci.tar. Keep the two in step: the same Debian release
 # and packages (minbase + python3 + python3-venv, no recommends), the venv at /opt/gpuslice with the
 # wheel and image/requirements.txt installed --no-deps, pip and setuptools removed, the shim at

@@ -21,29 +21,31 @@ debian-packages:
 	  else echo "missing Debian packages (real nodes need them): sudo apt-get install $$missing" >&2; exit 1; fi; \
 	fi
 
-$(BIN)/gpuslice: pyproject.toml
+# The product (editable, with its dev extras) and, beside it, the dev tooling's own distribution
+# (devtools/: devcluster, demo, GPU simulator, image builder; console script gpuslice-dev).
+$(BIN)/gpuslice-dev: pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./devtools
 	touch $@
 
-install: $(BIN)/gpuslice debian-packages
+install: $(BIN)/gpuslice-dev debian-packages
 
 shim: install
 	$(MAKE) -C shim
 
 # The product image without a Docker engine (root: mmdebstrap + chroot; cached by content), the
 # same image as the Dockerfile's. Load it into the devcluster's real nodes with
-# `gpuslice devcluster load-image build/gpuslice-image.oci.tar`.
+# `gpuslice-dev devcluster load-image build/gpuslice-image.oci.tar`.
 image: install shim
-	$(BIN)/python -m gpuslice.dev.image --output build/gpuslice-image.oci.tar
+	$(BIN)/python -m gpuslice_dev.image --output build/gpuslice-image.oci.tar
 
 demo: install shim
-	$(BIN)/gpuslice demo
+	$(BIN)/gpuslice-dev demo
 
 lint: install
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator devtools tests bench
+	$(BIN)/ruff format --check operator devtools tests bench
 
 typecheck: install
 	$(BIN)/mypy
@@ -53,7 +55,7 @@ typecheck: install
 # clusters, so two workers on two cores take about 2/3 of the serial time. PYTEST_WORKERS=0: serial.
 PYTEST_WORKERS ?= 2
 pytest: install shim
-	$(BIN)/gpuslice devcluster build --with-node
+	$(BIN)/gpuslice-dev devcluster build --with-node
 	$(BIN)/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test: lint typecheck pytest

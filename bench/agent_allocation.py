@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/agent_allocation.py [--nodes 20] [--gpus 4] [--slices 200] [--dir DIR] [--keep]
 
-Starts (or reuses, with --dir of a running one) `gpuslice devcluster` with N kwok nodes and one
+Starts (or reuses, with --dir of a running one) `gpuslice-dev devcluster` with N kwok nodes and one
 simulated agent per node ("<gpus>x Tesla V100-PCIE-32GB"), creates the 8g/16g/32g packages and their
 DeviceClasses, then creates `--slices` claims of the documented form and one pod per claim, one pod
 after the other, and measures for each the time from the pod's creation (the API server's reply to the
@@ -25,8 +25,8 @@ from typing import Any
 from kubernetes_asyncio import client, config, watch
 
 from gpuslice import constants
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.devcluster.node_agents import agent_process_name, start_agents
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
 
 PACKAGES = {"v100-8g": 25, "v100-16g": 50, "v100-32g": 100}
 MODEL = "Tesla V100-PCIE-32GB"

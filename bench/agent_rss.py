@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/agent_rss.py [--gpus 8] [--claims 50] [--rest 20] [--json]
 
-Starts a fresh `gpuslice devcluster` with one kwok node and the product's agent on it (simulated
+Starts a fresh `gpuslice-dev devcluster` with one kwok node and the product's agent on it (simulated
 V100s), one package of `--fraction` percent, then `--claims` documented-form claims with a pod each,
 which kube-scheduler allocates on the node; the bench then calls NodePrepareResources for all of them
 over the agent's DRA socket, as kubelet would. After the usage reporter has run a few times it reads
@@ -27,10 +27,10 @@ from gpuslice import constants as c
 from gpuslice.agent.proto import dra_v1_pb2 as dra
 from gpuslice.agent.proto import dra_v1_pb2_grpc as dra_grpc
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.dev.agents import agent_dirs, agent_kubeconfig, spawn_agent
-from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.domain.deviceclass import device_selector_expression
+from gpuslice_dev.agents import agent_dirs, agent_kubeconfig, spawn_agent
+from gpuslice_dev.devcluster.cluster import DevCluster
 
 MODEL = "Tesla V100-PCIE-32GB"
 PACKAGE = "bench-v100"

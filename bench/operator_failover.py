@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/operator_failover.py [--peering-lifetime 10] [--json]
 
-Starts a fresh `gpuslice devcluster`, Kopf's peering CRD and the ClusterKopfPeering `gpuslice`, and two
+Starts a fresh `gpuslice-dev devcluster`, Kopf's peering CRD and the ClusterKopfPeering `gpuslice`, and two
 `gpuslice operator --peering` replicas (priorities 200 and 100). Once the standby has paused, it kills
 the active replica with SIGKILL (no goodbye in the peering object), creates a GpuPackage at once and
 measures until its DeviceClass exists: only the standby can have written it.
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from gpuslice import constants as c
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "Tesla V100-PCIE-32GB"

@@ -4,7 +4,7 @@ API writes, operator CPU and memory.
     .venv/bin/python bench/operator_scale.py [--nodes 125] [--gpus 4] [--slices 2000] [--noise-pods 0]
         [--runs A,B] [--probes 10] [--json] [--keep] [--profile DIR]
 
-Each run gets a fresh `gpuslice devcluster` (kwok nodes) whose ResourceSlices are published exactly as
+Each run gets a fresh `gpuslice-dev devcluster` (kwok nodes) whose ResourceSlices are published exactly as
 the node agents publish them (the agent's own builder: `--gpus` simulated V100s per node, one package of
 fraction 25, so `4 * gpus * nodes` slots). `--noise-pods` unrelated pods (bound to CPU-only kwok nodes of
 their own, 100 per node, Running) are created in another namespace first. Then, with the same client:
@@ -49,10 +49,10 @@ from gpuslice import kubehttp
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.devcluster.components import node_manifest
 from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.domain.deviceclass import device_selector_expression
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.components import node_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "Tesla V100-PCIE-32GB"

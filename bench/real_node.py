@@ -28,9 +28,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
-from gpuslice.dev.devcluster.cluster import DevCluster  # noqa: E402
-from gpuslice.dev.devcluster.node_agents import start_agents  # noqa: E402
-from gpuslice.dev.devcluster.realnode import process_names, start_real_nodes  # noqa: E402
+from gpuslice_dev.devcluster.cluster import DevCluster  # noqa: E402
+from gpuslice_dev.devcluster.node_agents import start_agents  # noqa: E402
+from gpuslice_dev.devcluster.realnode import process_names, start_real_nodes  # noqa: E402
 
 PROBE = "localhost/gpuslice/probe:dev"
 NS = "bench"

@@ -1,6 +1,6 @@
 """Shared fixtures: one real local control plane per test session.
 
-Set GPUSLICE_TEST_CLUSTER_DIR to the --dir of a running `gpuslice devcluster up` to reuse it
+Set GPUSLICE_TEST_CLUSTER_DIR to the --dir of a running `gpuslice-dev devcluster up` to reuse it
 (fast iteration); otherwise the session starts its own in a temporary directory and stops it.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_NODES = int(os.environ.get("GPUSLICE_TEST_NODES", "3"))

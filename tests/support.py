@@ -19,9 +19,9 @@ from gpuslice import constants as c
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.dev.devcluster.cluster import DevCluster
 from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.domain.deviceclass import device_selector_expression
+from gpuslice_dev.devcluster.cluster import DevCluster
 
 T = TypeVar("T")
 

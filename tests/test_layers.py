@@ -1,4 +1,4 @@
-"""The import graph points one way: api/domain -> (operator, agent, shim) -> nothing of dev.
+"""The import graph points one way: api/domain -> (operator, agent, shim); the product imports no dev tooling.
 
 Reads every module's imports with `ast` (module-level and function-local ones alike), so a lazy
 import inside a function cannot hide an upward edge.
@@ -12,17 +12,19 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "operator" / "gpuslice"
+#: the dev tooling's own distribution (devtools/): nothing in the product may import it
+DEV_PACKAGE = "gpuslice_dev"
 
 #: layer -> the gpuslice subpackages it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "api": ("domain", "operator", "agent", "shim", "dev"),
-    "domain": ("operator", "agent", "shim", "dev"),
-    "operator": ("agent", "dev"),
-    "agent": ("operator", "dev"),
-    "shim": ("operator", "agent", "dev"),
+    "api": ("domain", "operator", "agent", "shim"),
+    "domain": ("operator", "agent", "shim"),
+    "operator": ("agent",),
+    "agent": ("operator",),
+    "shim": ("operator", "agent"),
 }
-#: top-level product modules (constants, logs, metrics, explain) import no dev code either
-TOP_LEVEL_FORBIDDEN = ("dev",)
+#: top-level product modules (cli, constants, logs, metrics, explain) may import any layer, no dev code
+TOP_LEVEL_FORBIDDEN: tuple[str, ...] = ()
 
 
 def imports_of(path: Path) -> set[str]:
@@ -33,7 +35,7 @@ def imports_of(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {n for n in names if n == "gpuslice" or n.startswith("gpuslice.")}
+    return {n for n in names if n.split(".")[0] in ("gpuslice", DEV_PACKAGE)}
 
 
 def violations(layer_dir: Path, forbidden: tuple[str, ...]) -> list[str]:
@@ -42,8 +44,9 @@ def violations(layer_dir: Path, forbidden: tuple[str, ...]) -> list[str]:
     for f in files:
         for name in sorted(imports_of(f)):
             parts = name.split(".")
-            if len(parts) > 1 and parts[1] in forbidden:
-                bad.append(f"{f.relative_to(PACKAGE.parent)} imports {name}")
+            if parts[0] == DEV_PACKAGE or (len(parts) > 1 and parts[1] in forbidden):
+                where = f.relative_to(PACKAGE.parent) if f.is_relative_to(PACKAGE.parent) else f
+                bad.append(f"{where} imports {name}")
     return bad
 
 
@@ -53,7 +56,7 @@ def test_layer_has_no_upward_or_dev_import(layer: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in {"cli.py", "__main__.py"})
+    "module", sorted(p.name for p in PACKAGE.glob("*.py"))
 )
 def test_top_level_product_module_imports_no_dev_code(module: str) -> None:
     assert violations(PACKAGE / module, TOP_LEVEL_FORBIDDEN) == []
@@ -62,5 +65,6 @@ def test_top_level_product_module_imports_no_dev_code(module: str) -> None:
 def test_the_checker_sees_lazy_imports(tmp_path: Path) -> None:
     # the test above must be able to fail: a function-local import of dev code is caught
     f = tmp_path / "m.py"
-    f.write_text("def f():\n    from gpuslice.dev.gpusim import build\n")
-    assert imports_of(f) == {"gpuslice.dev.gpusim", "gpuslice.dev.gpusim.build"}
+    f.write_text("def f():\n    from gpuslice_dev.gpusim import build\n")
+    assert imports_of(f) == {"gpuslice_dev.gpusim", "gpuslice_dev.gpusim.build"}
+    assert len(violations(f, ())) == 2

@@ -1,7 +1,8 @@
 """The one console script, `gpuslice`, and its subcommands.
 
 Each subcommand lives in its own module exposing `register(subparsers)`; the module sets
-`func` on its parser. Imports are lazy per module so `gpuslice devcluster` does not pay for grpc.
+`func` on its parser. Imports are lazy per module so `gpuslice explain` does not pay for grpc.
+The dev tooling has its own console script, `gpuslice-dev` (devtools/).
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ SUBCOMMANDS: dict[str, str] = {
     "agent": "gpuslice.agent.cli",
     "explain": "gpuslice.explain",
     "check": "gpuslice.check",
-    # Dev tooling (gpuslice.dev): absent from a product install, so skipped when missing.
-    "devcluster": "gpuslice.dev.devcluster.cli",
-    "demo": "gpuslice.dev.demo",
-    "shim": "gpuslice.dev.gpusim.cli",
 }
 SUBCOMMAND_MODULES: tuple[str, ...] = tuple(SUBCOMMANDS.values())
 
@@ -38,15 +35,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     first = next((a for a in argv or () if not a.startswith("-")), None)
     modules = [SUBCOMMANDS[first]] if first in SUBCOMMANDS else SUBCOMMAND_MODULES
     for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # Only a subcommand whose module is not part of this build is skipped; a broken
-            # import inside an existing module still fails loudly.
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copy libgpuslice.so with its config path slot rewritten (what gpuslice.dev.gpusim.patch does in Python).
+# Copy libgpuslice.so with its config path slot rewritten (what gpuslice_dev.gpusim.patch does in Python).
 #   patch_shim.sh SRC_SO CONFIG_PATH DEST_SO
 set -euo pipefail
 python3 - "$1" "$2" "$3" <<'PY'

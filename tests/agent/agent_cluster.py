@@ -12,7 +12,7 @@ import support
 from gpuslice import constants
 from gpuslice.api.resourceclaim import allocated_devices
 from gpuslice.api.resourceslice import PublishedDevice, newest_generation, parse_resource_slices
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 from support import V100, claim_doc, device_class_doc, package_doc
 
 __all__ = ["V100", "claim_doc", "device_class_doc", "package_doc", "pod_doc"]

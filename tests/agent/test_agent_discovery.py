@@ -14,7 +14,7 @@ import json, sys
 from pathlib import Path
 from gpuslice import logs
 from gpuslice.agent import gpus
-from gpuslice.dev.gpusim import simulate
+from gpuslice_dev.gpusim import simulate
 logs.configure()
 simulate.use_fake_driver(simulate.write_node_config(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
 print(json.dumps([g.model_dump() for g in gpus.discover()]))
@@ -72,7 +72,7 @@ def test_the_product_agent_has_no_simulation_switch(tmp_path: object) -> None:
 
 def test_an_unknown_simulated_model_is_a_clear_error_before_anything_starts(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuslice", "devcluster", "up", "--dir", str(tmp_path / "dc"),
+        [sys.executable, "-m", "gpuslice_dev", "devcluster", "up", "--dir", str(tmp_path / "dc"),
          "--simulate-gpus", "2x Tesla Q900"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

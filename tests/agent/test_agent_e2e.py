@@ -36,10 +36,10 @@ from gpuslice.agent.proto import dra_v1_pb2 as dra
 from gpuslice.agent.proto import dra_v1_pb2_grpc as dra_grpc
 from gpuslice.agent.proto import pluginregistration_v1_pb2 as reg
 from gpuslice.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
-from gpuslice.dev.agents import agent_dirs, agent_kubeconfig, spawn_agent
-from gpuslice.dev.devcluster.cluster import DevCluster, node_manifest
-from gpuslice.dev.devcluster.node_agents import start_agents, stop_agents
 from gpuslice.shim.config import SliceConfig
+from gpuslice_dev.agents import agent_dirs, agent_kubeconfig, spawn_agent
+from gpuslice_dev.devcluster.cluster import DevCluster, node_manifest
+from gpuslice_dev.devcluster.node_agents import start_agents, stop_agents
 from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster

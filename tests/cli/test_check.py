@@ -27,7 +27,7 @@ from gpuslice.check import (
     probe_slices,
     render,
 )
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 from support import V100, check_line, gpuslice_check, package_doc, published
 
 GATES_OFF = "DRAPartitionableDevices=false,DRAConsumableCapacity=false"

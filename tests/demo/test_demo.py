@@ -1,4 +1,4 @@
-"""`gpuslice demo`, the README's first command, plays the whole field report end to end."""
+"""`gpuslice-dev demo`, the README's first command, plays the whole field report end to end."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) -> None:
     d = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuslice", "demo", "--dir", str(d)],
+        [sys.executable, "-m", "gpuslice_dev", "demo", "--dir", str(d)],
         capture_output=True,
         text=True,
         timeout=600,

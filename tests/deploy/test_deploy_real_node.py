@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.devcluster.deploy import NAMESPACE, write_overlay
-from gpuslice.dev.devcluster.node_binaries import ensure_node_binaries
-from gpuslice.dev.devcluster.realnode import crictl, dirs_of, start_real_nodes
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.deploy import NAMESPACE, write_overlay
+from gpuslice_dev.devcluster.node_binaries import ensure_node_binaries
+from gpuslice_dev.devcluster.realnode import crictl, dirs_of, start_real_nodes
 from node.node_cluster import TENANT, slice_pod
 from support import get_json, wait_for
 
@@ -126,7 +126,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevClus
         pytest.skip("real nodes and the image build need root (kubelet, containerd, mmdebstrap, chroot)")
     if shutil.which("mmdebstrap") is None:
         pytest.skip("the image build needs mmdebstrap (apt-get install mmdebstrap)")
-    from gpuslice.dev.image import build_image
+    from gpuslice_dev.image import build_image
 
     started = time.monotonic()
     archive = build_image(output=None, progress=_progress)
@@ -137,7 +137,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevClus
         start_real_nodes(c, 1)
         # the command a developer runs (ctr images import on every real node)
         load = subprocess.run(
-            [sys.executable, "-m", "gpuslice", "devcluster", "load-image", "--dir", str(c.dir), str(archive)],
+            [sys.executable, "-m", "gpuslice_dev", "devcluster", "load-image", "--dir", str(c.dir),
+             str(archive)],
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert load.returncode == 0, load.stderr

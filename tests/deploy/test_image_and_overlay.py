@@ -13,10 +13,10 @@ import kopf
 import pytest
 import yaml
 
-from gpuslice.dev import image
-from gpuslice.dev.devcluster import deploy
-from gpuslice.dev.devcluster.binaries import ensure_binaries
 from gpuslice.operator.run import _in_cluster
+from gpuslice_dev import image
+from gpuslice_dev.devcluster import deploy
+from gpuslice_dev.devcluster.binaries import ensure_binaries
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "Dockerfile").read_text()

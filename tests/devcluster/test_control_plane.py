@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.dev.devcluster import images
-from gpuslice.dev.devcluster.images import PAUSE_IMAGE, PROBE_IMAGE, ImageArchive, ensure_images
-from gpuslice.dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
-from gpuslice.dev.gpusim.build import ShimPaths, ensure_built
-from gpuslice.dev.gpusim.runner import prepare
-from gpuslice.dev.gpusim.simulate import parse_gpu_spec, start_fake_driverd, write_fake_config
+from gpuslice_dev.devcluster import images
+from gpuslice_dev.devcluster.images import PAUSE_IMAGE, PROBE_IMAGE, ImageArchive, ensure_images
+from gpuslice_dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
+from gpuslice_dev.gpusim.build import ShimPaths, ensure_built
+from gpuslice_dev.gpusim.runner import prepare
+from gpuslice_dev.gpusim.simulate import parse_gpu_spec, start_fake_driverd, write_fake_config
 
 LIB_DIR = f"usr/lib/{images.multiarch_triplet()}"
 

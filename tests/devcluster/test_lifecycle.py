@@ -1,4 +1,4 @@
-"""`gpuslice devcluster up|status|down`: idempotent up, a log per component, no leftovers."""
+"""`gpuslice-dev devcluster up|status|down`: idempotent up, a log per component, no leftovers."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ from pathlib import Path
 import pytest
 
 from gpuslice import procfs
-from gpuslice.dev.devcluster.binaries import staging_replaces
-from gpuslice.dev.devcluster.cluster import CORE_COMPONENTS, DevCluster
+from gpuslice_dev.devcluster.binaries import staging_replaces
+from gpuslice_dev.devcluster.cluster import CORE_COMPONENTS, DevCluster
 
 pytestmark = pytest.mark.cluster
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuslice", "devcluster", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "gpuslice_dev", "devcluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -73,7 +76,7 @@ def test_a_port_taken_under_our_feet_is_not_fatal(tmp_path: Path, monkeypatch: p
     """Another process grabs the port picked for kube-apiserver: it is started again on another one."""
     import socket
 
-    from gpuslice.dev.devcluster import cluster as cluster_mod
+    from gpuslice_dev.devcluster import cluster as cluster_mod
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.dev.devcluster.binaries import ensure_binaries
+from gpuslice_dev.devcluster.binaries import ensure_binaries
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"

@@ -12,7 +12,7 @@ from gpuslice.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpuslice-system"
-DEV_AGENT_BINDING = "operator/gpuslice/dev/manifests/dev-agent-binding.yaml"
+DEV_AGENT_BINDING = "devtools/gpuslice_dev/manifests/dev-agent-binding.yaml"
 
 Doc = dict[str, Any]
 

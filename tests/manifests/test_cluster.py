@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from gpuslice import constants
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.tools import prometheus_operator_crds
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.tools import prometheus_operator_crds
 from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster

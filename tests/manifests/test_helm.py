@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.tools import ensure_helm
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.tools import ensure_helm
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "manifests/helm/gpuslice"

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from gpuslice import constants
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.devcluster.node_agents import start_agents
-from gpuslice.dev.devcluster.realnode import start_real_nodes
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.node_agents import start_agents
+from gpuslice_dev.devcluster.realnode import start_real_nodes
 from node.node_cluster import GPU_SPEC, TENANT
 from support import wait_for
 

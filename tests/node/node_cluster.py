@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 
 GPU_SPEC = "2x Tesla V100-PCIE-32GB"
 TENANT = "team-a"

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from gpuslice.agent import attribution, toolkit
-from gpuslice.dev.agents import DEV_USAGE_INTERVAL
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.devcluster.node_agents import agent_process_name, fake_gpu_config, start_agents
-from gpuslice.dev.gpusim import simulate
-from gpuslice.dev.gpusim.build import ensure_built
+from gpuslice_dev.agents import DEV_USAGE_INTERVAL
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.node_agents import agent_process_name, fake_gpu_config, start_agents
+from gpuslice_dev.gpusim import simulate
+from gpuslice_dev.gpusim.build import ensure_built
 from node.node_cluster import GPU_SPEC, TENANT, delete, run_pod, slice_pod
 from support import get_json, wait_for
 

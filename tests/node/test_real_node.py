@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from gpuslice.agent.cdi import spec_file_name
-from gpuslice.dev.agents import DEV_USAGE_INTERVAL
-from gpuslice.dev.devcluster.cluster import DevCluster
-from gpuslice.dev.devcluster.node_agents import agent_process_name, start_agents
-from gpuslice.dev.devcluster.realnode import dirs_of, leftovers, start_real_nodes
+from gpuslice_dev.agents import DEV_USAGE_INTERVAL
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
+from gpuslice_dev.devcluster.realnode import dirs_of, leftovers, start_real_nodes
 from node.node_cluster import GPU_SPEC, TENANT, delete, exec_in, run_pod, slice_pod
 from support import get_json, wait_for
 

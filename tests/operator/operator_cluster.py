@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 import support
-from gpuslice.dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.cluster import DevCluster
 from support import V100, apply, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice import constants as c
-from gpuslice.dev.devcluster.cluster import DevCluster, free_port
+from gpuslice_dev.devcluster.cluster import DevCluster, free_port
 from support import apply, check_line, get_json, gpuslice_check, package_doc, published, wait_for
 
 from .operator_cluster import OperatorProcess

@@ -22,8 +22,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants as c
-from gpuslice.dev.agents import agent_kubeconfig
-from gpuslice.dev.devcluster.cluster import DevCluster, node_manifest
+from gpuslice_dev.agents import agent_kubeconfig
+from gpuslice_dev.devcluster.cluster import DevCluster, node_manifest
 from support import apply, pod_doc, published, slice_doc, wait_for
 
 from .operator_cluster import (

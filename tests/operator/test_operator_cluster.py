@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gpuslice import constants as c
-from gpuslice.dev.devcluster.cluster import DevCluster, free_port
+from gpuslice_dev.devcluster.cluster import DevCluster, free_port
 from support import apply, argocd_health, deployment_doc, pod_doc, slice_doc, wait_for
 
 from .operator_cluster import (

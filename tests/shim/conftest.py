@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.dev.gpusim.build import ShimPaths, ensure_built
-from gpuslice.dev.gpusim.runner import PreparedSlice, prepare
+from gpuslice_dev.gpusim.build import ShimPaths, ensure_built
+from gpuslice_dev.gpusim.runner import PreparedSlice, prepare
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuslice.dev.gpusim.build import ShimPaths
-from gpuslice.dev.gpusim.runner import PreparedSlice
+from gpuslice_dev.gpusim.build import ShimPaths
+from gpuslice_dev.gpusim.runner import PreparedSlice
 
 GIB = 1024**3
 V100 = "1x Tesla V100-PCIE-32GB"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.dev.devcluster.images import probe_binary
-from gpuslice.dev.gpusim.build import ShimPaths
+from gpuslice_dev.devcluster.images import probe_binary
+from gpuslice_dev.gpusim.build import ShimPaths
 from shim.shim_helpers import GIB, env_of, run
 
 LIMIT = 8 * GIB

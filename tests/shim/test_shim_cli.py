@@ -1,4 +1,4 @@
-"""`gpuslice shim run`: the way a user tries the shim without Kubernetes."""
+"""`gpuslice-dev shim run`: the way a user tries the shim without Kubernetes."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ PYNVML = textwrap.dedent(
 )
 
 
-def gpuslice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def gpuslice_dev(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuslice", *args],
+        [sys.executable, "-m", "gpuslice_dev", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -30,7 +30,7 @@ def gpuslice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
 
 
 def test_pynvml_under_shim_run_sees_the_slice_and_the_model():
-    result = gpuslice(
+    result = gpuslice_dev(
         "shim", "run", "--memory", "8Gi", "--simulate-gpus", V100, "--", sys.executable, "-c", PYNVML
     )
     assert result.returncode == 0, result.stderr
@@ -41,28 +41,32 @@ def test_pynvml_under_shim_run_sees_the_slice_and_the_model():
 
 def test_cuMemAlloc_past_the_slice_fails_with_out_of_memory(built):
     run = ["shim", "run", "--memory", "8Gi", "--simulate-gpus", V100, "--", str(probe(built)), "alloc"]
-    over = gpuslice(*run, str(8 * GIB + 1))
+    over = gpuslice_dev(*run, str(8 * GIB + 1))
     assert values(over.stdout)["rc"] == "2"
-    fits = gpuslice(*run, str(8 * GIB))
+    fits = gpuslice_dev(*run, str(8 * GIB))
     assert values(fits.stdout)["rc"] == "0"
 
 
 def test_exit_status_of_the_command_is_passed_through():
-    result = gpuslice("shim", "run", "--memory", "1Gi", "--simulate-gpus", V100, "--", "sh", "-c", "exit 7")
+    result = gpuslice_dev(
+        "shim", "run", "--memory", "1Gi", "--simulate-gpus", V100, "--", "sh", "-c", "exit 7"
+    )
     assert result.returncode == 7
 
 
 def test_bad_arguments_say_what_is_wrong():
-    unknown = gpuslice("shim", "run", "--memory", "8Gi", "--simulate-gpus", "1x GeForce 256", "--", "true")
+    unknown = gpuslice_dev(
+        "shim", "run", "--memory", "8Gi", "--simulate-gpus", "1x GeForce 256", "--", "true"
+    )
     assert unknown.returncode == 2
     assert "unknown GPU model 'GeForce 256'" in unknown.stderr
     assert "Tesla V100-PCIE-32GB" in unknown.stderr
-    bad_memory = gpuslice("shim", "run", "--memory", "lots", "--", "true")
+    bad_memory = gpuslice_dev("shim", "run", "--memory", "lots", "--", "true")
     assert bad_memory.returncode == 2
     assert "not a memory size like 8Gi" in bad_memory.stderr
-    bad_share = gpuslice("shim", "run", "--memory", "8Gi", "--compute-share", "0", "--", "true")
+    bad_share = gpuslice_dev("shim", "run", "--memory", "8Gi", "--compute-share", "0", "--", "true")
     assert "compute share must be a whole percent in 1..100" in bad_share.stderr
-    no_command = gpuslice("shim", "run", "--memory", "8Gi", "--simulate-gpus", V100)
+    no_command = gpuslice_dev("shim", "run", "--memory", "8Gi", "--simulate-gpus", V100)
     assert no_command.returncode == 2
     assert "no command" in no_command.stderr
 
@@ -70,9 +74,9 @@ def test_bad_arguments_say_what_is_wrong():
 def test_usage_prints_the_region(tmp_path, built):
     usage = tmp_path / "usage"
     run = ["shim", "run", "--memory", "8Gi", "--simulate-gpus", V100, "--usage-dir", str(usage), "--"]
-    held = gpuslice(*run, str(probe(built)), "alloc", str(GIB))
+    held = gpuslice_dev(*run, str(probe(built)), "alloc", str(GIB))
     assert values(held.stdout)["rc"] == "0"
-    shown = gpuslice("shim", "usage", str(usage))
+    shown = gpuslice_dev("shim", "usage", str(usage))
     assert shown.returncode == 0
     assert '"memory_limit_bytes": 8589934592' in shown.stdout
     assert '"initialized": true' in shown.stdout

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from gpuslice.dev.gpusim.simulate import start_fake_driverd
 from gpuslice.shim.region import (
     OFFSET_AGENT_UTILIZATION,
     REGION_FILE,
@@ -19,6 +18,7 @@ from gpuslice.shim.region import (
     utilization_file_for,
     write_utilization,
 )
+from gpuslice_dev.gpusim.simulate import start_fake_driverd
 from shim.shim_helpers import GIB, env_of, probe, run, values
 
 LIMIT = 8 * GIB

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.dev.gpusim.simulate import driver_socket, start_fake_driverd
+from gpuslice_dev.gpusim.simulate import driver_socket, start_fake_driverd
 from shim.shim_helpers import GIB, env_of, probe, run, values
 
 pytestmark = pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")

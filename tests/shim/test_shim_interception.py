@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuslice import constants
-from gpuslice.dev.gpusim.patch import config_path_of
 from gpuslice.shim.config import SliceConfig
+from gpuslice_dev.gpusim.patch import config_path_of
 from shim.shim_helpers import GIB, probe, run, values
 
 LIMIT = 8 * GIB

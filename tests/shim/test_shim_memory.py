@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from gpuslice.dev.gpusim.simulate import parse_gpu_spec
 from gpuslice.shim.region import read_usage
+from gpuslice_dev.gpusim.simulate import parse_gpu_spec
 from shim.shim_helpers import GIB, Holder, env_of, probe, run, values
 
 LIMIT = 8 * GIB

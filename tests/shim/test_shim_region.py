@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.dev.gpusim.patch import PatchError, config_path_of, write_private_shim
 from gpuslice.shim.region import RegionFormatError, read_usage
+from gpuslice_dev.gpusim.patch import PatchError, config_path_of, write_private_shim
 from shim.shim_helpers import GIB, Holder
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpuslice.dev.gpusim.simulate import start_fake_driverd
+from gpuslice_dev.gpusim.simulate import start_fake_driverd
 from shim.shim_helpers import GIB, Holder, env_of, probe, run, values
 
 LIMIT = 8 * GIB

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from gpuslice.dev.gpusim.build import SHIM_SOURCE_DIR
+from gpuslice_dev.gpusim.build import SHIM_SOURCE_DIR
 
 
 @pytest.mark.parametrize("target", ["asan", "tsan"])

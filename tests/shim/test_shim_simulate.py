@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from gpuslice.dev.gpusim.simulate import KNOWN_MODELS, GpuSpecError, parse_gpu_spec, write_fake_config
+from gpuslice_dev.gpusim.simulate import KNOWN_MODELS, GpuSpecError, parse_gpu_spec, write_fake_config
 from shim.shim_helpers import GIB, Holder, probe, run, values
 
 
@@ -36,7 +36,7 @@ def test_bad_gpu_spec_names_the_known_models(spec):
 AGENT_VIEW = textwrap.dedent(
     """
     import sys
-    from gpuslice.dev.gpusim.simulate import use_fake_driver
+    from gpuslice_dev.gpusim.simulate import use_fake_driver
     use_fake_driver(sys.argv[1])
     import pynvml
     pynvml.nvmlInit()

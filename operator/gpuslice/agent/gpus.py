@@ -1,7 +1,7 @@
 """GPU discovery through NVML (nvidia-ml-py) and the facts the agent publishes about each card.
 
 The same code path serves real and simulated nodes: on a simulated node the dev tooling starts the
-agent with the NVIDIA driver test double on its library path (`gpuslice.dev.gpusim.simulate`), so
+agent with the NVIDIA driver test double on its library path (`gpuslice_dev.gpusim.simulate`), so
 `pynvml.nvmlInit()` binds to it and nothing in the agent knows the difference.
 """
 
@@ -51,7 +51,7 @@ def discover(nvml: ModuleType = pynvml) -> list[GpuInfo]:
         raise DiscoveryError(
             f"NVML initialisation failed ({exc}); is the NVIDIA driver installed and "
             "libnvidia-ml.so.1 on the library path? On a machine without GPUs, run the agent through "
-            "`gpuslice devcluster up --simulate-gpus SPEC`, which points it at the driver test double."
+            "`gpuslice-dev devcluster up --simulate-gpus SPEC`, which points it at the driver test double."
         ) from exc
     try:
         driver = _text(nvml.nvmlSystemGetDriverVersion())

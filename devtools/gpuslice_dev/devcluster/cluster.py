@@ -19,11 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from gpuslice.dev.devcluster import components, pki
-from gpuslice.dev.devcluster.binaries import Binaries, ensure_binaries
-from gpuslice.dev.devcluster.components import CORE_COMPONENTS, FEATURE_GATES, node_manifest
-from gpuslice.dev.devcluster.kubectl import KubectlClient
-from gpuslice.dev.devcluster.supervisor import (
+from gpuslice.files import atomic_write
+from gpuslice_dev.devcluster import components, pki
+from gpuslice_dev.devcluster.binaries import Binaries, ensure_binaries
+from gpuslice_dev.devcluster.components import CORE_COMPONENTS, FEATURE_GATES, node_manifest
+from gpuslice_dev.devcluster.kubectl import KubectlClient
+from gpuslice_dev.devcluster.supervisor import (
     DevClusterError,
     ProcessRecord,
     client_ssl,
@@ -33,7 +34,6 @@ from gpuslice.dev.devcluster.supervisor import (
     spawn,
     stop,
 )
-from gpuslice.files import atomic_write
 
 __all__ = [
     "CORE_COMPONENTS",
@@ -59,7 +59,7 @@ class State:
     ports: dict[str, int] = field(default_factory=dict)
     processes: dict[str, ProcessRecord] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
-    #: nodes run by a real kubelet + containerd on this machine (see gpuslice.dev.devcluster.realnode)
+    #: nodes run by a real kubelet + containerd on this machine (see gpuslice_dev.devcluster.realnode)
     real_nodes: list[str] = field(default_factory=list)
     node_slots: dict[str, int] = field(default_factory=dict)
 
@@ -173,7 +173,7 @@ class DevCluster(KubectlClient):
         stopped: list[str] = []
         if st.real_nodes:
             # kubelet, pods, containerd, mounts and network of real nodes go in their own order.
-            from gpuslice.dev.devcluster import realnode
+            from gpuslice_dev.devcluster import realnode
 
             stopped += realnode.stop_all(self, st)
         # Agents and extras first, then the core in reverse start order.
@@ -223,7 +223,7 @@ class DevCluster(KubectlClient):
     def _require_state(self) -> State:
         st = self.state()
         if st is None or "kube-apiserver" not in st.ports:
-            raise DevClusterError(f"no devcluster in {self.dir}; run `gpuslice devcluster up` first")
+            raise DevClusterError(f"no devcluster in {self.dir}; run `gpuslice-dev devcluster up` first")
         return st
 
     def _spawn(

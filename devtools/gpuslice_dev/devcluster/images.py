@@ -36,9 +36,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuslice.dev.devcluster.binaries import BuildError, Progress, cache_root, default_progress
-from gpuslice.dev.devcluster.node_binaries import CRANE_VERSION, NodeBinaries, ensure_node_binaries
-from gpuslice.dev.gpusim.build import ShimPaths, ensure_built
+from gpuslice_dev.devcluster.binaries import BuildError, Progress, cache_root, default_progress
+from gpuslice_dev.devcluster.node_binaries import CRANE_VERSION, NodeBinaries, ensure_node_binaries
+from gpuslice_dev.gpusim.build import ShimPaths, ensure_built
 
 PAUSE_IMAGE = "localhost/gpuslice/pause:3.10"
 PROBE_IMAGE = "localhost/gpuslice/probe:dev"

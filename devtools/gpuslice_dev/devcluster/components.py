@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuslice.dev.devcluster import pki
-from gpuslice.dev.devcluster.binaries import Binaries
+from gpuslice_dev.devcluster import pki
+from gpuslice_dev.devcluster.binaries import Binaries
 
 #: Order matters: started in this order, stopped in reverse.
 CORE_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")

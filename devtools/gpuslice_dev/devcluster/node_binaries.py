@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice.dev.devcluster.binaries import (
+from gpuslice_dev.devcluster.binaries import (
     KUBERNETES_VERSION,
     BuildError,
     Component,
@@ -25,7 +25,7 @@ from gpuslice.dev.devcluster.binaries import (
     build_lock,
     cache_root,
     default_progress,
-    k8s_ldflags,
+    ensure_binaries,
 )
 
 CONTAINERD_VERSION = "v2.4.2"
@@ -38,13 +38,6 @@ _CONTAINERD = "github.com/containerd/containerd/v2"
 _CNI = "github.com/containernetworking/plugins"
 
 NODE_COMPONENTS: tuple[Component, ...] = (
-    Component(
-        "kubelet",
-        "k8s.io/kubernetes",
-        KUBERNETES_VERSION,
-        ("k8s.io/kubernetes/cmd/kubelet",),
-        ldflags=k8s_ldflags(KUBERNETES_VERSION),
-    ),
     Component(
         "containerd",
         _CONTAINERD,
@@ -107,9 +100,10 @@ def _dir(comp: Component) -> Path:
 
 
 def _paths() -> NodeBinaries:
-    kubelet, containerd, runc, cni, crane, cri_tools = (_dir(c) for c in NODE_COMPONENTS)
+    containerd, runc, cni, crane, cri_tools = (_dir(c) for c in NODE_COMPONENTS)
     return NodeBinaries(
-        kubelet=kubelet / "kubelet",
+        # kubelet is built with the control plane (binaries.COMPONENTS), from the same module.
+        kubelet=cache_root() / "bin" / f"kubernetes-{KUBERNETES_VERSION}" / "kubelet",
         containerd=containerd / "containerd",
         containerd_shim=containerd / "containerd-shim-runc-v2",
         ctr=containerd / "ctr",
@@ -127,7 +121,7 @@ def _complete(comp: Component) -> bool:
 
 def cached_node_binaries() -> NodeBinaries | None:
     paths = _paths()
-    if all(_complete(c) for c in NODE_COMPONENTS) and paths.pause.exists():
+    if all(_complete(c) for c in NODE_COMPONENTS) and paths.pause.exists() and paths.kubelet.exists():
         return paths
     return None
 
@@ -166,6 +160,8 @@ def ensure_node_binaries(progress: Progress | None = None) -> NodeBinaries:
         return found
     if shutil.which("go") is None:
         raise BuildError("the `go` command is not on PATH; install Go >= 1.26 to build the node binaries")
+    if not _paths().kubelet.exists():
+        ensure_binaries(report)
     with build_lock():
         started = time.monotonic()
         for comp in NODE_COMPONENTS:

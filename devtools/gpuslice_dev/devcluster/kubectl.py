@@ -7,11 +7,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from gpuslice.dev.devcluster.binaries import Binaries
-from gpuslice.dev.devcluster.supervisor import DevClusterError
+from gpuslice_dev.devcluster.binaries import Binaries
+from gpuslice_dev.devcluster.supervisor import DevClusterError
+from gpuslice_dev.paths import CRD_DIR
 
 #: gpuslice's CRDs in a source checkout
-CRD_DIR = Path(__file__).resolve().parents[4] / "crds"
 
 
 class KubectlClient:

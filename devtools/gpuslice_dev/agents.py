@@ -10,8 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuslice_dev.paths import MANIFESTS
+
 if TYPE_CHECKING:
-    from gpuslice.dev.devcluster.cluster import DevCluster
+    from gpuslice_dev.devcluster.cluster import DevCluster
 
 
 #: Longest socket directory we accept under the state root; sun_path holds 107 bytes, and the DRA
@@ -64,8 +66,8 @@ def agent_command(
     (see realnode).
     """
     # Build the shim and the driver test double once here, not racing in every child.
-    from gpuslice.dev.gpusim import simulate
-    from gpuslice.dev.gpusim.build import ensure_built
+    from gpuslice_dev.gpusim import simulate
+    from gpuslice_dev.gpusim.build import ensure_built
 
     built = ensure_built()
     dirs = dirs or agent_dirs(state_root, node)
@@ -117,7 +119,7 @@ def spawn_agent(
 
 
 #: The deployment's agent role and own-node admission policy (a source checkout's manifests/, like crds/).
-DEPLOY_MANIFESTS = Path(__file__).resolve().parents[3] / "manifests" / "base" / "agent"
+DEPLOY_MANIFESTS = MANIFESTS / "base" / "agent"
 DEV_BINDING = Path(__file__).resolve().parent / "manifests" / "dev-agent-binding.yaml"
 AGENT_NAMESPACE = "gpuslice-system"
 AGENT_GROUP = "gpuslice:agents"

@@ -1,7 +1,7 @@
 """Private copies of libgpuslice.so that read their limits from another file.
 
 The config path lives in a marked, fixed-size array inside the library (shim/src/gs_init.c,
-gs_config_slot), never in the environment. `gpuslice shim run` and the tests write a copy with the
+gs_config_slot), never in the environment. `gpuslice-dev shim run` and the tests write a copy with the
 array rewritten; in a container the unmodified library reads constants.CONTAINER_CONFIG_PATH.
 """
 

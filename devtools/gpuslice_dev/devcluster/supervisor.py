@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice import procfs
-from gpuslice.dev.devcluster import pki
+from gpuslice_dev.devcluster import pki
 
 
 class DevClusterError(RuntimeError):
@@ -53,7 +53,7 @@ class ProcessRecord:
 
 def spawn(log: Path, argv: list[str], env: dict[str, str] | None = None) -> ProcessRecord:
     """Start `argv` appending to `log`, in a new session: the component outlives the
-    `gpuslice devcluster up` that started it, and a Ctrl-C in that shell."""
+    `gpuslice-dev devcluster up` that started it, and a Ctrl-C in that shell."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as fh:
         fh.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())

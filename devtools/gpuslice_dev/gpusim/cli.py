@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run = sub.add_parser(
         "run",
         help="run CMD under libgpuslice.so with a memory slice (and the driver test double when simulating)",
-        description="Example: gpuslice shim run --memory 8Gi --simulate-gpus '1x Tesla V100-PCIE-32GB' -- "
-        "python -c 'import pynvml; ...'",
+        description="Example: gpuslice-dev shim run --memory 8Gi --simulate-gpus '1x Tesla V100-PCIE-32GB' "
+        "-- python -c 'import pynvml; ...'",
     )
     run.add_argument("--memory", type=_memory, required=True, help="slice size, e.g. 8Gi, or 'unlimited'")
     run.add_argument(
@@ -67,14 +67,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuslice.dev.gpusim import runner
-    from gpuslice.dev.gpusim.build import ShimBuildError
+    from gpuslice_dev.gpusim import runner
+    from gpuslice_dev.gpusim.build import ShimBuildError
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("gpuslice shim run: no command; put it after `--`", file=sys.stderr)
+        print("gpuslice-dev shim run: no command; put it after `--`", file=sys.stderr)
         return 2
     try:
         prepared = runner.prepare(
@@ -86,12 +86,12 @@ def _run(args: argparse.Namespace) -> int:
             context_overhead_bytes=args.context_overhead or 0,
         )
     except (runner.ShimRunError, ShimBuildError, ValueError) as exc:
-        print(f"gpuslice shim run: {exc}", file=sys.stderr)
+        print(f"gpuslice-dev shim run: {exc}", file=sys.stderr)
         return 2
     try:
         return runner.run(prepared, command)
     except runner.ShimRunError as exc:
-        print(f"gpuslice shim run: {exc}", file=sys.stderr)
+        print(f"gpuslice-dev shim run: {exc}", file=sys.stderr)
         return 127
     finally:
         shutil.rmtree(prepared.workdir, ignore_errors=True)
@@ -105,12 +105,12 @@ def _usage(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from gpuslice.dev.gpusim.build import ShimBuildError, ensure_built
+    from gpuslice_dev.gpusim.build import ShimBuildError, ensure_built
 
     try:
         built = ensure_built()
     except ShimBuildError as exc:
-        print(f"gpuslice shim build: {exc}", file=sys.stderr)
+        print(f"gpuslice-dev shim build: {exc}", file=sys.stderr)
         return 1
     for field, value in vars(built).items():
         print(f"{field}: {value}")

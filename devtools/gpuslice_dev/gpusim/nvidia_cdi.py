@@ -22,8 +22,8 @@ import stat
 from pathlib import Path
 from typing import Any, Final
 
-from gpuslice.dev.gpusim.simulate import FakeGpu
 from gpuslice.files import atomic_write
+from gpuslice_dev.gpusim.simulate import FakeGpu
 
 KIND: Final = "nvidia.com/gpu"
 CDI_VERSION: Final = "0.6.0"
@@ -90,7 +90,7 @@ def build_spec(
 
 def write_spec(gpus: list[FakeGpu], *, gpu_dir: Path, driver_dir: Path, cdi_dir: Path) -> Path:
     """Make the device nodes under `<gpu_dir>/dev` and write the spec into `cdi_dir`."""
-    from gpuslice.dev.gpusim.build import ensure_built
+    from gpuslice_dev.gpusim.build import ensure_built
 
     built = ensure_built()
     dev_dir = gpu_dir / "dev"

@@ -1,4 +1,4 @@
-"""`gpuslice demo`: the whole product on this machine, playing the field report (README.md, "make demo").
+"""`gpuslice-dev demo`: the whole product on this machine, playing the field report (README.md, "make demo").
 
 A devcluster with real nodes (kubelet + containerd + runc on this machine) over simulated V100s, the
 CRDs, the three V100 products, two tenant namespaces, the operator and one agent per node; then each
@@ -23,9 +23,9 @@ from typing import Any
 import yaml
 
 from gpuslice import constants as c
+from gpuslice_dev.paths import MANIFESTS
 
-REPO = Path(__file__).resolve().parents[3]
-SAMPLES = REPO / "manifests" / "samples"
+SAMPLES = MANIFESTS / "samples"
 #: the demo's own objects (workload, tenant access, the lessons' wrong requests)
 MANIFESTS = Path(__file__).resolve().parent / "manifests" / "demo"
 GPU_MODEL = "Tesla V100-PCIE-32GB"
@@ -40,7 +40,7 @@ class DemoError(RuntimeError):
 
 class Demo:
     def __init__(self, directory: Path | None, nodes: int, gpus_per_node: int) -> None:
-        from gpuslice.dev.devcluster.cluster import DevCluster
+        from gpuslice_dev.devcluster.cluster import DevCluster
 
         self.cluster = DevCluster(directory, progress=self._progress)
         self.nodes = nodes
@@ -120,7 +120,7 @@ class Demo:
 
     # --- the story --------------------------------------------------------------------------------
     def run(self) -> None:
-        from gpuslice.dev.devcluster.realnode import start_real_nodes
+        from gpuslice_dev.devcluster.realnode import start_real_nodes
 
         self.step(
             f"A real control plane and {self.nodes} real node(s) (kubelet, containerd), each with {self.spec}"
@@ -143,7 +143,7 @@ class Demo:
         self.next_steps()
 
     def setup(self) -> None:
-        from gpuslice.dev.devcluster.node_agents import start_agents
+        from gpuslice_dev.devcluster.node_agents import start_agents
 
         self.step("Platform team: CRDs, the three V100 products, tenants team-a and team-b, operator, agents")
         self.cluster.apply_crds()
@@ -158,7 +158,7 @@ class Demo:
                     }
                 )
             self.cluster.apply(yaml.safe_dump(package))
-        self.cluster.apply(REPO / "manifests" / "base" / "tenant" / "rbac.yaml")
+        self.cluster.apply(MANIFESTS / "base" / "tenant" / "rbac.yaml")
         for team in ("team-a", "team-b"):
             self.cluster.create_namespace(team, {"tenant.example.com/project": team})
             access = (MANIFESTS / "tenant-access.yaml").read_text().replace("team-a", team)
@@ -341,9 +341,9 @@ class Demo:
         )
 
     def bypass(self) -> None:
-        from gpuslice.dev.devcluster.node_agents import fake_gpu_config
-        from gpuslice.dev.gpusim import simulate
-        from gpuslice.dev.gpusim.build import ensure_built
+        from gpuslice_dev.devcluster.node_agents import fake_gpu_config
+        from gpuslice_dev.gpusim import simulate
+        from gpuslice_dev.gpusim.build import ensure_built
 
         self.step(
             "Isolation is best-effort: a process that bypasses the shim is caught by the agent's NVML check"
@@ -411,7 +411,7 @@ Stop everything with:  {gs} devcluster down{dir_flag}
 
 
 def _default_dir() -> Path:
-    from gpuslice.dev.devcluster.cluster import default_dir
+    from gpuslice_dev.devcluster.cluster import default_dir
 
     return default_dir().resolve()
 
@@ -433,8 +433,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gpuslice.dev.devcluster.binaries import BuildError
-    from gpuslice.dev.devcluster.cluster import DevClusterError
+    from gpuslice_dev.devcluster.binaries import BuildError
+    from gpuslice_dev.devcluster.cluster import DevClusterError
 
     if args.nodes < 1 or args.gpus_per_node < 1:
         print("error: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)
@@ -446,7 +446,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"\ndemo failed at step {demo.step_no}: {exc}", file=sys.stderr)
         print(
             f"logs: {demo.cluster.dir / 'logs'}; the cluster is left running for inspection "
-            "(gpuslice devcluster down to stop it)",
+            "(gpuslice-dev devcluster down to stop it)",
             file=sys.stderr,
         )
         return 1

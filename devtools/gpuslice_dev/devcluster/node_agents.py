@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuslice.dev.devcluster.cluster import DevCluster, DevClusterError
+from gpuslice_dev.devcluster.cluster import DevCluster, DevClusterError
 
 REGISTERED_MESSAGE = "registered with kubelet"
 
@@ -41,16 +41,16 @@ def _registered(log: Path) -> bool:
 
 def fake_gpu_config(cluster: DevCluster, node: str) -> Path:
     """The simulated GPUs of a real node, as the driver test double reads them (host path)."""
-    from gpuslice.dev.devcluster.realnode import dirs_of
+    from gpuslice_dev.devcluster.realnode import dirs_of
 
     return dirs_of(cluster, node).base / "gpu" / "driver" / "fake-gpus.conf"
 
 
 def start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dict[str, Path], Path]:
     """The simulated GPUs of a real node: description, host daemon, NVIDIA CDI spec."""
-    from gpuslice.dev.devcluster.realnode import dirs_of
-    from gpuslice.dev.gpusim import nvidia_cdi, simulate
-    from gpuslice.dev.gpusim.build import ensure_built
+    from gpuslice_dev.devcluster.realnode import dirs_of
+    from gpuslice_dev.gpusim import nvidia_cdi, simulate
+    from gpuslice_dev.gpusim.build import ensure_built
 
     d = dirs_of(cluster, node)
     fake_config = fake_gpu_config(cluster, node)
@@ -89,12 +89,12 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
     Each agent runs as its own client-certificate user that may write only its node's
     ResourceSlices. Returns the nodes whose agent was started now.
     """
-    from gpuslice.dev.agents import agent_command, agent_kubeconfig, install_agent_rbac
+    from gpuslice_dev.agents import agent_command, agent_kubeconfig, install_agent_rbac
 
     say = progress or (lambda _m: None)
     st = cluster.state()
     if st is None:
-        raise DevClusterError(f"no devcluster in {cluster.dir}; run `gpuslice devcluster up` first")
+        raise DevClusterError(f"no devcluster in {cluster.dir}; run `gpuslice-dev devcluster up` first")
     nodes = st.real_nodes or st.nodes
     running = cluster.status()
     started: list[str] = []

@@ -8,9 +8,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-#: operator/gpuslice/dev/gpusim/build.py -> repository root
-REPO_ROOT = Path(__file__).resolve().parents[4]
-SHIM_SOURCE_DIR = REPO_ROOT / "shim"
+from gpuslice_dev.paths import SHIM_SOURCE_DIR
+
+#: devtools/gpuslice_dev/gpusim/build.py -> repository root
 BUILD_DIR = SHIM_SOURCE_DIR / "build"
 
 

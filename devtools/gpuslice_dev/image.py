@@ -10,7 +10,7 @@ The same image as the repository's `Dockerfile`, from the same inputs:
   /usr/local/gpuslice/lib/libgpuslice.so (`make -C shim`), and a user and group 65532 (`nonroot`).
 
 Config: entrypoint `gpuslice`, user 65532:65532, PATH with /opt/gpuslice/bin first. crane
-(go-containerregistry, as for the devcluster's images in gpuslice.dev.devcluster.images) assembles
+(go-containerregistry, as for the devcluster's images in gpuslice_dev.devcluster.images) assembles
 the image in a throw-away registry on 127.0.0.1 and pulls it as an OCI image layout, written as one
 tar: `oci-layout`, `index.json` (named `localhost/gpuslice/gpuslice:dev` through the
 `io.containerd.image.name` and `org.opencontainers.image.ref.name` annotations), `blobs/`, plus a
@@ -21,7 +21,7 @@ Everything is cached by content under `<cache>/gpuslice/images/`: the base rootf
 packages and mirrors; the dependency wheels by requirements.txt; the image by the hash of the base,
 every wheel, every source file that goes into the gpuslice wheel, the shim and the config.
 
-    python -m gpuslice.dev.image [--output build/gpuslice-image.oci.tar]   # what `make image` runs
+    python -m gpuslice_dev.image [--output build/gpuslice-image.oci.tar]   # what `make image` runs
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuslice.dev.devcluster.binaries import BuildError, Progress, default_progress
-from gpuslice.dev.devcluster.images import (
+from gpuslice_dev.devcluster.binaries import BuildError, Progress, default_progress
+from gpuslice_dev.devcluster.images import (
     Entry,
     image_platform,
     images_dir,
@@ -51,10 +51,10 @@ from gpuslice.dev.devcluster.images import (
     with_parents,
     write_layer,
 )
-from gpuslice.dev.devcluster.node_binaries import CRANE_VERSION, ensure_node_binaries
+from gpuslice_dev.devcluster.node_binaries import CRANE_VERSION, ensure_node_binaries
+from gpuslice_dev.paths import REPO_ROOT
 
-#: operator/gpuslice/dev/image.py -> repository root
-REPO_ROOT = Path(__file__).resolve().parents[3]
+#: devtools/gpuslice_dev/image.py -> repository root
 REQUIREMENTS = REPO_ROOT / "image" / "requirements.txt"
 DEFAULT_OUTPUT = REPO_ROOT / "build" / "gpuslice-image.oci.tar"
 
@@ -445,7 +445,7 @@ def _assemble(base: Path, app: Path, key: str, crane: Path, workdir: Path, out: 
 def build_image(output: Path | None = DEFAULT_OUTPUT, progress: Progress | None = None) -> Path:
     """Build (or find cached) the product image; copy it to `output` (unless None) and return the
     cached archive. Needs root the first time (mmdebstrap, chroot)."""
-    from gpuslice.dev.gpusim.build import ensure_built
+    from gpuslice_dev.gpusim.build import ensure_built
 
     say = _say(progress)
     started = time.monotonic()
@@ -488,7 +488,7 @@ def build_image(output: Path | None = DEFAULT_OUTPUT, progress: Progress | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuslice.dev.image", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gpuslice_dev.image", description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"default: {DEFAULT_OUTPUT}")
     parser.add_argument("--lock", action="store_true", help="re-pin image/requirements.txt and exit")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Run a command under the shim outside Kubernetes: what `gpuslice shim run` and the tests use.
+"""Run a command under the shim outside Kubernetes: what `gpuslice-dev shim run` and the tests use.
 
 Prepares a private directory with the limits file, a copy of libgpuslice.so patched to read it, and
 (when simulating) the driver test double's GPU description; the command gets LD_PRELOAD of that copy.
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice.dev.gpusim import patch, simulate
-from gpuslice.dev.gpusim.build import ShimPaths, ensure_built
 from gpuslice.shim.config import SliceConfig
+from gpuslice_dev.gpusim import patch, simulate
+from gpuslice_dev.gpusim.build import ShimPaths, ensure_built
 
 
 class ShimRunError(RuntimeError):
@@ -95,7 +95,7 @@ def run(prepared: PreparedSlice, command: Sequence[str], **popen: object) -> int
     """Run `command` under the prepared slice; returns its exit status (128+N for signal N)."""
     if not command:
         raise ShimRunError(
-            "no command given: put it after `--`, e.g. gpuslice shim run --memory 8Gi -- nvidia-smi"
+            "no command given: put it after `--`, e.g. gpuslice-dev shim run --memory 8Gi -- nvidia-smi"
         )
     try:
         proc = subprocess.run(list(command), env={**os.environ, **prepared.env}, check=False, **popen)  # type: ignore[call-overload]

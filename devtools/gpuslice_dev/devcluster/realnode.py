@@ -31,11 +31,11 @@ from pathlib import Path
 import yaml
 
 from gpuslice import procfs
-from gpuslice.dev.devcluster import pki
-from gpuslice.dev.devcluster.cluster import DevCluster, State
-from gpuslice.dev.devcluster.components import FEATURE_GATES
-from gpuslice.dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
-from gpuslice.dev.devcluster.supervisor import DevClusterError, free_port, stop
+from gpuslice_dev.devcluster import pki
+from gpuslice_dev.devcluster.cluster import DevCluster, State
+from gpuslice_dev.devcluster.components import FEATURE_GATES
+from gpuslice_dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
+from gpuslice_dev.devcluster.supervisor import DevClusterError, free_port, stop
 
 Progress = Callable[[str], None]
 
@@ -416,12 +416,12 @@ def _start_kubelet(cluster: DevCluster, st: State, d: NodeDirs, bins: NodeBinari
 
 def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None = None) -> list[str]:
     """Start (or find running) real nodes real-node-0..count-1; returns the names started now."""
-    from gpuslice.dev.devcluster.images import ensure_images
+    from gpuslice_dev.devcluster.images import ensure_images
 
     say = progress or cluster.progress
     st = cluster.state()
     if st is None:
-        raise DevClusterError(f"no devcluster in {cluster.dir}; run `gpuslice devcluster up` first")
+        raise DevClusterError(f"no devcluster in {cluster.dir}; run `gpuslice-dev devcluster up` first")
     if os.geteuid() != 0:
         raise DevClusterError(
             "real nodes run kubelet and containerd, which need root; run as root or use --nodes"
@@ -464,7 +464,9 @@ def import_image(cluster: DevCluster, archive: Path) -> list[str]:
     cluster; returns the nodes it was imported on. kubelet then runs it without pulling."""
     st = cluster.state()
     if st is None or not st.real_nodes:
-        raise DevClusterError(f"no real node runs in {cluster.dir}; `gpuslice devcluster up --real-nodes 1`")
+        raise DevClusterError(
+            f"no real node runs in {cluster.dir}; `gpuslice-dev devcluster up --real-nodes 1`"
+        )
     if not archive.is_file():
         raise DevClusterError(f"{archive} is not a file (build it with `make image`)")
     bins = ensure_node_binaries(cluster.progress)

@@ -1,4 +1,4 @@
-"""`gpuslice devcluster up|down|status|load-image|build`: the local control plane from the command line."""
+"""`gpuslice-dev devcluster up|down|status|load-image|build`: the local control plane, by command."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpuslice.dev.devcluster.binaries import BuildError, ensure_binaries
-from gpuslice.dev.devcluster.cluster import DevCluster, DevClusterError, default_dir
+from gpuslice_dev.devcluster.binaries import BuildError, ensure_binaries
+from gpuslice_dev.devcluster.cluster import DevCluster, DevClusterError, default_dir
 
 
 def _progress(msg: str) -> None:
@@ -76,7 +76,7 @@ def _up(args: argparse.Namespace) -> int:
         print("error: --real-nodes must be 0 or more", file=sys.stderr)
         return 1
     if args.simulate_gpus:
-        from gpuslice.dev.gpusim.simulate import GpuSpecError, parse_gpu_spec
+        from gpuslice_dev.gpusim.simulate import GpuSpecError, parse_gpu_spec
 
         try:  # a bad spec fails before anything starts
             parse_gpu_spec(args.simulate_gpus, seed="check")
@@ -87,11 +87,11 @@ def _up(args: argparse.Namespace) -> int:
     try:
         cluster.up(nodes=args.nodes)
         if args.real_nodes:
-            from gpuslice.dev.devcluster.realnode import start_real_nodes
+            from gpuslice_dev.devcluster.realnode import start_real_nodes
 
             start_real_nodes(cluster, args.real_nodes)
         if args.simulate_gpus:
-            from gpuslice.dev.devcluster.node_agents import start_agents
+            from gpuslice_dev.devcluster.node_agents import start_agents
 
             start_agents(cluster, args.simulate_gpus, progress=_progress)
     except (BuildError, DevClusterError) as exc:
@@ -121,14 +121,14 @@ def _status(args: argparse.Namespace) -> int:
         extra = f"pid {rec.pid}, rss {rec.rss_bytes() / 2**20:.0f} MiB" if alive else "stopped"
         print(f"{name:26} {'running' if alive else 'NOT RUNNING':12} {extra}")
     if not running:
-        print("nothing running (run `gpuslice devcluster up`)")
+        print("nothing running (run `gpuslice-dev devcluster up`)")
     else:
         print(f"kubeconfig: {cluster.kubeconfig}")
     return 0 if running and all(running.values()) else 1
 
 
 def _load_image(args: argparse.Namespace) -> int:
-    from gpuslice.dev.devcluster.realnode import import_image
+    from gpuslice_dev.devcluster.realnode import import_image
 
     cluster = DevCluster(args.dir, progress=_progress)
     try:
@@ -145,11 +145,16 @@ def _build(args: argparse.Namespace) -> int:
     try:
         built.update(vars(ensure_binaries(_progress)))
         if args.with_node:
-            from gpuslice.dev.devcluster.images import ensure_images
-            from gpuslice.dev.devcluster.node_binaries import ensure_node_binaries
+            from gpuslice_dev.devcluster.images import ensure_images
+            from gpuslice_dev.devcluster.node_binaries import ensure_node_binaries
 
             built.update(vars(ensure_node_binaries(_progress)))
             built.update({img.ref: img.path for img in ensure_images(_progress)})
+            # The tools tests use besides the cluster, built once here rather than inside a test.
+            from gpuslice_dev.tools import ensure_helm, prometheus_operator_crds
+
+            built["helm"] = ensure_helm(_progress)
+            built.update({p.name: p for p in prometheus_operator_crds(_progress)})
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -13,7 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
-from gpuslice.dev.devcluster.binaries import (
+from gpuslice_dev.devcluster.binaries import (
     BuildError,
     Component,
     Progress,

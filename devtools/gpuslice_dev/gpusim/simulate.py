@@ -173,7 +173,7 @@ def use_fake_driver(config_path: Path | str) -> ctypes.CDLL:
     Call before the process first loads libnvidia-ml.so.1: glibc then resolves pynvml's
     CDLL("libnvidia-ml.so.1") to the already-loaded double by its SONAME.
     """
-    from gpuslice.dev.gpusim.build import ensure_built
+    from gpuslice_dev.gpusim.build import ensure_built
 
     built = ensure_built()
     os.environ[FAKE_GPU_CONFIG_ENV] = str(config_path)
@@ -201,7 +201,7 @@ def start_fake_driverd(config_path: Path | str, timeout: float = 10.0) -> subpro
     whatever PID namespace they live in) and their memory is freed when they end, however they end.
     The caller terminates the returned process.
     """
-    from gpuslice.dev.gpusim.build import ensure_built
+    from gpuslice_dev.gpusim.build import ensure_built
 
     built = ensure_built()
     proc = subprocess.Popen(

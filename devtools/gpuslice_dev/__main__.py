@@ -1,0 +1,3 @@
+from gpuslice_dev.cli import main
+
+raise SystemExit(main())
