@@ -176,6 +176,20 @@ def test_package_schema_rejects_bad_products_with_clear_messages(
     assert proc.returncode != 0 and expect in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("template", [False, True], ids=["claim", "template"])
+def test_slice_name_too_long_for_its_claim_labels_is_refused_at_create(
+    cluster: DevCluster, template: bool
+) -> None:
+    cluster.apply_crds()
+    name = "s" * 64  # a valid object name, but not a label value: the claim carries it as one
+    doc = slice_doc(name, "default", "v100-8g", template=template)
+    proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert proc.returncode != 0 and "metadata.name must be at most 63 characters" in proc.stderr, proc.stderr
+    doc["metadata"]["name"] = "s" * 63
+    proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_package_and_slice_fields_are_immutable(world: World) -> None:
     world.packages({"8g": 25})
     proc = world.cluster.kubectl(
