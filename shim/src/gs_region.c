@@ -212,6 +212,13 @@ static int try_take_avail(gs_region_entry *e, uint64_t size)
     return -1;
 }
 
+int gs_region_refuse_held(gs_region *r, uint64_t size)
+{
+    atomic_fetch_sub(&r->held, size);
+    gs_region_count_refused(r);
+    return -1;
+}
+
 int gs_region_reserve_slow(gs_region *r, uint64_t size)
 {
     gs_region_lock(r);
@@ -220,6 +227,7 @@ int gs_region_reserve_slow(gs_region *r, uint64_t size)
         static const char msg[] = "gpuslice: usage region is full (1024 live processes); refusing allocation\n";
         (void)!write(2, msg, sizeof(msg) - 1);
         atomic_fetch_add(&r->hdr->refused_allocations_total, 1);
+        if (r->limit != GS_UNLIMITED) atomic_fetch_sub(&r->held, size);
         return -1;
     }
     int self = atomic_load(&r->self);
@@ -251,8 +259,7 @@ int gs_region_reserve_slow(gs_region *r, uint64_t size)
         }
         if (mine + headroom < size) {
             gs_region_unlock(r);
-            gs_region_count_refused(r);
-            return -1;
+            return gs_region_refuse_held(r, size);
         }
         uint64_t chunk = r->limit / 8 > GS_REGION_CHUNK ? r->limit / 8 : GS_REGION_CHUNK;
         uint64_t want = size > chunk ? size : chunk;
@@ -308,6 +315,7 @@ void gs_region_after_fork_child(gs_region *r)
 {
     if (r->base == NULL) return;
     atomic_store(&r->self, -1);
+    atomic_store(&r->held, 0); /* the parent's allocations stay the parent's */
     /* The inherited descriptor shares the parent's open file description, and OFD locks belong to
      * the description: through it the parent's entry lock looks like our own (so the parent would
      * look dead to our liveness checks), and while we hold it the parent's entry stays locked after

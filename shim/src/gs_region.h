@@ -112,7 +112,11 @@ typedef struct {
     gs_region_header *hdr;
     gs_region_entry *entries;
     _Atomic int self; /* this process's entry, -1 until the first allocation */
-    uint64_t limit;   /* GS_UNLIMITED: account, never refuse */
+    uint64_t limit;   /* from the read-only limits file; GS_UNLIMITED: account, never refuse */
+    /* Bytes this process holds, in its own memory: the region is writable by every process of the
+     * slice (and so by the tenant), so its words only share the slice between processes; whatever
+     * they say, one process never holds more than `limit`. */
+    _Atomic uint64_t held;
 } gs_region;
 
 /* Maps (creating and initializing if needed) <usage_dir>/usage.bin. -1 with reason in err. */
@@ -121,11 +125,19 @@ int gs_region_open(gs_region *r, const gs_config *cfg, char *err, size_t errlen)
 void gs_region_lock(gs_region *r);
 void gs_region_unlock(gs_region *r);
 
-/* Reserves `size` bytes for this process: 0 on success, -1 when the slice has no room. */
+/* Reserves `size` bytes for this process: 0 on success, -1 when the slice has no room. The slow
+ * path of gs_region_reserve, which has already charged `size` to `held` (undone on refusal). */
 int gs_region_reserve_slow(gs_region *r, uint64_t size);
+
+/* Refuses (and counts) an allocation the process's own holdings cannot take; undoes its charge. */
+int gs_region_refuse_held(gs_region *r, uint64_t size);
 
 static inline int gs_region_reserve(gs_region *r, uint64_t size)
 {
+    if (r->limit != GS_UNLIMITED) {
+        uint64_t h = atomic_fetch_add_explicit(&r->held, size, memory_order_relaxed) + size;
+        if (__builtin_expect(h > r->limit || h < size, 0)) return gs_region_refuse_held(r, size);
+    }
     int self = atomic_load_explicit(&r->self, memory_order_acquire);
     if (__builtin_expect(self < 0, 0)) return gs_region_reserve_slow(r, size);
     gs_region_entry *e = &r->entries[self];
@@ -153,7 +165,10 @@ static inline void gs_region_release(gs_region *r, uint64_t size)
     if (self < 0) return;
     gs_region_entry *e = &r->entries[self];
     atomic_fetch_sub_explicit(&e->used, size, memory_order_relaxed);
-    if (r->limit != GS_UNLIMITED) atomic_fetch_add_explicit(&e->avail, size, memory_order_release);
+    if (r->limit != GS_UNLIMITED) {
+        atomic_fetch_add_explicit(&e->avail, size, memory_order_release);
+        atomic_fetch_sub_explicit(&r->held, size, memory_order_relaxed);
+    }
 }
 
 /* Counts a refused allocation in the region (header total and, when attached, the own entry). */

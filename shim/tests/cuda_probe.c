@@ -28,6 +28,10 @@
  *                                            context's own cost (the double: CTX_BYTES), cuCtxSetLimit,
  *                                            pool memory kept after free, graph memory nodes, external
  *                                            memory imports; and credited when the driver frees it
+ *   cuda_probe tamper USAGE_DIR BYTES HOW    allocate BYTES, rewrite the slice's usage region as a
+ *                                            tenant can (HOW: zero = every grant and use word 0,
+ *                                            inflate = its own grant huge), allocate BYTES again;
+ *                                            prints "first rc=N" and "second rc=N"
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -685,6 +689,34 @@ static int hidden_scenario(size_t limit, size_t ctx_bytes)
     PROBE_DONE("hidden");
 }
 
+/* The usage region is a file every process of the slice can write: what a tenant can do to it. */
+static int tamper_scenario(const char *usage_dir, uint64_t bytes, const char *how)
+{
+    CUdeviceptr a = 0, b = 0;
+    printf("first rc=%d\n", (int)cuMemAlloc(&a, bytes));
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/usage.bin", usage_dir);
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0, "open %s", path);
+    size_t size = 4096 + 1024 * 128;
+    unsigned char *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(m != MAP_FAILED, "mmap %s", path);
+    for (unsigned i = 0; i < 1024; i++) {
+        unsigned char *e = m + 4096 + (size_t)i * 128;
+        if (*(uint32_t *)e != 1) continue;
+        if (strcmp(how, "zero") == 0) {
+            memset(e + 16, 0, 32); /* used, avail, quota, peak */
+        } else if ((int32_t)((int32_t *)e)[1] == (int32_t)getpid()) {
+            *(uint64_t *)(e + 24) = 1ull << 60; /* avail: the fast path trusts it */
+            *(uint64_t *)(e + 32) = 1ull << 60; /* quota */
+        }
+    }
+    munmap(m, size);
+    close(fd);
+    printf("second rc=%d\n", (int)cuMemAlloc(&b, bytes));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -723,6 +755,7 @@ int main(int argc, char **argv)
     if (strcmp(s, "fork-hold") == 0 && argc == 3) return fork_hold(strtoull(argv[2], NULL, 10));
     if (strcmp(s, "hidden") == 0 && argc == 4)
         return hidden_scenario(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10));
+    if (strcmp(s, "tamper") == 0 && argc == 5) return tamper_scenario(argv[2], strtoull(argv[3], NULL, 10), argv[4]);
     if (strcmp(s, "boundary") == 0 && argc == 3) return boundary_scenario(strtoull(argv[2], NULL, 10));
     fprintf(stderr, "cuda_probe: unknown scenario or wrong arguments: %s\n", s);
     return 2;

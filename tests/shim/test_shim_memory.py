@@ -24,6 +24,19 @@ def test_oom_exactly_at_the_limit_and_frees_are_credited(make_slice, built):
     assert "ok limit" in result.stdout
 
 
+@pytest.mark.parametrize("how", ["zero", "inflate"])
+def test_a_tenant_rewriting_the_usage_region_does_not_lift_its_process_past_the_slice(make_slice, built, how):
+    # The usage region is writable by every process of the slice (they share it); the limit is the
+    # read-only limits file's, and a process's own allocations are held to it whatever the region says.
+    s = make_slice(memory_bytes=LIMIT)
+    six = 6 * GIB
+    result = run(s, [probe(built), "tamper", s.usage_dir, six, how])
+    assert result.returncode == 0, result.stderr
+    out = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("first", "second")))
+    assert out["first"] == "rc=0"
+    assert out["second"] == "rc=2", result.stdout  # CUDA_ERROR_OUT_OF_MEMORY: 12 GiB on an 8 GiB slice
+
+
 def test_every_allocation_path_is_counted_and_credited(make_slice, built):
     s = make_slice(memory_bytes=LIMIT)
     result = run(s, [probe(built), "paths", LIMIT])
