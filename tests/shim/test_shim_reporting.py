@@ -66,6 +66,64 @@ def test_nvml_process_lists_show_only_the_slices_processes(make_slice, built):
     assert inside["nvmlDeviceGetComputeRunningProcesses_v2"] == str(mine.proc.pid)
 
 
+NVML_THROUGH_DLVSYM = textwrap.dedent(
+    """
+    import ctypes
+    from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_uint, c_ulonglong, c_void_p
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    class Info(Structure):  # nvmlProcessInfo_v1_t
+        _fields_ = [("pid", c_uint), ("usedGpuMemory", c_ulonglong)]
+
+    libc = ctypes.CDLL("libc.so.6")
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    dlvsym = libc.dlvsym
+    dlvsym.restype, dlvsym.argtypes = c_void_p, [c_void_p, c_char_p, c_char_p]
+    name = b"nvmlDeviceGetComputeRunningProcesses"
+    found = {}
+    # libc's own dlsym, taken by version, asked for the entry point
+    for version in (b"GLIBC_2.34", b"GLIBC_2.2.5"):
+        raw = dlvsym(libc._handle, b"dlsym", version)
+        if raw:
+            found["libc-dlsym"] = CFUNCTYPE(c_void_p, c_void_p, c_char_p)(raw)(nvml._handle, name)
+            break
+    # libc's own dlvsym, taken by version, asked for libc's dlsym, asked for the entry point
+    for version in (b"GLIBC_2.34", b"GLIBC_2.2.5"):
+        raw = dlvsym(libc._handle, b"dlvsym", version)
+        if raw:
+            inner = CFUNCTYPE(c_void_p, c_void_p, c_char_p, c_char_p)(raw)(libc._handle, b"dlsym", version)
+            found["libc-dlvsym"] = CFUNCTYPE(c_void_p, c_void_p, c_char_p)(inner)(nvml._handle, name)
+            break
+    for how, addr in found.items():
+        fn = CFUNCTYPE(c_int, c_void_p, POINTER(c_uint), POINTER(Info))(addr)
+        count, infos = c_uint(64), (Info * 64)()
+        rc = fn(h, ctypes.byref(count), infos)
+        print(f"{how}=rc{rc}:" + ",".join(str(infos[i].pid) for i in range(count.value)))
+    """
+)
+
+
+def test_nvml_reached_through_dlvsym_still_shows_only_the_slices_processes(make_slice, built):
+    s = make_slice(memory_bytes=LIMIT)
+    other = _outsider(s, built, "hold", str(5 * GIB))
+    assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
+    mine = Holder(s, built, 2 * GIB)
+    try:
+        result = run(s, [sys.executable, "-c", NVML_THROUGH_DLVSYM])
+    finally:
+        mine.close()
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+    assert result.returncode == 0, result.stderr
+    seen = values(result.stdout)
+    assert set(seen) == {"libc-dlsym", "libc-dlvsym"}, result.stdout
+    for how, listed in seen.items():
+        assert listed == f"rc0:{mine.proc.pid}", (how, listed, other.pid)
+
+
 def test_free_is_never_above_what_the_card_has_free(make_slice, built):
     s = make_slice(memory_bytes=LIMIT)
     other = _outsider(s, built, "hold", str(30 * GIB))

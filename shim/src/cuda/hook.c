@@ -15,6 +15,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "../gs_dl.h"
 #include "../gs_procs.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -48,8 +49,8 @@ GS_NO_SANITIZE static void find_real_dlsym(void)
 {
     if (real_dlsym) return;
     /* glibc >= 2.34 versions dlsym GLIBC_2.34; older ones GLIBC_2.2.5. */
-    real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!real_dlsym) real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    real_dlsym = (dlsym_fn)gs_libc_dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!real_dlsym) real_dlsym = (dlsym_fn)gs_libc_dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
 }
 
 __attribute__((constructor)) static void gs_constructor(void)
@@ -174,7 +175,7 @@ static CUresult procaddr_by_name(const char *symbol, void **pfn, int version, cu
 /* A wrapped name that resolves to something other than the driver's own symbol comes from another
  * copy of the driver (a copied libcuda.so.1 opened by path, a bundled libnvidia-ml): the caller gets
  * the shim's wrapper, which calls the driver the shim enforces over, never the copy unwrapped. */
-static void *dlsym_driver(void *handle, const char *symbol)
+void *gs_dlsym_driver(void *handle, const char *symbol)
 {
     void *fn = real_dlsym(handle, symbol);
     if (fn == NULL) return NULL;
@@ -196,8 +197,12 @@ GS_EXPORT GS_NO_SANITIZE void *dlsym(void *restrict handle, const char *restrict
     if (__builtin_expect(real_dlsym == NULL, 0)) find_real_dlsym();
     int driver_name = symbol[0] == 'c' ? symbol[1] == 'u'
                                        : symbol[0] == 'n' && symbol[1] == 'v' && symbol[2] == 'm' && symbol[3] == 'l';
+    if (symbol[0] == 'd') {
+        void *own = gs_dl_own(symbol); /* libc's dlsym/dlvsym would be a way around this one */
+        if (own != NULL) return own;
+    }
     if (handle == RTLD_NEXT || !driver_name) return real_dlsym(handle, symbol);
-    return dlsym_driver(handle, symbol);
+    return gs_dlsym_driver(handle, symbol);
 }
 
 /* ------------------------------------------------------------------------------------------------
