@@ -68,7 +68,8 @@ def iso(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     cluster.apply_crds()
     token = "i" + uuid.uuid4().hex[:5]
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(cluster, log, "--recheck-seconds=2")
+    offered = f"iso-offered-{token}"
+    op = OperatorProcess(cluster, log, "--recheck-seconds=2", f"--tenant-priority-class={offered}")
     op.start()
     tenant, other, gpu_node = f"iso-tenant-{token}", f"iso-other-{token}", f"iso-gpu-{token}"
     try:
@@ -77,6 +78,17 @@ def iso(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         )
         cluster.create_namespace(tenant, {NS_LABEL: token})
         cluster.create_namespace(other)
+        apply(
+            cluster,
+            [
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": offered, "labels": {TEST_LABEL: "true"}},
+                    "value": 1000,
+                }
+            ],
+        )
         apply(cluster, [package_doc(f"iso{token}", 25, {NS_LABEL: token}, slices=2)])
         wait_for(lambda: _labels(cluster, tenant).get(c.PSA_ENFORCE) == "baseline", 30, "Pod Security labels")
         node = node_manifest(gpu_node)
@@ -179,6 +191,7 @@ def iso(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "node", gpu_node, "--wait=false", check=False)
         cluster.kubectl("delete", "runtimeclass", "nvidia", "kata", check=False)
+        cluster.kubectl("delete", "priorityclass", offered, check=False)
         cluster.kubectl("delete", "resourceslices", "-l", TEST_LABEL, check=False)
         print(op.tail(), flush=True)
 
@@ -388,6 +401,56 @@ def test_the_documented_pod_is_accepted_and_gets_the_gpu_node_toleration(iso: Is
     _ct(doc)["env"] = [{"name": "CUDA_LAUNCH_BLOCKING", "value": "1"}]  # plain CUDA_* stays allowed
     out = accepted(iso, doc)
     assert {"key": c.TAINT_GPU_KEY, "operator": "Exists", "effect": "NoExecute"} in out["spec"]["tolerations"]
+
+
+# --- priority: a tenant may not preempt another tenant's pods -------------------------------------------
+
+
+@pytest.mark.parametrize("holds_claim", [True, False], ids=["claim-pod", "claimless-pod"])
+@pytest.mark.parametrize("priority_class", ["system-node-critical", "system-cluster-critical"])
+def test_a_tenant_pod_may_not_take_a_priority_that_evicts_other_tenants(
+    iso: Iso, priority_class: str, holds_claim: bool
+) -> None:
+    # Admitted, system-node-critical let kube-scheduler preempt another tenant's GPU pod and hand
+    # its slice to the attacker's next pod.
+    doc = pod_doc("p", iso.tenant, "nothing-yet") if holds_claim else plain_pod("p", iso.tenant)
+    doc["spec"]["priorityClassName"] = priority_class
+    refused(
+        iso,
+        doc,
+        f"priorityClassName {priority_class} is not offered to gpuslice tenants",
+        f"use one the platform offers tenants (iso-offered-{iso.token}) or none",
+    )
+
+
+def test_a_priority_class_the_platform_offers_tenants_is_accepted(iso: Iso) -> None:
+    doc = pod_doc("p", iso.tenant, "nothing-yet")
+    doc["spec"]["priorityClassName"] = f"iso-offered-{iso.token}"
+    assert accepted(iso, doc)["spec"]["priority"] == 1000
+    # Outside tenant namespaces the platform's rules are its own.
+    doc = plain_pod("p", iso.other)
+    doc["spec"]["priorityClassName"] = "system-cluster-critical"
+    accepted(iso, doc)
+
+
+# --- seccomp: the runtime's default profile for containers that hold slices --------------------------
+
+
+def test_slice_pods_get_the_runtime_default_seccomp_profile(iso: Iso) -> None:
+    # Without one, baseline leaves seccomp Unconfined: the container's root could `unshare -Urm` and
+    # bind-mount /dev/null over the read-only /etc/ld.so.preload (tests/node: the attack on a real node).
+    out = accepted(iso, pod_doc("p", iso.tenant, "nothing-yet"))
+    assert out["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    doc = pod_doc("p", iso.tenant, "nothing-yet")
+    doc["spec"]["securityContext"] = {"runAsUser": 1000}
+    out = accepted(iso, doc)
+    assert out["spec"]["securityContext"] == {"runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+    # A profile the pod names itself is kept (Pod Security refuses Unconfined: POD_SECURITY_CASES).
+    doc["spec"]["securityContext"] = {"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}}
+    assert accepted(iso, doc)["spec"]["securityContext"]["seccompProfile"]["type"] == "Localhost"
+    assert "securityContext" not in accepted(iso, plain_pod("p", iso.tenant))["spec"] or (
+        "seccompProfile" not in accepted(iso, plain_pod("p", iso.tenant))["spec"]["securityContext"]
+    )
 
 
 # --- hole 3: GPU nodes are tainted; only claim pods of tenants and exempt namespaces tolerate it --------

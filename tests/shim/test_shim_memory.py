@@ -32,7 +32,9 @@ def test_a_tenant_rewriting_the_usage_region_does_not_lift_its_process_past_the_
     six = 6 * GIB
     result = run(s, [probe(built), "tamper", s.usage_dir, six, how])
     assert result.returncode == 0, result.stderr
-    out = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("first", "second")))
+    out = dict(
+        line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("first", "second"))
+    )
     assert out["first"] == "rc=0"
     assert out["second"] == "rc=2", result.stdout  # CUDA_ERROR_OUT_OF_MEMORY: 12 GiB on an 8 GiB slice
 

@@ -50,6 +50,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "kube-system; the operator's own namespace is always exempt)",
     )
     p.add_argument(
+        "--tenant-priority-class",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a PriorityClass pods in tenant namespaces may use; repeatable (default: none, so a tenant "
+        "cannot preempt another tenant's pods). List the cluster's globalDefault class, if it has one",
+    )
+    p.add_argument(
         "--gpu-node-label",
         default="nvidia.com/gpu.present=true",
         metavar="KEY=VALUE",
@@ -115,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
             pod_security=args.pod_security,
             exempt_namespaces=tuple(args.exempt_namespace or ("kube-system",)),
             gpu_node_label=args.gpu_node_label,
+            tenant_priority_classes=tuple(args.tenant_priority_class),
             resync_seconds=args.resync_seconds,
             recheck_seconds=args.recheck_seconds,
             liveness_endpoint=args.liveness,

@@ -21,6 +21,8 @@ class OperatorConfig(BaseModel):
     #: Platform namespaces whose pods may tolerate the GPU node taint; the operator's own namespace is
     #: added at start-up (from its service account).
     exempt_namespaces: tuple[str, ...] = ("kube-system",)
+    #: PriorityClasses a pod in a tenant namespace may name (besides none); see domain.tenant_pods.
+    tenant_priority_classes: tuple[str, ...] = ()
     #: `key=value` of the label that marks GPU nodes; the operator taints them. Empty: no tainting.
     gpu_node_label: str = c.GPU_NODE_LABEL
     #: Safety-net resync of every slice's status; changes normally arrive by watch events.

@@ -13,6 +13,7 @@ import kopf
 
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
 from gpuslice.domain.conditions import contains
+from gpuslice.domain.tenant_pods import tenant_pod_objects
 from gpuslice.logs import get
 from gpuslice.operator.indexes import MANAGED, AdmissionView, Indexes
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
@@ -29,7 +30,8 @@ def desired_objects(state: OperatorState) -> dict[tuple[str, str], dict[str, Any
             memory_floor=state.config.memory_floor,
             exempt_namespaces=state.config.exempt_namespaces,
         )
-        state.admission = {(o["kind"], o["metadata"]["name"]): o for o in admission_objects(cfg)}
+        objects = [*admission_objects(cfg), *tenant_pod_objects(state.config.tenant_priority_classes)]
+        state.admission = {(o["kind"], o["metadata"]["name"]): o for o in objects}
     return state.admission
 
 
