@@ -19,38 +19,36 @@
 static fake_health_state *health;
 static pthread_once_t health_once = PTHREAD_ONCE_INIT;
 
-static fake_health_state *map_health(const char *state_dir)
+/* Readers map the file read-only: only the fault tool (the host) may change a card's health, so a
+ * tenant cannot fail a card for the others. The first process that may create it does (empty). */
+static fake_health_state *map_health(const char *state_dir, int writer)
 {
     char path[4400];
     snprintf(path, sizeof(path), "%s/health.bin", state_dir);
-    int prot = PROT_READ | PROT_WRITE;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) { /* a tenant who may not write the node's state still reads it */
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        prot = PROT_READ;
-    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 && !writer) fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
     flock(fd, LOCK_EX);
     struct stat st;
-    if (fstat(fd, &st) != 0 || (st.st_size < (off_t)sizeof(fake_health_state) &&
-                                (prot == PROT_READ || ftruncate(fd, sizeof(fake_health_state)) != 0))) {
-        close(fd);
-        return NULL;
-    }
-    if (prot != PROT_READ && st.st_uid == geteuid()) (void)fchmod(fd, 0666); /* whoever runs CUDA next */
-    fake_health_state *h = mmap(NULL, sizeof(*h), prot, MAP_SHARED, fd, 0);
-    if (h == MAP_FAILED) {
-        close(fd);
-        return NULL;
-    }
-    /* A file from a build with another layout starts over (it only holds test state). */
-    if (prot != PROT_READ && (memcmp(h->magic, "FAKEHLT1", 8) != 0 || h->size != (uint32_t)sizeof(*h))) {
+    int ok = fstat(fd, &st) == 0;
+    if (ok && st.st_size < (off_t)sizeof(fake_health_state)) ok = ftruncate(fd, sizeof(fake_health_state)) == 0;
+    fake_health_state *h = MAP_FAILED;
+    if (ok) h = mmap(NULL, sizeof(*h), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (h != MAP_FAILED && (memcmp(h->magic, "FAKEHLT1", 8) != 0 || h->size != (uint32_t)sizeof(*h))) {
+        /* new, or from a build with another layout: starts over (it only holds test state) */
         memset(h, 0, sizeof(*h));
         h->size = (uint32_t)sizeof(*h);
         memcpy(h->magic, "FAKEHLT1", 8);
     }
+    if (h != MAP_FAILED && !writer) { /* keep only a read-only view */
+        munmap(h, sizeof(*h));
+        h = mmap(NULL, sizeof(*h), PROT_READ, MAP_SHARED, fd, 0);
+    } else if (h == MAP_FAILED && !writer) {
+        h = mmap(NULL, sizeof(*h), PROT_READ, MAP_SHARED, fd, 0);
+    }
     flock(fd, LOCK_UN);
     close(fd);
+    if (h == MAP_FAILED) return NULL;
     if (memcmp(h->magic, "FAKEHLT1", 8) != 0) {
         munmap(h, sizeof(*h));
         return NULL;
@@ -61,7 +59,7 @@ static fake_health_state *map_health(const char *state_dir)
 static void health_once_init(void)
 {
     fake_system *s = fake_system_get();
-    if (s) health = map_health(s->state_dir);
+    if (s) health = map_health(s->state_dir, 0);
 }
 
 fake_health_state *fake_health(void)
@@ -126,7 +124,7 @@ int fake_health_any_lost(void)
 static fake_health_state *writer_state(fake_system *s, int slot, fake_gpu_health **g)
 {
     if (!s || slot < 0 || slot >= s->count) return NULL;
-    fake_health_state *h = map_health(s->state_dir);
+    fake_health_state *h = map_health(s->state_dir, 1);
     if (!h) return NULL;
     *g = &h->gpus[slot];
     snprintf((*g)->uuid, sizeof((*g)->uuid), "%s", s->gpus[slot].uuid);

@@ -54,6 +54,8 @@ class Publisher:
         self.published = asyncio.Event()  # set after the first successful publish
         # why this node's GPUs must not be published now (agent.toolkit); None: they may
         self.blocked: str | None = None
+        # DRA device taints of unhealthy cards, by UUID (agent.health)
+        self.taints: dict[str, list[dict[str, Any]]] = {}
 
     # --- inputs ------------------------------------------------------------------------------------
 
@@ -86,11 +88,17 @@ class Publisher:
         self.blocked = reason
         self._dirty.set()
 
+    def set_taints(self, taints: dict[str, list[dict[str, Any]]]) -> None:
+        """Every device of card `uuid` carries `taints[uuid]` from the next publish on."""
+        if taints != self.taints:
+            self.taints = taints
+            self._dirty.set()
+
     # --- output ------------------------------------------------------------------------------------
 
     async def sync(self) -> None:
         publish = self.node_present and self.blocked is None
-        desired = build_specs(self.node, self.gpus, self.packages.values()) if publish else []
+        desired = build_specs(self.node, self.gpus, self.packages.values(), self.taints) if publish else []
         existing = await self.kube.list_pool_slices(self.node)
         plan = plan_publish(self.node, desired, existing, self.node_uid)
         for body in plan.apply:

@@ -44,6 +44,8 @@ class PublishedDevice:
     compute_share: int | None
     counter_set: str | None
     consumes: Mapping[str, int] = field(default_factory=dict)
+    #: DRA device taints (resource.k8s.io/v1 DeviceTaint: key, value, effect, timeAdded)
+    taints: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         compute_share=int(share) if share is not None else None,
         counter_set=consumption.get("counterSet"),
         consumes=_counters(consumption.get("counters")),
+        taints=tuple(dev.get("taints") or ()),
     )
 
 
@@ -127,6 +130,7 @@ GATED_FIELDS: Mapping[str, tuple[str, str]] = {
     "sharedCounters": ("DRAPartitionableDevices", "partitionable devices"),
     "consumesCounters": ("DRAPartitionableDevices", "partitionable devices"),
     "allowMultipleAllocations": ("DRAConsumableCapacity", "consumable capacity"),
+    "taints": ("DRADeviceTaints", "device taints"),
 }
 
 
@@ -137,7 +141,7 @@ def dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[s
     kept = {d.get("name"): d for d in stored.get("devices") or []}
     for device in sent.get("devices") or []:
         back = kept.get(device.get("name"), {})
-        for key in ("consumesCounters", "allowMultipleAllocations"):
+        for key in ("consumesCounters", "allowMultipleAllocations", "taints"):
             if device.get(key) and not back.get(key):
                 out.append(f"spec.devices[{device.get('name')}].{key}")
     return out
