@@ -55,9 +55,7 @@ def test_layer_has_no_upward_or_dev_import(layer: str) -> None:
     assert violations(PACKAGE / layer, FORBIDDEN[layer]) == []
 
 
-@pytest.mark.parametrize(
-    "module", sorted(p.name for p in PACKAGE.glob("*.py"))
-)
+@pytest.mark.parametrize("module", sorted(p.name for p in PACKAGE.glob("*.py")))
 def test_top_level_product_module_imports_no_dev_code(module: str) -> None:
     assert violations(PACKAGE / module, TOP_LEVEL_FORBIDDEN) == []
 
