@@ -23,6 +23,7 @@ until the agent restarts and finds the card healthy, as NVIDIA's device plugin d
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -190,7 +191,7 @@ def taint(h: CardHealth) -> dict[str, Any] | None:
     return out
 
 
-def tainted_effect(taints: list[dict[str, Any]] | None) -> str | None:
+def tainted_effect(taints: Iterable[Mapping[str, Any]] | None) -> str | None:
     """The strongest effect among a published device's taints (NoExecute > NoSchedule), or None."""
     effects = {t.get("effect") for t in taints or []}
     for effect in ("NoExecute", "NoSchedule"):

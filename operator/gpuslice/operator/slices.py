@@ -24,7 +24,7 @@ from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
-from gpuslice.domain.package_status import capacity_behind, capacity_status
+from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
 from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, slice_status
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
@@ -219,9 +219,10 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
         return
     if not capacity_behind(view.capacity, state.package_capacity.get(package), live):
         return
-    desired = capacity_status(live).model_dump(by_alias=True)
+    desired = capacity_status(live).model_dump(by_alias=True, exclude_none=True)
     try:
-        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, {"capacity": desired})
+        patch = {"capacity": capacity_patch(desired)}
+        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, patch)
     except ApiError as exc:
         if exc.status == 404:
             return
