@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from domain.test_views_status import facts, pod  # the status tests' own builders
 from gpuslice.domain import health as h
 from gpuslice.domain.health import HEALTHY, CardHealth, Condition, Probe, XidClass
+from gpuslice.domain.slice_status import slice_status
+from gpuslice.domain.views import claim_view, pod_view
+from support import allocated_claim
 
 T0, T1, T2 = "2026-12-05T00:00:00Z", "2026-12-05T00:01:00Z", "2026-12-05T00:02:00Z"
 
@@ -87,3 +91,27 @@ def test_strongest_taint_effect() -> None:
     assert h.tainted_effect([{"effect": "NoSchedule"}, {"effect": "NoExecute"}]) == "NoExecute"
     assert h.tainted_effect([{"effect": "None"}]) is None
     assert h.tainted_effect(None) is None
+
+
+def test_a_slice_on_a_failed_card_says_gpu_failed_with_the_xid_and_the_card() -> None:
+    claim = claim_view(allocated_claim("ns", "s", "n0", "gpu-0-v100-8g-1", reserved_for=["p"]))
+    running = pod_view(pod("p", claim="s", node=True, phase="Running"))
+    uuids = {("n0", "gpu-0-v100-8g-1"): "GPU-abc"}
+    healthy = slice_status(facts(claims=[claim], pods=[running], uuids=uuids), T1)
+    assert h.SLICE_CONDITION not in {c.type for c in healthy.conditions}, "no condition while healthy"
+
+    taints = {("n0", "gpu-0-v100-8g-1"): [_taint("xid-79", "NoExecute")]}
+    st = slice_status(facts(claims=[claim], pods=[running], uuids=uuids, device_taints=taints), T1)
+    [cond] = [c for c in st.conditions if c.type == h.SLICE_CONDITION]
+    assert (cond.status, cond.reason) == ("False", "GpuFailed")
+    assert cond.message.startswith("GPU GPU-abc on node n0 failed: XID 79 (GPU has fallen off the bus)")
+    assert "evicts the pod" in cond.message and T0 in cond.message
+
+    pending = {("n0", "gpu-0-v100-8g-1"): [_taint("xid-63", "NoSchedule")]}
+    st = slice_status(facts(claims=[claim], pods=[running], uuids=uuids, device_taints=pending), T1)
+    assert [c.reason for c in st.conditions if c.type == h.SLICE_CONDITION] == ["GpuPendingReset"]
+
+    drain = {"key": "gpuslice.io/drain", "value": "x", "effect": "NoSchedule"}
+    drained = {("n0", "gpu-0-v100-8g-1"): [drain]}
+    st = slice_status(facts(claims=[claim], pods=[running], uuids=uuids, device_taints=drained), T1)
+    assert [c.reason for c in st.conditions if c.type == h.SLICE_CONDITION] == ["GpuDraining"]

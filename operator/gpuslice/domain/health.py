@@ -198,3 +198,50 @@ def tainted_effect(taints: Iterable[Mapping[str, Any]] | None) -> str | None:
         if effect in effects:
             return effect
     return None
+
+
+#: GpuSlice condition while an allocation's device is tainted (absent while every card is healthy)
+SLICE_CONDITION = "GpuHealthy"
+REASON_GPU_FAILED = "GpuFailed"
+REASON_GPU_PENDING_RESET = "GpuPendingReset"
+REASON_GPU_DRAINING = "GpuDraining"
+
+
+def slice_gpu_condition(
+    allocations: Iterable[tuple[str | None, str | None, str | None, str | None]],
+    device_taints: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]],
+) -> tuple[str, str] | None:
+    """(reason, message) of GpuHealthy=False for a slice whose allocated device (pool, device, node,
+    card UUID) is tainted, the strongest first; None while no allocation's device is."""
+    found: list[tuple[int, str, str]] = []
+    for pool, device, node, uuid in allocations:
+        if not pool or not device:
+            continue
+        taints = list(device_taints.get((pool, device), ()))
+        effect = tainted_effect(taints)
+        if effect is None:
+            continue
+        ours = next((t for t in taints if t.get("key") == TAINT_KEY), None)
+        t = ours or next(t for t in taints if t.get("effect") == effect)
+        card = f"GPU {uuid or device} on node {node or pool}"
+        since = f" since {t['timeAdded']}" if t.get("timeAdded") else ""
+        what = f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}{since}"
+        if ours is None:
+            reason, rank = REASON_GPU_DRAINING, 2
+            text = f"{card} is drained ({what}): no new slices on it"
+            if t.get("effect") == "NoExecute":
+                text += "; its pods are evicted and a new pod of the slice gets another card"
+        elif ours.get("effect") == "NoExecute":
+            reason, rank = REASON_GPU_FAILED, 0
+            value = str(ours.get("value", ""))
+            cause = xid_text(int(value[4:])) if value.startswith("xid-") and value[4:].isdigit() else value
+            text = (f"{card} failed: {cause} ({what}); kube-controller-manager evicts the pod using it, "
+                    "a new pod of the slice gets a healthy card")  # fmt: skip
+        else:
+            reason, rank = REASON_GPU_PENDING_RESET, 1
+            text = f"{card} waits for a reset ({what}): running work may finish, no new slices on it"
+        found.append((rank, reason, text))
+    if not found:
+        return None
+    _, reason, text = min(found)
+    return reason, text

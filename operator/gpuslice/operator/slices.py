@@ -93,6 +93,7 @@ def _facts(
         capacity=snapshot.capacity(pkg) if package else None,
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
+        device_taints=snapshot.taints,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
         uid=entry.uid,
