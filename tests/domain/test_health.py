@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from domain.test_views_status import facts, pod  # the status tests' own builders
+from domain.test_views_status import (  # the status tests' builders
+    facts,
+    pod,
+    unallocated_claim,
+    unschedulable,
+)
 from gpuslice.domain import health as h
+from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.health import HEALTHY, CardHealth, Condition, Probe, XidClass
-from gpuslice.domain.slice_status import slice_status
+from gpuslice.domain.slice_status import Reason, slice_status
 from gpuslice.domain.views import claim_view, pod_view
 from support import allocated_claim
 
@@ -115,3 +121,18 @@ def test_a_slice_on_a_failed_card_says_gpu_failed_with_the_xid_and_the_card() ->
     drained = {("n0", "gpu-0-v100-8g-1"): [drain]}
     st = slice_status(facts(claims=[claim], pods=[running], uuids=uuids, device_taints=drained), T1)
     assert [c.reason for c in st.conditions if c.type == h.SLICE_CONDITION] == ["GpuDraining"]
+
+
+def test_a_slice_whose_only_matching_cards_are_unhealthy_says_so() -> None:
+    p = pod_view(
+        pod("p", claim="s", **unschedulable("0/1 nodes are available: 1 cannot allocate all claims."))
+    )
+    sick = Capacity(gpus=0, total=0, allocated=0, free=0, memory_per_slice_bytes=None, unhealthy_gpus=2)
+    st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=sick), T0)
+    assert st.reason == Reason.GPUS_UNHEALTHY
+    assert (
+        "the only GPU(s) of model 'Tesla V100-PCIE-32GB'" in st.message and "(2) are unhealthy" in st.message
+    )
+    some = Capacity(gpus=1, total=4, allocated=4, free=0, memory_per_slice_bytes=None, unhealthy_gpus=1)
+    st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=some), T0)
+    assert st.reason == Reason.GPUS_FULL and "1 more GPU(s) of the model are unhealthy" in st.message

@@ -19,7 +19,7 @@ from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.slices import Package, build_specs, plan_publish
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.api.resourceslice import dropped_fields, dropped_message
+from gpuslice.api.resourceslice import dropped_fields, dropped_message, dropped_taints
 from gpuslice.kubehttp import ApiError
 
 log = logs.get(__name__)
@@ -107,6 +107,12 @@ class Publisher:
             if dropped:
                 # Refuse to run rather than offer slices kube-scheduler can never place.
                 raise FieldsDropped(dropped_message(dropped))
+            if untainted := dropped_taints(body["spec"], (stored or {}).get("spec") or {}):
+                log.error(
+                    "the API server dropped the device taints of an unhealthy card: it stays on sale; "
+                    "turn on the feature gate DRADeviceTaints (kube-apiserver, kube-scheduler, "
+                    "kube-controller-manager)", devices=untainted[:5],
+                )  # fmt: skip
         for name in plan.delete:
             await self.kube.delete_slice(name)
         devices = sum(len(s.get("devices", [])) for _, s in desired)

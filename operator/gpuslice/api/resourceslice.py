@@ -130,7 +130,6 @@ GATED_FIELDS: Mapping[str, tuple[str, str]] = {
     "sharedCounters": ("DRAPartitionableDevices", "partitionable devices"),
     "consumesCounters": ("DRAPartitionableDevices", "partitionable devices"),
     "allowMultipleAllocations": ("DRAConsumableCapacity", "consumable capacity"),
-    "taints": ("DRADeviceTaints", "device taints"),
 }
 
 
@@ -141,7 +140,7 @@ def dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[s
     kept = {d.get("name"): d for d in stored.get("devices") or []}
     for device in sent.get("devices") or []:
         back = kept.get(device.get("name"), {})
-        for key in ("consumesCounters", "allowMultipleAllocations", "taints"):
+        for key in ("consumesCounters", "allowMultipleAllocations"):
             if device.get(key) and not back.get(key):
                 out.append(f"spec.devices[{device.get('name')}].{key}")
     return out
@@ -171,3 +170,14 @@ def dropped_message(paths: Iterable[str]) -> str:
         f"the API server dropped {shown} from the ResourceSlices it stored: feature gate(s) "
         f"{', '.join(gates)} off, so kube-scheduler would never allocate a slice; {gates_fix(gates)}"
     )
+
+
+def dropped_taints(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """Devices sent with taints that the API server stored without (DRADeviceTaints off: before 1.37
+    it is beta, and off where turned off): an unhealthy card would stay on sale."""
+    kept = {d.get("name"): d for d in stored.get("devices") or []}
+    return [
+        str(d.get("name"))
+        for d in sent.get("devices") or []
+        if d.get("taints") and not kept.get(d.get("name"), {}).get("taints")
+    ]

@@ -245,3 +245,20 @@ def slice_gpu_condition(
         return None
     _, reason, text = min(found)
     return reason, text
+
+
+def stranded_claims(
+    claims: Iterable[Any], device_taints: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
+) -> list[str]:
+    """Names of a direct-form slice's own claims (`views.ClaimView`) allocated on a NoExecute-tainted
+    device. kube-controller-manager evicts their pods, but a claim shared by name stays allocated as
+    long as some pod reserves it, and a workload's replacement pod reserves it again on the failed
+    card: released (deleted, then re-created by the operator) it is allocated afresh on a healthy card.
+    """
+    out = []
+    for claim in claims:
+        if not claim.allocated or claim.deleting:
+            continue
+        if any(tainted_effect(device_taints.get(d, ())) == "NoExecute" for d in claim.devices):
+            out.append(claim.name)
+    return out

@@ -33,6 +33,7 @@ class Reason(StrEnum):
     WAITING_FOR_POD = "WaitingForPod"
     NO_MATCHING_GPU = "NoMatchingGpu"
     GPUS_FULL = "AllGpusFull"
+    GPUS_UNHEALTHY = "GpusUnhealthy"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULING = "Scheduling"
     POD_BLOCKED_BY_QUOTA = "PodBlockedByQuota"
@@ -57,6 +58,7 @@ HEALTH: Mapping[str, Health] = {
     Reason.QUOTA_EXCEEDED: Health.STALLED,
     Reason.NOT_ENTITLED: Health.STALLED,
     Reason.NO_MATCHING_GPU: Health.STALLED,
+    Reason.GPUS_UNHEALTHY: Health.STALLED,
     Reason.UNSCHEDULABLE: Health.STALLED,
     Reason.POD_BLOCKED_BY_QUOTA: Health.STALLED,
     Reason.POD_CREATE_FAILED: Health.STALLED,
@@ -66,7 +68,9 @@ HEALTH: Mapping[str, Health] = {
 
 
 #: Reasons decided on the package's capacity: the slice's status records the numbers it saw.
-CAPACITY_REASONS: frozenset[str] = frozenset({Reason.GPUS_FULL, Reason.NO_MATCHING_GPU})
+CAPACITY_REASONS: frozenset[str] = frozenset(
+    {Reason.GPUS_FULL, Reason.NO_MATCHING_GPU, Reason.GPUS_UNHEALTHY}
+)
 
 
 def slice_health(phase: Phase, reason: str) -> Health:
@@ -171,6 +175,14 @@ def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | No
 def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
     cap = facts.capacity
     model = facts.gpu_model or "?"
+    if cap is not None and cap.total == 0 and cap.unhealthy_gpus:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.GPUS_UNHEALTHY,
+            f"pod {pod.name} waits: the only GPU(s) of model {model!r} for package {facts.package} "
+            f"({cap.unhealthy_gpus}) are unhealthy (failed, lost or waiting for a reset: their devices "
+            "carry the taint gpuslice.io/gpu-unhealthy); it starts once one is healthy again",
+        )
     if cap is not None and cap.total == 0:
         return _Verdict(
             Phase.PENDING,
@@ -185,8 +197,10 @@ def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
             f"pod {pod.name} waits: all {cap.total} {facts.package} slices on {cap.gpus} GPU(s) of "
             f"model {model!r} are taken ({cap.allocated} allocated to this package, the rest used by "
             "other packages on the same cards); quota is an entitlement, not a reservation, so the pod "
-            "starts when a slice frees",
-        )
+            "starts when a slice frees"
+            + (f" ({cap.unhealthy_gpus} more GPU(s) of the model are unhealthy and sell nothing)"
+               if cap.unhealthy_gpus else ""),
+        )  # fmt: skip
     return _Verdict(
         Phase.PENDING,
         Reason.UNSCHEDULABLE,
