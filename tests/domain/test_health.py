@@ -136,3 +136,13 @@ def test_a_slice_whose_only_matching_cards_are_unhealthy_says_so() -> None:
     some = Capacity(gpus=1, total=4, allocated=4, free=0, memory_per_slice_bytes=None, unhealthy_gpus=1)
     st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=some), T0)
     assert st.reason == Reason.GPUS_FULL and "1 more GPU(s) of the model are unhealthy" in st.message
+
+
+def test_only_a_claim_on_a_noexecute_device_is_released() -> None:
+    on_0 = claim_view(allocated_claim("ns", "s", "n0", "gpu-0-v100-8g-1", reserved_for=["p"]))
+    failed = {("n0", "gpu-0-v100-8g-1"): [_taint("xid-79", "NoExecute")]}
+    pending = {("n0", "gpu-0-v100-8g-1"): [_taint("xid-63", "NoSchedule")]}
+    assert h.stranded_claims([on_0], failed) == ["s"]
+    assert h.stranded_claims([on_0], pending) == [], "running work may finish on a card waiting for a reset"
+    assert h.stranded_claims([on_0], {}) == []
+    assert h.stranded_claims([unallocated_claim()], failed) == []
