@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fake_common.h"
+#include "fake_health.h"
 #include "../src/gs_procs.h"
 
 #define PAGE_ALIGN 4096ull
@@ -156,6 +157,7 @@ static int valid_dev(CUdevice d)
 /* Lock-free unless the card looks full; then dead processes' memory is reclaimed and it is retried. */
 static CUresult charge(int dev, uint64_t size)
 {
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     fake_dev_state *s = sys()->state[dev];
     fake_proc *me = fake_self_slot(s);
     if (!me) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -530,6 +532,7 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
     CHECK_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     struct CUctx_st *c = calloc(1, sizeof(*c));
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1, {0}};
@@ -699,6 +702,7 @@ FAKE_EXPORT CUresult cuCtxSynchronize(void)
     CUdevice dev;
     CUresult rc = current_dev(&dev);
     if (rc != CUDA_SUCCESS) return rc;
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     wait_device_idle(dev);
     pools_release(dev);
     return CUDA_SUCCESS;
@@ -1580,6 +1584,7 @@ FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *
 
 static CUresult occupy(CUdevice dev, uint64_t duration_ns)
 {
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     uint64_t end = fake_record_busy(sys()->state[dev], duration_ns);
     uint64_t now = fake_now_ns();
     if (end > now + QUEUE_AHEAD_NS) { /* the launch queue is full: block like the driver */

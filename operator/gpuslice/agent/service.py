@@ -11,10 +11,13 @@ from gpuslice import constants, logs, metrics
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
 from gpuslice.agent.attribution import package_policy
+from gpuslice.agent.health import HealthMonitor, checkpoint_slices
 from gpuslice.agent.kube import Kube, api_client
 from gpuslice.agent.prepare import NodePaths, Preparer
 from gpuslice.agent.publisher import Publisher
 from gpuslice.agent.usage import UsageReporter
+from gpuslice.agent.utilization import UtilizationFeedback
+from gpuslice.agent.violations import ViolationEnforcer
 
 log = logs.get(__name__)
 
@@ -62,7 +65,7 @@ def check_socket_paths(opts: AgentOptions) -> None:
 
 async def run(opts: AgentOptions) -> int:
     check_socket_paths(opts)
-    gpus = gpus_mod.discover()
+    gpus = gpus_mod.with_remembered(gpus_mod.discover(), opts.state_dir)
     log.info(
         "GPUs discovered", node=opts.node, count=len(gpus),
         gpus=[f"{g.index}:{g.product_name}:{g.uuid}:cc{g.cuda_compute_capability}" for g in gpus],
@@ -106,17 +109,23 @@ async def run(opts: AgentOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    reporter = UsageReporter(
-        opts.node,
-        paths,
-        kube,
-        opts.usage_interval,
-        policy=lambda name: package_policy(publisher.packages, name),
+    enforcer = ViolationEnforcer(
+        opts.node, kube, policy=lambda name: package_policy(publisher.packages, name)
     )
+    reporter = UsageReporter(opts.node, paths, kube, enforcer, opts.usage_interval)
+    feedback = UtilizationFeedback(paths)
+    monitor = HealthMonitor(
+        opts.node, gpus, publisher.set_taints,
+        toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),
+        checkpoint_slices(paths, kube, opts.node), kube,
+    )  # fmt: skip
     tasks = [
         asyncio.create_task(c)
-        for c in (follow_packages(), follow_node(), publisher.run(), reporter.run(), guard.run())
-    ]
+        for c in (
+            follow_packages(), follow_node(), publisher.run(), reporter.run(), feedback.run(), guard.run(),
+            monitor.run(),
+        )
+    ]  # fmt: skip
     stopper = asyncio.create_task(stop.wait())
     try:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)

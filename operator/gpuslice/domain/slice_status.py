@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
@@ -16,10 +18,13 @@ from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QuotaUsage, 
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
 from gpuslice.domain.conditions import Health, health_conditions, stamp
+from gpuslice.domain.health import SLICE_CONDITION, slice_gpu_condition
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
 
-class Reason:
+class Reason(StrEnum):
+    """status.reason of a GpuSlice: why it is in its phase (a StrEnum, like `Phase`)."""
+
     PACKAGE_NOT_FOUND = "PackageNotFound"
     CLAIM_REJECTED = "ClaimRejected"
     CREATING_CLAIM = "CreatingClaim"
@@ -28,6 +33,7 @@ class Reason:
     WAITING_FOR_POD = "WaitingForPod"
     NO_MATCHING_GPU = "NoMatchingGpu"
     GPUS_FULL = "AllGpusFull"
+    GPUS_UNHEALTHY = "GpusUnhealthy"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULING = "Scheduling"
     POD_BLOCKED_BY_QUOTA = "PodBlockedByQuota"
@@ -52,6 +58,7 @@ HEALTH: Mapping[str, Health] = {
     Reason.QUOTA_EXCEEDED: Health.STALLED,
     Reason.NOT_ENTITLED: Health.STALLED,
     Reason.NO_MATCHING_GPU: Health.STALLED,
+    Reason.GPUS_UNHEALTHY: Health.STALLED,
     Reason.UNSCHEDULABLE: Health.STALLED,
     Reason.POD_BLOCKED_BY_QUOTA: Health.STALLED,
     Reason.POD_CREATE_FAILED: Health.STALLED,
@@ -61,7 +68,9 @@ HEALTH: Mapping[str, Health] = {
 
 
 #: Reasons decided on the package's capacity: the slice's status records the numbers it saw.
-CAPACITY_REASONS: frozenset[str] = frozenset({Reason.GPUS_FULL, Reason.NO_MATCHING_GPU})
+CAPACITY_REASONS: frozenset[str] = frozenset(
+    {Reason.GPUS_FULL, Reason.NO_MATCHING_GPU, Reason.GPUS_UNHEALTHY}
+)
 
 
 def slice_health(phase: Phase, reason: str) -> Health:
@@ -95,6 +104,8 @@ class SliceFacts:
     memory_violation: str | None = None
     #: The slice's own uid: a claim whose owner reference names another GpuSlice uid is not its claim.
     uid: str | None = None
+    #: Taints of tainted published devices by (pool, device): an unhealthy or drained card's.
+    device_taints: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]] = field(default_factory=dict)
 
 
 def predecessor_claim(facts: SliceFacts) -> ClaimView | None:
@@ -164,6 +175,14 @@ def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | No
 def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
     cap = facts.capacity
     model = facts.gpu_model or "?"
+    if cap is not None and cap.total == 0 and cap.unhealthy_gpus:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.GPUS_UNHEALTHY,
+            f"pod {pod.name} waits: the only GPU(s) of model {model!r} for package {facts.package} "
+            f"({cap.unhealthy_gpus}) are unhealthy (failed, lost or waiting for a reset: their devices "
+            "carry the taint gpuslice.io/gpu-unhealthy); it starts once one is healthy again",
+        )
     if cap is not None and cap.total == 0:
         return _Verdict(
             Phase.PENDING,
@@ -178,8 +197,10 @@ def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
             f"pod {pod.name} waits: all {cap.total} {facts.package} slices on {cap.gpus} GPU(s) of "
             f"model {model!r} are taken ({cap.allocated} allocated to this package, the rest used by "
             "other packages on the same cards); quota is an entitlement, not a reservation, so the pod "
-            "starts when a slice frees",
-        )
+            "starts when a slice frees"
+            + (f" ({cap.unhealthy_gpus} more GPU(s) of the model are unhealthy and sell nothing)"
+               if cap.unhealthy_gpus else ""),
+        )  # fmt: skip
     return _Verdict(
         Phase.PENDING,
         Reason.UNSCHEDULABLE,
@@ -419,6 +440,11 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
                 facts.generation,
             )
         )
+    gpu = slice_gpu_condition(
+        ((a.pool, a.device, a.node, a.gpu_uuid) for a in allocations), facts.device_taints
+    )
+    if gpu is not None:
+        conditions.append(_condition(SLICE_CONDITION, False, gpu[0], gpu[1], facts.generation))
     return GpuSliceStatus(
         phase=verdict.phase,
         reason=verdict.reason,

@@ -17,7 +17,7 @@ from gpuslice.api.slice import Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.deviceclass import device_class, device_selector_expression
-from gpuslice.domain.package_status import deletion_condition, package_status
+from gpuslice.domain.package_status import capacity_patch, deletion_condition, package_status
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.logs import get
 from gpuslice.metrics import (
@@ -162,7 +162,8 @@ async def _write_status(
     if same_status(current, desired):
         state.package_capacity[name] = desired["capacity"]
         return
-    await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, name, None, desired)
+    patch = {**desired, "capacity": capacity_patch(desired.get("capacity") or {})}
+    await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, name, None, patch)
     state.package_capacity[name] = desired["capacity"]
     STATUS_UPDATES.labels("GpuPackage").inc()
 

@@ -24,8 +24,9 @@ from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
-from gpuslice.domain.package_status import capacity_behind, capacity_status
-from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, slice_status
+from gpuslice.domain.health import stranded_claims
+from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
+from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, own_claims, slice_status
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -93,6 +94,7 @@ def _facts(
         capacity=snapshot.capacity(pkg) if package else None,
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
+        device_taints=snapshot.taints,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
         uid=entry.uid,
@@ -188,6 +190,8 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             mine = None
         baseline: dict[str, Any] = mine[1] if mine is not None else shown
         facts = _facts(state, entry, idx, baseline, created, status.get("usage"))
+        if not facts.template:
+            await release_stranded_claims(state, facts)
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -211,6 +215,15 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             _announce(entry, baseline, desired)
 
 
+async def release_stranded_claims(state: OperatorState, facts: SliceFacts) -> None:
+    """Delete the slice's claim when it is allocated on a failed card (`domain.health.stranded_claims`);
+    the claim waits for its evicted pods to go (kube-controller-manager evicts them, not this), and
+    the operator then creates it again, unallocated."""
+    for name in stranded_claims(own_claims(facts), facts.device_taints):
+        log.warning("claim allocated on a failed GPU: releasing it", namespace=facts.namespace, claim=name)
+        await state.kube.delete("resource.k8s.io/v1", "ResourceClaim", name, facts.namespace)
+
+
 async def sync_package_capacity(state: OperatorState, package: str, live: Capacity, idx: Indexes) -> None:
     """Write the package's status.capacity first when it lags the count this slice is decided on, so
     `kubectl get gpupackages` never shows free slices under a slice that waits for one."""
@@ -219,9 +232,10 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
         return
     if not capacity_behind(view.capacity, state.package_capacity.get(package), live):
         return
-    desired = capacity_status(live).model_dump(by_alias=True)
+    desired = capacity_status(live).model_dump(by_alias=True, exclude_none=True)
     try:
-        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, {"capacity": desired})
+        patch = {"capacity": capacity_patch(desired)}
+        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, patch)
     except ApiError as exc:
         if exc.status == 404:
             return

@@ -51,6 +51,8 @@ class Snapshot:
     slices: list[PublishedSlice]
     allocated: list[tuple[str, str]]
     uuids: dict[tuple[str, str], str]
+    #: the taints of tainted devices (an unhealthy card's), by (pool, device)
+    taints: dict[tuple[str, str], tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     _capacity: dict[str, Capacity] = field(default_factory=dict)
 
     def capacity(self, package: str) -> Capacity:
@@ -135,7 +137,8 @@ class OperatorState:
                 if view is not None and view.allocated:
                     allocated.update(view.devices)
         uuids = {(d.pool, d.name): d.uuid for s in slices for d in s.devices if d.uuid}
-        self.snapshot = Snapshot(now, slices, sorted(allocated), uuids)
+        taints = {(d.pool, d.name): d.taints for s in slices for d in s.devices if d.taints}
+        self.snapshot = Snapshot(now, slices, sorted(allocated), uuids, taints)
         return self.snapshot
 
 
