@@ -4,10 +4,15 @@ test_attribution.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+from pathlib import Path
 from typing import Any, cast
 
+from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.owners import ClaimOwner
+from gpuslice.agent.prepare import NodePaths
 from gpuslice.agent.usage import UsageReporter, _SliceState, should_write, usage_patch, usage_status
 from gpuslice.agent.violations import ViolationEnforcer
 from gpuslice.kubehttp import ApiError
@@ -88,3 +93,63 @@ def test_a_refused_usage_write_is_tried_again_and_a_gone_slice_is_not() -> None:
     assert state.write_error is None
     assert asyncio.run(reporter._write_usage(state, usage)) is True
     assert [w[:2] for w in kube.writes] == [("ns", "s")] * 3
+
+
+class _Enforcer:
+    async def sweep(self, records: object, owners: object) -> dict[str, str]:
+        return {}
+
+    def forget(self, keep: set[str]) -> None:
+        pass
+
+
+class _ClaimKube:
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"labels": {}}}
+
+    async def patch_slice_usage(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        pass
+
+
+def test_a_fifo_for_a_usage_region_never_stops_the_loop_that_serves_kubelet(tmp_path: Path) -> None:
+    # In a slice container: rm usage.bin && mkfifo usage.bin. The reader used to block in open() on
+    # the loop that also answers kubelet's NodePrepareResources.
+    paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", tmp_path / "libgpuslice.so")
+    device = PreparedDevice(
+        request="gpu", pool="n0", device="gpu-0-slice-0", gpu_uuid="GPU-1", memory_bytes=8 * GIB,
+        compute_share=25, cdi_device_ids=[],
+    )  # fmt: skip
+    record = ClaimRecord(uid="u1", namespace="t", name="s", state="Prepared", devices=[device])
+    CheckpointStore(paths.state_dir / "checkpoint.json").save(Checkpoint(claims={"u1": record}))
+    paths.usage_dir("u1").mkdir(parents=True)
+    fifo = paths.usage_dir("u1") / "usage.bin"
+    os.mkfifo(fifo)
+    reporter = UsageReporter(
+        node="n0", paths=paths, kube=cast(Kube, _ClaimKube()), enforcer=cast(ViolationEnforcer, _Enforcer())
+    )
+    beats = 0
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while True:
+            beats += 1
+            await asyncio.sleep(0.01)
+
+    async def main() -> bool:
+        hb = asyncio.create_task(heartbeat())
+        tick = asyncio.create_task(reporter.tick())
+        await asyncio.sleep(0.5)
+        done = tick.done()
+        hb.cancel()
+        return done
+
+    # Run it where a blocked open() can be freed: a thread whose loop a writer on the FIFO unblocks.
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(asyncio.run(main())), daemon=True)
+    t.start()
+    t.join(3)
+    if t.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the stuck reader go
+        t.join(5)
+    assert result == [True], "the usage reader blocked the event loop"
+    assert beats >= 10, f"the loop ran {beats} heartbeats in 0.5 s"

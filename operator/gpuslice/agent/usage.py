@@ -19,6 +19,7 @@ import datetime as dt
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpuslice import logs, metrics
@@ -28,7 +29,7 @@ from gpuslice.agent.owners import ClaimOwner, lookup_owner
 from gpuslice.agent.prepare import NodePaths
 from gpuslice.agent.violations import ViolationEnforcer
 from gpuslice.kubehttp import ApiError
-from gpuslice.shim.region import RegionFormatError, UsageSnapshot, read_usage
+from gpuslice.shim.region import RegionFormatError, UsageSnapshot, read_usage, trim_region
 
 log = logs.get(__name__)
 
@@ -96,6 +97,11 @@ class _SliceState:
     write_error: int | None = None  # HTTP status of the last refused usage write (logged once)
 
 
+def _read(usage_dir: Path) -> tuple[UsageSnapshot, int]:
+    """The slice's usage, and the bytes cut from a region a tenant made longer than its layout."""
+    return read_usage(usage_dir), trim_region(usage_dir)
+
+
 @dataclass
 class UsageReporter:
     node: str
@@ -124,10 +130,17 @@ class UsageReporter:
         for record in records:
             state = self._states[record.uid]
             try:
-                snapshot = read_usage(self.paths.usage_dir(record.uid))
+                # In a thread: the file is the tenant's, and this loop also serves kubelet's DRA gRPC.
+                snapshot, trimmed = await asyncio.to_thread(_read, self.paths.usage_dir(record.uid))
             except (OSError, RegionFormatError) as exc:
                 log.warning("usage region unreadable", claim=record.name, error=str(exc))
                 continue
+            if trimmed:
+                log.warning(
+                    "usage region grown past its size by the slice; cut back",
+                    claim=record.name,
+                    bytes=trimmed,
+                )
             labels = state.owner.labels
             limit = record.devices[0].memory_bytes
             metrics.SLICE_MEMORY_USED.labels(*labels).set(snapshot.memory_used_bytes)

@@ -18,7 +18,14 @@ from gpuslice import logs
 from gpuslice.agent import nvml
 from gpuslice.agent.checkpoint import CheckpointStore
 from gpuslice.agent.prepare import NodePaths
-from gpuslice.shim.region import REGION_FILE, create_utilization_file, utilization_file_for, write_utilization
+from gpuslice.shim.region import (
+    REGION_FILE,
+    RegionFormatError,
+    create_utilization_file,
+    open_region,
+    utilization_file_for,
+    write_utilization,
+)
 
 log = logs.get(__name__)
 
@@ -30,7 +37,11 @@ def slice_host_pids(region_file: Path, pids: Iterable[int], proc: Path = Path("/
     namespace it lives in; /proc/<pid>/maps names the mapped file by device and inode, which a bind
     mount keeps. The PIDs the region itself records are the processes' own and mean nothing here.
     """
-    st = os.stat(region_file)
+    opened = open_region(region_file.parent)  # the tenant's file: never followed, never blocked on
+    if opened is None:
+        return set()
+    fd, st = opened
+    os.close(fd)
     want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
     found: set[int] = set()
     for pid in pids:
@@ -101,5 +112,7 @@ class UtilizationFeedback:
                     write_slice_utilization(meter, region, target)
                 except nvml.Error as exc:  # this card failed (agent.health says so); the others go on
                     log.debug("no utilization for the slice's card", claim=record.uid, error=str(exc))
+                except (OSError, RegionFormatError) as exc:  # the usage reporter says what is wrong
+                    log.debug("no utilization for the slice", claim=record.uid, error=str(exc))
         for uid in set(self._meters) - {r.uid for r in records}:
             del self._meters[uid]

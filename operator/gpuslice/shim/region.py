@@ -3,13 +3,21 @@
 Layout: shim/src/gs_region.h and shim/README.md ("Usage region"). Reading takes no lock: every field
 is a naturally aligned 64-bit word the shim updates atomically. A process is live while it holds the
 OFD lock on the first byte of its entry, which the kernel drops when it dies, however it dies.
+
+The region is the tenant's to write (every process of the slice maps it read-write), and so may be
+whatever a tenant put in its place. The agent, which runs as root on the host, reads it as such: the
+file is looked at through an O_PATH descriptor first (opening nothing: no FIFO to block on, no device
+whose open has side effects, no symbolic link followed out of the slice's directory), read only when it
+is a regular file, and never more than the region's size, whatever size it claims.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
+import stat
 import struct
 import time
 from pathlib import Path
@@ -23,6 +31,7 @@ HEADER_SIZE = 4096
 ENTRY_SIZE = 128
 MAX_ENTRIES = 1024
 UNLIMITED = 2**64 - 1
+REGION_SIZE = HEADER_SIZE + MAX_ENTRIES * ENTRY_SIZE
 OFFSET_AGENT_UTILIZATION = 56
 
 _HEADER = struct.Struct("<8sIIIIQII6Q")  # through lock_recoveries_total (offset 88)
@@ -79,31 +88,108 @@ def _entry_alive(fd: int, index: int) -> bool:
     return bool(_FLOCK.unpack(result)[0] != fcntl.F_UNLCK)
 
 
-def read_usage(usage_dir: Path | str) -> UsageSnapshot:
-    """Snapshot of the slice's usage. An absent region (no GPU use yet) reads as empty."""
+def _unused() -> UsageSnapshot:
+    return UsageSnapshot(
+        initialized=False,
+        version=VERSION,
+        memory_limit_bytes=None,
+        memory_used_bytes=0,
+        compute_share=100,
+        processes=[],
+        refused_allocations_total=0,
+        throttled_seconds_total=0.0,
+        shim_utilization_percent=None,
+        shim_utilization_time=None,
+        throttle_delay_ns=0,
+        lock_recoveries_total=0,
+    )
+
+
+def open_region(usage_dir: Path | str, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result] | None:
+    """(descriptor, stat) of the slice's usage region, opened only if it is a plain regular file of
+    the slice's own directory; None when there is none (no process of the slice used the GPU yet).
+
+    RegionFormatError when something else stands in its place (a FIFO, a device, a symbolic link, a
+    directory, a file linked from elsewhere): the caller reports it and reads nothing.
+    """
     path = Path(usage_dir) / REGION_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        dfd = os.open(usage_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return UsageSnapshot(
-            initialized=False,
-            version=VERSION,
-            memory_limit_bytes=None,
-            memory_used_bytes=0,
-            compute_share=100,
-            processes=[],
-            refused_allocations_total=0,
-            throttled_seconds_total=0.0,
-            shim_utilization_percent=None,
-            shim_utilization_time=None,
-            throttle_delay_ns=0,
-            lock_recoveries_total=0,
-        )
+        return None
+    except NotADirectoryError as exc:
+        raise RegionFormatError(f"{usage_dir} is not the slice's usage directory: not read") from exc
     try:
-        data = os.pread(fd, HEADER_SIZE + MAX_ENTRIES * ENTRY_SIZE, 0)
+        # O_PATH opens nothing (a FIFO does not block, a device's open never runs); with O_NOFOLLOW it
+        # names a symbolic link itself rather than its target.
+        pfd = os.open(REGION_FILE, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = (
+                "a symbolic link"
+                if stat.S_ISLNK(st.st_mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "not a regular file"
+            )
+            raise RegionFormatError(f"{path} is {kind}, not a usage region: not read (a tenant put it there)")
+        if st.st_nlink != 1:
+            raise RegionFormatError(
+                f"{path} has {st.st_nlink} links, not a usage region of its own: not read"
+            )
+        # The same inode, opened for real through the O_PATH descriptor: no second lookup to race.
+        fd = os.open(f"/proc/self/fd/{pfd}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(pfd)
+    return fd, st
+
+
+def trim_region(usage_dir: Path | str) -> int:
+    """Cut a region a tenant made longer than the layout back to its size; the bytes cut (0: none).
+
+    The region file must stay writable by the slice's processes, and a writable file can grow: what
+    a tenant appends would be host storage outside its pod's ephemeral-storage limit. The shim maps
+    only the first REGION_SIZE bytes, so what lies past them is nobody's.
+    """
+    try:
+        opened = open_region(usage_dir, os.O_WRONLY)
+    except (OSError, RegionFormatError):
+        return 0  # not a region: read_usage says so
+    if opened is None:
+        return 0
+    fd, st = opened
+    try:
+        if st.st_size <= REGION_SIZE:
+            return 0
+        os.ftruncate(fd, REGION_SIZE)
+        return st.st_size - REGION_SIZE
+    finally:
+        os.close(fd)
+
+
+def read_usage(usage_dir: Path | str) -> UsageSnapshot:
+    """Snapshot of the slice's usage. An absent or empty region (no GPU use yet) reads as unused."""
+    path = Path(usage_dir) / REGION_FILE
+    try:
+        opened = open_region(usage_dir)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RegionFormatError(f"{path}: a symbolic link in its path: not read") from exc
+        raise
+    if opened is None:
+        return _unused()
+    fd, _ = opened
+    try:
+        # Never more than the layout, whatever size the file has grown to.
+        data = os.pread(fd, REGION_SIZE, 0)
         if len(data) == 0:
-            raise RegionFormatError(f"{path} is empty: a shim process is initializing it, read again")
-        header = _HEADER.unpack_from(data, 0)
+            return _unused()  # created, not laid out yet: no process of the slice has used the GPU
+        header = _HEADER.unpack_from(data.ljust(_HEADER.size, b"\0"), 0)
         magic, version, header_size, entry_size, max_entries, limit, share = header[:7]
         refused, throttled_ns, _agent, shim_util, delay, recoveries = header[8:]
         if (magic, version, header_size, entry_size) != (MAGIC, VERSION, HEADER_SIZE, ENTRY_SIZE):
@@ -111,6 +197,8 @@ def read_usage(usage_dir: Path | str) -> UsageSnapshot:
                 f"{path} is not a version-{VERSION} gpuslice usage region "
                 f"(magic {magic!r}, version {version})"
             )
+        if len(data) < REGION_SIZE:
+            raise RegionFormatError(f"{path} is {len(data)} bytes, shorter than a usage region: not read")
         processes = []
         for i in range(min(max_entries, MAX_ENTRIES)):
             off = HEADER_SIZE + i * ENTRY_SIZE
