@@ -4,10 +4,15 @@ claims) and judged against its own slice; unknown processes on sold cards flagge
 from __future__ import annotations
 
 import asyncio
+import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from gpuslice import procfs
 from gpuslice.agent import attribution as at
 from gpuslice.api.package import GpuPackageSpec, OnViolation
 from gpuslice.domain.gpu_processes import (
@@ -273,3 +278,44 @@ def test_stop_signals_only_the_process_that_was_judged() -> None:
             child.kill()
             child.wait()
     assert not at.stop(child.pid, seen)  # gone
+
+
+def test_a_process_whose_leader_thread_exited_is_attributed_through_its_live_threads(tmp_path: Path) -> None:
+    # The leader called SYS_exit while a worker holds the GPU memory: /proc/<pid>/stat says Z.
+    _fake_proc(tmp_path, 100, f"0::/kubepods/pod{UID_A}/c1\n", state="Z", start=7)
+    for tid, state in ((101, "S"), (102, "R")):
+        task = tmp_path / "100" / "task" / str(tid)
+        task.mkdir(parents=True)
+        (task / "cgroup").write_text(f"0::/kubepods/pod{UID_A}/c1\n")
+        (task / "stat").write_text(f"{tid} (python3) {state} " + " ".join(["0"] * 18) + " 9 0\n")
+    assert at.read_owner(100, tmp_path) == at.Seen(Owner(UID_A), 7)  # the process's start time
+    # threads that disagree (one moved to another pod's cgroup) make it uncertain: reported, not stopped
+    (tmp_path / "100" / "task" / "102" / "cgroup").write_text(f"0::/kubepods/pod{UID_B}/c\n")
+    assert at.read_owner(100, tmp_path).owner == Owner(None, certain=False)
+
+
+LEADER_EXITS = """
+import ctypes, threading, time
+threading.Thread(target=lambda: time.sleep(60)).start()  # the worker holding the memory
+print("ready", flush=True)
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): the leader thread alone
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="SYS_exit is 60 on x86_64")
+def test_a_process_whose_leader_thread_exited_is_stopped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", LEADER_EXITS], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while (stat := procfs.read_stat(child.pid)) is not None and not stat.zombie:
+            assert time.monotonic() < deadline, "the leader thread did not exit"
+            time.sleep(0.05)
+        seen = at.read_owner(child.pid)
+        assert seen.owner.certain and seen.start_time is not None, seen  # not given up on
+        assert at.stop(child.pid, seen)
+        assert child.wait(timeout=10) == -9
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

@@ -81,15 +81,47 @@ class Seen:
     start_time: int | None
 
 
-def read_owner(pid: int, proc: Path = Path("/proc")) -> Seen:
-    stat = procfs.read_stat(pid, proc)
+def _live_thread_cgroups(pid: int, proc: Path) -> list[str]:
+    """/proc/<pid>/task/<tid>/cgroup of each live thread of the group but the leader."""
+    tasks = proc / str(pid) / "task"
     try:
-        text = (proc / str(pid) / "cgroup").read_text()
+        tids = [int(t) for t in os.listdir(tasks) if t.isdigit() and int(t) != pid]
     except OSError:
+        return []
+    texts = []
+    for tid in tids:
+        stat = procfs.read_stat(tid, tasks)
+        if stat is None or stat.zombie:
+            continue
+        try:
+            texts.append((tasks / str(tid) / "cgroup").read_text())
+        except OSError:
+            continue  # gone meanwhile
+    return texts
+
+
+def read_owner(pid: int, proc: Path = Path("/proc")) -> Seen:
+    """The owner of a process (a thread group, as NVML lists it) and its start time.
+
+    A leader thread that exited (SYS_exit) while other threads live on shows as a zombie in
+    /proc/<pid>/stat, yet the process holds its GPU memory through them: it is attributed through
+    its live threads (which must agree), and keeps the leader's PID and start time, by which it is
+    stopped (a signal to the PID reaches the whole group). A zombie with no live thread holds nothing.
+    """
+    stat = procfs.read_stat(pid, proc)
+    if stat is None:
         return Seen(Owner(None, certain=False), None)
-    if stat is None or stat.zombie:
+    if stat.zombie:
+        texts = _live_thread_cgroups(pid, proc)
+    else:
+        try:
+            texts = [(proc / str(pid) / "cgroup").read_text()]
+        except OSError:
+            return Seen(Owner(None, certain=False), None)
+    owners = {owner_from_cgroup(t) for t in texts}
+    if len(owners) != 1:
         return Seen(Owner(None, certain=False), None)
-    return Seen(owner_from_cgroup(text), stat.start_time)
+    return Seen(owners.pop(), stat.start_time)
 
 
 def read_owners(pids: Iterable[int], proc: Path = Path("/proc")) -> dict[int, Seen]:
