@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuslice import procfs
 from gpuslice.agent import attribution as at
@@ -319,3 +321,99 @@ def test_a_process_whose_leader_thread_exited_is_stopped() -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_overlapping_claim_sets_cannot_hide_a_violation() -> None:
+    # Pods holding {shared}, {m1} and {m1, shared}: 8 + 8 + 14 GiB on two 8 GiB slices. Judged by claim
+    # set, each set fit (8 <= 8, 8 <= 8, 14 <= 16) and nothing was found.
+    m1, shared = (
+        SliceClaim("m1", "team-a/m1", "GPU-1", 8 * GIB),
+        SliceClaim("sh", "team-a/shared", "GPU-1", 8 * GIB),
+    )
+    uids = ["11111111-0000-4000-8000-00000000000" + str(i) for i in range(3)]
+    pods = {
+        uids[0]: PodClaims("team-a", "only-shared", frozenset({"sh"})),
+        uids[1]: PodClaims("team-a", "only-m1", frozenset({"m1"})),
+        uids[2]: PodClaims("team-a", "both", frozenset({"m1", "sh"})),
+    }
+    procs = [
+        GpuProcess("GPU-1", 10, 8 * GIB),
+        GpuProcess("GPU-1", 11, 8 * GIB),
+        GpuProcess("GPU-1", 12, 14 * GIB),
+    ]
+    owners = {10: Owner(uids[0]), 11: Owner(uids[1]), 12: Owner(uids[2])}
+    (f,) = judge(procs, owners, pods, [m1, shared])
+    assert (f.kind, f.pids, f.slices, f.used_bytes, f.allowed_bytes) == (
+        KIND_OVER, (10, 11, 12), ("team-a/m1", "team-a/shared"), 30 * GIB, 16 * GIB,
+    )  # fmt: skip
+    assert f.stop == (12,)  # the largest; the other two fit their slices
+
+
+def _brute_force_over(
+    layout: dict[int, tuple[frozenset[str], int]], limits: dict[str, int]
+) -> list[frozenset[str]]:
+    """Every set of slices whose processes (those whose pods hold only slices of the set) hold more
+    than the set's slices together: Hall's condition, by enumeration."""
+    uids = sorted(limits)
+    bad = []
+    for mask in range(1, 1 << len(uids)):
+        chosen = frozenset(u for i, u in enumerate(uids) if mask >> i & 1)
+        held = sum(used for claims, used in layout.values() if claims <= chosen)
+        if held > sum(limits[u] for u in chosen):
+            bad.append(chosen)
+    return bad
+
+
+@st.composite
+def _layouts(
+    draw: st.DrawFn,
+) -> tuple[list[SliceClaim], dict[str, PodClaims], list[GpuProcess], dict[int, Owner]]:
+    n_slices = draw(st.integers(1, 4))
+    policies = draw(
+        st.lists(
+            st.sampled_from([OnViolation.STOP, OnViolation.REPORT]), min_size=n_slices, max_size=n_slices
+        )
+    )
+    claims = [
+        SliceClaim(f"c{i}", f"team/s{i}", "GPU-1", draw(st.sampled_from([4, 8, 16])) * GIB, policies[i])
+        for i in range(n_slices)
+    ]
+    pods: dict[str, PodClaims] = {}
+    procs: list[GpuProcess] = []
+    owners: dict[int, Owner] = {}
+    pid = 100
+    for p in range(draw(st.integers(1, 5))):
+        held = draw(st.sets(st.sampled_from([c.uid for c in claims]), min_size=1))
+        uid = f"00000000-0000-4000-8000-{p:012d}"
+        pods[uid] = PodClaims("team", f"p{p}", frozenset(held))
+        for used in draw(st.lists(st.integers(0, 20), min_size=1, max_size=3)):
+            procs.append(GpuProcess("GPU-1", pid, used * GIB))
+            owners[pid] = Owner(uid)
+            pid += 1
+    return claims, pods, procs, owners
+
+
+@settings(max_examples=400, deadline=None)
+@given(_layouts())
+def test_the_judge_agrees_with_a_brute_force_judge_on_any_overlap(
+    layout: tuple[list[SliceClaim], dict[str, PodClaims], list[GpuProcess], dict[int, Owner]],
+) -> None:
+    claims, pods, procs, owners = layout
+    limits = {c.uid: c.limit_bytes for c in claims}
+    by_pid = {p.pid: (pods[owners[p.pid].pod_uid or ""].claim_uids, p.used_bytes) for p in procs}
+    found = [f for f in judge(procs, owners, pods, claims) if f.kind == KIND_OVER]
+    key_to_uid = {c.key: c.uid for c in claims}
+    # a violation is found exactly when the memory cannot be spread over the slices
+    assert bool(found) == bool(_brute_force_over(by_pid, limits))
+    for f in found:
+        # each finding's slices are themselves overloaded by processes of the finding
+        region = frozenset(key_to_uid[k] for k in f.slices)
+        assert region in _brute_force_over({pid: by_pid[pid] for pid in f.pids}, limits)
+        assert f.allowed_bytes == sum(limits[u] for u in region)
+        assert set(f.stop) <= set(f.pids)
+        if any(c.on_violation == OnViolation.REPORT for c in claims if c.uid in region):
+            assert f.stop == ()
+    stopped = {pid for f in found for pid in f.stop}
+    if all(c.on_violation == OnViolation.STOP for c in claims):
+        # what is left after the stops fits
+        assert _brute_force_over({p: v for p, v in by_pid.items() if p not in stopped}, limits) == []
