@@ -7,7 +7,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import constants, logs, metrics
+from gpuslice import constants, logs, metrics, metrics_auth
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
 from gpuslice.agent.attribution import package_policy
@@ -71,11 +71,13 @@ async def run(opts: AgentOptions) -> int:
         gpus=[f"{g.index}:{g.product_name}:{g.uuid}:cc{g.cuda_compute_capability}" for g in gpus],
         driver=gpus[0].driver_version if gpus else None,
     )  # fmt: skip
-    if opts.metrics_port:
-        metrics.serve(opts.metrics_port, metrics.AGENT_REGISTRY)
-
     api = api_client(opts.kubeconfig)
     kube = Kube(api)
+    if opts.metrics_port:
+        # Every tenant's usage is in these series: readers are authenticated and authorized by the
+        # API server, as for Kubernetes' own components.
+        gate = metrics_auth.MetricsGate(metrics_auth.reviewer(api), asyncio.get_running_loop())
+        metrics_auth.serve_protected(opts.metrics_port, metrics.AGENT_REGISTRY, gate)
     paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)

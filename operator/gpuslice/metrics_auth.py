@@ -1,0 +1,133 @@
+"""Who may read /metrics, decided the way Kubernetes' own components decide it (their delegated
+authentication and authorization): the request's bearer token goes to the API server in a
+TokenReview, and the user it names in a SubjectAccessReview of the non-resource URL /metrics, verb
+get. The agent's series carry every tenant's namespace and memory use; any pod that can reach the
+port must not read them. Prometheus' service account gets the right from a ClusterRole
+(`nonResourceURLs: [/metrics]`, `verbs: [get]`), as for the kubelet's and the API server's metrics.
+
+The HTTP server runs in its own thread; the reviews run on the process's event loop (its API client
+lives there) and are cached for a minute per token (ten seconds when refused), so a scrape every 30 s
+costs the API server two small requests a minute at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from threading import Lock, Thread
+from typing import Any
+from wsgiref.simple_server import WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+from gpuslice import kubehttp, logs
+
+log = logs.get(__name__)
+
+#: (HTTP status, message): 200 to serve, 401 no or a bad token, 403 not allowed, 503 no answer.
+Verdict = tuple[int, str]
+Review = Callable[[str], Awaitable[Verdict]]
+
+PATH = "/metrics"
+
+
+def reviewer(api: kubehttp.Client) -> Review:
+    """TokenReview, then SubjectAccessReview of GET /metrics, through `api` (the process's identity,
+    which needs `create` on tokenreviews and subjectaccessreviews: system:auth-delegator)."""
+
+    async def review(token: str) -> Verdict:
+        answer = await api.create(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+        )
+        status = (answer or {}).get("status") or {}
+        if not status.get("authenticated"):
+            return 401, "the bearer token is not valid: send a service account token"
+        user = status.get("user") or {}
+        spec: dict[str, Any] = {
+            "user": user.get("username", ""),
+            "groups": user.get("groups") or [],
+            "nonResourceAttributes": {"path": PATH, "verb": "get"},
+        }
+        if user.get("uid"):
+            spec["uid"] = user["uid"]
+        if user.get("extra"):
+            spec["extra"] = user["extra"]
+        answer = await api.create(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
+        )
+        if ((answer or {}).get("status") or {}).get("allowed"):
+            return 200, ""
+        return 403, (
+            f"{spec['user']} may not get {PATH}: grant it a ClusterRole with nonResourceURLs "
+            f"[{PATH}] and verbs [get] (as for Prometheus)"
+        )
+
+    return review
+
+
+@dataclass
+class MetricsGate:
+    """Decides each request from its Authorization header; called from the server's threads."""
+
+    review: Review
+    loop: asyncio.AbstractEventLoop
+    allowed_ttl: float = 60.0
+    refused_ttl: float = 10.0
+    timeout: float = 10.0
+    _cache: dict[str, tuple[float, Verdict]] = field(default_factory=dict)
+    _lock: Lock = field(default_factory=Lock)
+
+    def check(self, authorization: str | None) -> Verdict:
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return 401, f"{PATH} needs a bearer token (Authorization: Bearer <service account token>)"
+        key = hashlib.sha256(token.encode()).hexdigest()  # tokens themselves are not kept
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached and cached[0] > now:
+                return cached[1]
+        try:
+            verdict = asyncio.run_coroutine_threadsafe(self.review(token), self.loop).result(self.timeout)
+        except Exception as exc:  # the API server did not answer: refuse, do not cache
+            log.warning("could not review a metrics request's token", error=str(exc))
+            return 503, "the API server could not be asked whether this token may read metrics; try again"
+        ttl = self.allowed_ttl if verdict[0] == 200 else self.refused_ttl
+        with self._lock:
+            if len(self._cache) > 1024:  # many tokens: start over rather than grow
+                self._cache.clear()
+            self._cache[key] = (now + ttl, verdict)
+        return verdict
+
+
+def serve_protected(
+    port: int, registry: CollectorRegistry, gate: MetricsGate, addr: str = "0.0.0.0"
+) -> tuple[WSGIServer, Thread]:
+    """Serve `registry` on http://addr:port/metrics to those `gate` lets through."""
+    if not 0 < port < 65536:
+        raise ValueError(f"metrics port {port} is not a TCP port (1..65535); pass 0 to the caller to disable")
+    inner = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        status, message = gate.check(environ.get("HTTP_AUTHORIZATION"))
+        if status != 200:
+            reason = {401: "Unauthorized", 403: "Forbidden"}.get(status, "Service Unavailable")
+            headers = [("Content-Type", "text/plain; charset=utf-8")]
+            if status == 401:
+                headers.append(("WWW-Authenticate", 'Bearer realm="gpuslice metrics"'))
+            start_response(f"{status} {reason}", headers)
+            return [message.encode() + b"\n"]
+        result: Iterable[bytes] = inner(environ, start_response)
+        return result
+
+    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_SilentHandler)
+    thread = Thread(target=server.serve_forever, daemon=True, name="metrics")
+    thread.start()
+    return server, thread
