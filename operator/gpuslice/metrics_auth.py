@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from threading import Lock, Thread
 from typing import Any
@@ -30,7 +30,7 @@ log = logs.get(__name__)
 
 #: (HTTP status, message): 200 to serve, 401 no or a bad token, 403 not allowed, 503 no answer.
 Verdict = tuple[int, str]
-Review = Callable[[str], Awaitable[Verdict]]
+Review = Callable[[str], Coroutine[Any, Any, Verdict]]
 
 PATH = "/metrics"
 
@@ -95,7 +95,7 @@ class MetricsGate:
             if cached and cached[0] > now:
                 return cached[1]
         try:
-            verdict = asyncio.run_coroutine_threadsafe(self.review(token), self.loop).result(self.timeout)
+            verdict: Verdict = asyncio.run_coroutine_threadsafe(self.review(token), self.loop).result(self.timeout)
         except Exception as exc:  # the API server did not answer: refuse, do not cache
             log.warning("could not review a metrics request's token", error=str(exc))
             return 503, "the API server could not be asked whether this token may read metrics; try again"
