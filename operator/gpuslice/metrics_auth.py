@@ -95,7 +95,9 @@ class MetricsGate:
             if cached and cached[0] > now:
                 return cached[1]
         try:
-            verdict: Verdict = asyncio.run_coroutine_threadsafe(self.review(token), self.loop).result(self.timeout)
+            verdict: Verdict = asyncio.run_coroutine_threadsafe(self.review(token), self.loop).result(
+                self.timeout
+            )
         except Exception as exc:  # the API server did not answer: refuse, do not cache
             log.warning("could not review a metrics request's token", error=str(exc))
             return 503, "the API server could not be asked whether this token may read metrics; try again"
