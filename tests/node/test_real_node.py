@@ -112,6 +112,25 @@ def test_container_root_cannot_change_the_shim_files(
     assert after == before, f"{path} changed"
 
 
+def test_container_root_cannot_cover_the_preload_from_a_user_and_mount_namespace(
+    node_cluster: DevCluster, probe_pod: str
+) -> None:
+    # Under baseline with no seccomp profile (the runtime's default: Unconfined) this worked: the
+    # shim was gone and cuMemAlloc(20 GiB) succeeded on the 8 GiB slice.
+    pod = get_json(node_cluster, "pod", probe_pod, "-n", TENANT)
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    rc, out, err = exec_in(
+        node_cluster, probe_pod, "sh", "-c",
+        f"unshare -Urm sh -c 'mount --bind /dev/null /etc/ld.so.preload && gpuslice-probe alloc {20 << 30}'",
+    )  # fmt: skip
+    assert rc != 0, out
+    assert "CUDA_SUCCESS" not in out
+    assert "Operation not permitted" in err, err
+    # ... and the shim still holds the slice
+    rc, out, _ = exec_in(node_cluster, probe_pod, "gpuslice-probe", "alloc", str(20 << 30))
+    assert rc == 0 and "CUDA_ERROR_OUT_OF_MEMORY" in out, out
+
+
 def test_the_workload_is_pid_1_of_its_own_pid_namespace(node_cluster: DevCluster, probe_pod: str) -> None:
     _, cmdline, _ = exec_in(node_cluster, probe_pod, "cat", "/proc/1/cmdline")
     assert cmdline.split("\0")[:2] == ["sleep", "3600"]
