@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from gpuslice.shim.config import SliceConfig
 from gpuslice.shim.region import utilization_file_for
 
 CONTAINER_UTILIZATION = str(utilization_file_for(constants.CONTAINER_CONFIG_PATH))
+CONTAINER_REGION = f"{constants.CONTAINER_USAGE_DIR}/usage.bin"
 
 UID = "6a3c1f0e-1111-2222-3333-444455556666"
 GPU = GpuInfo(
@@ -53,6 +56,10 @@ def read(path: str) -> str:
 
 def is_dir(path: str) -> bool:
     return Path(path).is_dir()
+
+
+def mode_of(path: str) -> int:
+    return os.lstat(path).st_mode
 
 
 def claim(results: list[dict[str, str]], uid: str = UID, package: str = "v100-8g") -> dict[str, Any]:
@@ -138,7 +145,7 @@ async def test_prepare_writes_cdi_spec_limits_and_preload_then_unprepare_removes
         constants.CONTAINER_SHIM_PATH,
         constants.CONTAINER_CONFIG_PATH,
         CONTAINER_UTILIZATION,
-        constants.CONTAINER_USAGE_DIR,
+        CONTAINER_REGION,
     }
     assert read(mounts["/etc/ld.so.preload"]["hostPath"]) == f"{constants.CONTAINER_SHIM_PATH}\n"
     assert mounts[constants.CONTAINER_SHIM_PATH]["hostPath"] == "/opt/gs/libgpuslice.so"
@@ -159,7 +166,12 @@ async def test_prepare_writes_cdi_spec_limits_and_preload_then_unprepare_removes
         GPU.uuid,
         constants.CONTAINER_USAGE_DIR,
     )
-    assert is_dir(mounts[constants.CONTAINER_USAGE_DIR]["hostPath"])
+    # the region file alone, made by the agent: the tenant gets no directory of the host to write in
+    region = mounts[CONTAINER_REGION]["hostPath"]
+    assert (
+        mode_of(region) == stat.S_IFREG | 0o666 and mode_of(str(Path(region).parent)) == stat.S_IFDIR | 0o755
+    )
+    assert "rw" in mounts[CONTAINER_REGION]["options"]
 
     # a restarted agent knows the claim without asking the API server
     restarted = Preparer("node-a", paths, fetch, list_slices)

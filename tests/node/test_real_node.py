@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from gpuslice import constants
 from gpuslice.agent.cdi import spec_file_name
+from gpuslice.shim.region import REGION_FILE, REGION_SIZE
 from gpuslice_dev.agents import DEV_USAGE_INTERVAL
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
@@ -129,6 +131,52 @@ def test_container_root_cannot_cover_the_preload_from_a_user_and_mount_namespace
     # ... and the shim still holds the slice
     rc, out, _ = exec_in(node_cluster, probe_pod, "gpuslice-probe", "alloc", str(20 << 30))
     assert rc == 0 and "CUDA_ERROR_OUT_OF_MEMORY" in out, out
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "rm -f {r} && mkfifo {r}",  # froze the agent's reader (open blocked on the event loop)
+        "rm -f {r} && ln -s /proc/1/root/etc/shadow {r}",  # a link the root agent would follow
+        "mv {r} {r}.old",
+    ],
+)
+def test_container_root_cannot_replace_the_usage_region(
+    node_cluster: DevCluster, probe_pod: str, attack: str
+) -> None:
+    region = f"{constants.CONTAINER_USAGE_DIR}/{REGION_FILE}"
+    rc, _, _ = exec_in(node_cluster, probe_pod, "sh", "-c", attack.format(r=region))
+    assert rc != 0, f"`{attack.format(r=region)}` succeeded"
+    rc, out, err = exec_in(node_cluster, probe_pod, "sh", "-c", f"test -f {region} && ! test -L {region}")
+    assert rc == 0, (out, err)
+
+
+def test_what_a_slice_writes_beside_or_past_its_region_is_not_the_hosts(
+    node_cluster: DevCluster, probe_pod: str
+) -> None:
+    # 300 MiB went into the host's run dir from a pod limited to 20 MiB of ephemeral storage.
+    spec = json.loads(claim_spec_file(node_cluster, probe_pod).read_text())
+    [host_region] = [
+        Path(m["hostPath"])
+        for m in spec["devices"][0]["containerEdits"]["mounts"]
+        if m["containerPath"].endswith(REGION_FILE)
+    ]
+    region = f"{constants.CONTAINER_USAGE_DIR}/{REGION_FILE}"
+    rc, _, err = exec_in(
+        node_cluster, probe_pod, "sh", "-c",
+        f"dd if=/dev/zero of={constants.CONTAINER_USAGE_DIR}/big bs=1M count=16 && "
+        f"dd if=/dev/zero of={region} bs=1M seek=1 count=16 conv=notrunc",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert sorted(p.name for p in host_region.parent.iterdir()) == [REGION_FILE]  # "big" is the container's
+    # the region itself grew on the host: the agent cuts it back at its next reading
+    wait_for(
+        lambda: host_region.stat().st_size == REGION_SIZE,
+        4 * DEV_USAGE_INTERVAL,
+        "the region cut back to its size",
+    )
+    rc, out, _ = exec_in(node_cluster, probe_pod, "gpuslice-probe", "alloc", str(1 << 30))
+    assert rc == 0 and "CUDA_SUCCESS" in out, out  # the slice works as before
 
 
 def test_the_workload_is_pid_1_of_its_own_pid_namespace(node_cluster: DevCluster, probe_pod: str) -> None:

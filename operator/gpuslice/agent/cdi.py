@@ -7,7 +7,10 @@ The spec bind-mounts (all read-only except the usage region):
 - the slice's limits file at the fixed path the shim reads (never environment variables);
 - the slice's utilization file next to it (the agent's measurement, from host PIDs, which the shim's
   throttle steers on; read-only, so a tenant cannot fake it);
-- the slice's usage-region directory, shared by all processes of the slice.
+- the slice's usage region, shared by all processes of the slice: the file alone, read-write, at
+  `<usage_dir>/usage.bin`; not its host directory, so the tenant can neither replace the file (with a
+  FIFO or a link the root agent would open) nor add files beside it on the host's storage (what it
+  writes next to it goes to the container's own writable layer, counted in its ephemeral storage).
 The NVIDIA device of the card is not described here: the agent returns its CDI id
 (`nvidia.com/gpu=<uuid>`, from the NVIDIA container toolkit's spec) next to ours.
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpuslice import constants
-from gpuslice.shim.region import utilization_file_for
+from gpuslice.shim.region import REGION_FILE, utilization_file_for
 
 CDI_VERSION: Final = "0.6.0"
 CDI_KIND: Final = f"{constants.CDI_VENDOR}/{constants.CDI_CLASS}"
@@ -65,8 +68,8 @@ def build_spec(
                             str(utilization_file_for(constants.CONTAINER_CONFIG_PATH)),
                         ),
                         {
-                            "hostPath": str(usage_dir),
-                            "containerPath": constants.CONTAINER_USAGE_DIR,
+                            "hostPath": str(usage_dir / REGION_FILE),
+                            "containerPath": f"{constants.CONTAINER_USAGE_DIR}/{REGION_FILE}",
                             "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
                         },
                     ],

@@ -242,6 +242,25 @@ UTILIZATION_MAGIC = b"GSUTIL01"
 UTILIZATION_SIZE = 16  # magic, then one u64: (unix_ms << 16) | basis points; 0 = none yet
 
 
+def create_usage_region(usage_dir: Path | str) -> Path:
+    """Create (or keep) the slice's usage region: an empty file of mode 0666 in a directory of the
+    agent's, which the shim of every process of the slice maps read-write whatever its uid (the first
+    one lays it out). Containers get the file alone (a bind mount of it), never the directory: the
+    tenant cannot replace it (by a FIFO or a link) or put other files beside it on the host. Kept,
+    never replaced: containers may be using it.
+    """
+    usage = Path(usage_dir)
+    usage.mkdir(parents=True, exist_ok=True)
+    os.chmod(usage, 0o755)  # whatever the umask was
+    path = usage / REGION_FILE
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        os.fchmod(fd, 0o666)
+    finally:
+        os.close(fd)
+    return path
+
+
 def utilization_file_for(limits_file: Path | str) -> Path:
     return Path(limits_file).parent / UTILIZATION_FILE
 
