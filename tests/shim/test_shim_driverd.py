@@ -131,7 +131,9 @@ def shared_slice(built, tmp_path_factory):
 
     top = Path(tempfile.mkdtemp(prefix="gpuslice-anyuid-"))
     top.chmod(0o755)
-    s = prepare(memory_bytes=8 * GIB, simulate_gpus=V100, seed="test-node", workdir=top / "slice", built=built)
+    s = prepare(
+        memory_bytes=8 * GIB, simulate_gpus=V100, seed="test-node", workdir=top / "slice", built=built
+    )
     for p in (s.workdir, s.workdir / "lib"):
         p.chmod(0o755)
     conf = s.workdir / "fake-gpus.conf"
