@@ -52,7 +52,7 @@ def _restricted(name: str, uid: int, gid: int, command: list[str]) -> dict[str, 
 
 
 def _kubectl_ns(cluster: DevCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return cluster.kubectl(*args, "-n", RESTRICTED_NS, check=False, timeout=120)
+    return cluster.kubectl("-n", RESTRICTED_NS, *args, check=False, timeout=120)
 
 
 def _exec(cluster: DevCluster, container: str, *command: str) -> tuple[int, str, str]:
@@ -216,10 +216,10 @@ def test_no_container_can_write_the_doubles_state_and_nvml_stays_true(
     before = _host_nvml(c)
     assert (holder, 6 * GIB) in before, before
     for attack in STATE_ATTACKS:
-        rc, out, _ = _exec(c, "tenant", "sh", "-c", f"{attack} 2>&1; echo rc=$?")
-        assert "rc=0" not in out, f"uid {TENANT_UID[0]}: `{attack}` succeeded"
-        rc, out, _ = exec_in(c, root_pod, "sh", "-c", f"{attack} 2>&1; echo rc=$?")
-        assert "rc=0" not in out, f"root: `{attack}` succeeded: {out}"
+        rc, out, err = _exec(c, "tenant", "sh", "-c", f"({attack}) 2>&1; echo rc=$?")
+        assert rc == 0 and "rc=" in out and "rc=0" not in out, f"uid {TENANT_UID[0]}: `{attack}`: {out}{err}"
+        rc, out, err = exec_in(c, root_pod, "sh", "-c", f"({attack}) 2>&1; echo rc=$?")
+        assert rc == 0 and "rc=" in out and "rc=0" not in out, f"root: `{attack}`: {out}{err}"
         assert "Read-only file system" in out, out
     assert _host_nvml(c) == before, "what NVML reports changed"
     rc, out, err = exec_in(c, root_pod, "gpuslice-probe", "smi")
