@@ -78,13 +78,19 @@ static void reclaim_orphans(fake_system *s)
         }
 }
 
-/* Whether the process can reach the GPU's device node, as opening /dev/nvidia<minor> requires. Outside
- * containers (no /dev/nvidiactl in its root) every GPU is reachable, as for the double's clients. */
+/* Whether the process can reach the GPU's device node, as opening /dev/nvidia<minor> requires. A process
+ * in a container (a root other than the daemon's) needs the node in its /dev, whatever else it removed
+ * there; on the host, only where NVIDIA device nodes exist at all (/dev/nvidiactl), as the clients'
+ * own view of their GPUs has it. A root the daemon cannot inspect (not root itself) is not judged. */
 static int reachable(const fake_system *s, int dev, int32_t pid)
 {
     char path[96];
+    struct stat mine, theirs;
+    snprintf(path, sizeof(path), "/proc/%d/root/", (int)pid);
+    if (stat(path, &theirs) != 0) return 1;
+    int contained = stat("/", &mine) == 0 && (mine.st_dev != theirs.st_dev || mine.st_ino != theirs.st_ino);
     snprintf(path, sizeof(path), "/proc/%d/root/dev/nvidiactl", (int)pid);
-    if (access(path, F_OK) != 0) return 1;
+    if (!contained && access(path, F_OK) != 0) return 1;
     snprintf(path, sizeof(path), "/proc/%d/root/dev/nvidia%u", (int)pid, s->gpus[dev].minor);
     return access(path, F_OK) == 0;
 }

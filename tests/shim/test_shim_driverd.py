@@ -244,12 +244,12 @@ def test_launches_through_the_daemon_show_in_nvml_under_the_host_pid(shared_slic
         )  # fmt: skip
         assert sample.returncode == 0, sample.stderr
         view = values(sample.stdout)
-        assert int(view["gpu"]) >= 80, view
         pids = dict(p.split(":") for p in view["procs"].split(",") if p)
-        assert int(pids[str(host_pid)]) >= 50, view
-        out, err = burner.communicate(timeout=30)
+        # (how busy depends on how much CPU the burner gets on a loaded machine; that it shows does not)
+        assert list(pids) == [str(host_pid)], f"the burner under its host PID {host_pid}: {view}"
+        assert 0 < int(pids[str(host_pid)]) <= int(view["gpu"]) <= 100, view
+        _, err = burner.communicate(timeout=30)
         assert burner.returncode == 0, err
-        assert float(out.split()[-1]) > 90, out  # alone on the card: the burn had all of it
     finally:
         if burner.poll() is None:
             burner.kill()
@@ -266,3 +266,44 @@ UTILIZATION = textwrap.dedent(
     print("procs=" + ",".join(f"{p.pid}:{p.smUtil}" for p in samples))
     """
 )
+
+
+REACH = textwrap.dedent(
+    """
+    import socket, struct, sys
+    REQ, REP = struct.Struct("=Iiq"), struct.Struct("=iIQ")
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    c.connect(sys.argv[1])
+    c.recv(64)
+    for dev in (0, 1):
+        c.send(REQ.pack(2, dev, 1 << 30))
+        print(f"gpu{dev}={REP.unpack(c.recv(64))[0]}")
+    """
+)
+
+
+def test_the_daemon_charges_only_gpus_whose_device_node_the_process_has(built, tmp_path):
+    """As the real driver: without /dev/nvidia1 a process cannot put memory on GPU 1, even by talking to
+    the daemon itself (rc 4), while GPU 0, whose node it has, takes the charge."""
+    from gpuslice_dev.gpusim.runner import prepare
+
+    s = prepare(
+        memory_bytes=None, simulate_gpus="2x Tesla V100-PCIE-32GB", seed="n", workdir=tmp_path, built=built
+    )
+    conf = s.workdir / "fake-gpus.conf"
+    proc = start_fake_driverd(conf)
+    try:
+        dev = tmp_path / "dev"
+        dev.mkdir()
+        (dev / "nvidiactl").touch()
+        (dev / "nvidia0").touch()
+        script = f"mount --bind {dev} /dev && exec {sys.executable} -c '{REACH}' {driver_socket(conf)}"
+        out = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert values(out.stdout) == {"gpu0": "0", "gpu1": "4"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
