@@ -267,7 +267,10 @@ static int connect_daemon(void)
     int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
     if (dirfd >= 0) close(dirfd);
     if (rc != 0) goto fail;
-    struct timeval tv = {.tv_sec = 5};
+    /* An answer is waited for like an ioctl returns: a dead daemon closes the socket at once; a timeout
+     * (which drops the connection, and with it what the daemon holds for this process) only for one
+     * that hangs, not for one a loaded machine is slow to schedule. */
+    struct timeval tv = {.tv_sec = 60};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     fake_hello h;
     size_t got = 0;
