@@ -325,7 +325,7 @@ def test_kubelet_prepares_and_unprepares_a_slice_over_the_plugin_socket(
     assert unprepare(endpoint, [claim]).claims[uid].error == ""
     assert not (cdi_dir / f"gpuslice.io-slice-{uid}.json").exists()
     assert not Path(mounts[constants.CONTAINER_CONFIG_PATH]).exists()
-    assert not Path(mounts[constants.CONTAINER_USAGE_DIR]).exists()
+    assert not Path(mounts[f"{constants.CONTAINER_USAGE_DIR}/usage.bin"]).parent.exists()
 
 
 def test_agent_may_write_only_its_own_nodes_slices(cluster: DevCluster, agents: list[str]) -> None:
