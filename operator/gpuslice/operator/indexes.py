@@ -59,6 +59,8 @@ class SliceView:
     package: str
     template: bool
     phase: str | None = None
+    #: status.reason (why it waits, for a Pending slice).
+    reason: str | None = None
     #: The status as the API server last showed it, as compact JSON: the baseline a refresh compares
     #: with. Decoded, five conditions and the allocation cost ~5 KB a slice; the text ~1.3 KB.
     status_json: str = "{}"
@@ -146,6 +148,7 @@ def slice_view(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, 
         package=spec.get("package", ""),
         template=bool(spec.get("template", False)),
         phase=status.get("phase"),
+        reason=status.get("reason"),
         status_json=json.dumps(dict(status), separators=(",", ":")),
     )
 

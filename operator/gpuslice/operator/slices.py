@@ -335,10 +335,16 @@ async def slice_event(namespace: str | None, name: str, type: str | None, memo: 
     await refresh_routed(memo.state, [(namespace, name)], Indexes(kw, memo.state.workloads))
 
 
+#: Waiting reasons whose verdict only the namespace's gpuslice quota changes (a claim freed, an
+#: entitlement raised): rechecked on that quota's events (`tenancy.quota_event`), not every tick, so
+#: thousands of them cost nothing while nothing changes.
+QUOTA_REASONS = frozenset({Reason.QUOTA_EXCEEDED.value, Reason.NOT_ENTITLED.value})
+
+
 def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float | None = None) -> list[Ref]:
-    """The package's slices to recompute on this tick of its timer: the Pending ones always (a
-    waiting slice's reason depends on capacity elsewhere, which no event of its own pod or claim
-    announces), and every one once per `resync_seconds` (the safety net)."""
+    """The package's slices to recompute on this tick of its timer: the Pending ones (a waiting
+    slice's reason depends on capacity elsewhere, which no event of its own pod or claim announces)
+    but those waiting for quota, and every one once per `resync_seconds` (the safety net)."""
     now = time.monotonic() if now is None else now
     last = state.resynced.get(package)
     full = last is None or now - last >= state.config.resync_seconds
@@ -347,9 +353,23 @@ def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float
     out = []
     for ref in values(idx.package_slices, package):
         entry = one(idx.slices, ref)
-        if entry is not None and (full or entry.phase in (None, Phase.PENDING.value)):
+        if entry is None:
+            continue
+        waiting = entry.phase in (None, Phase.PENDING.value) and entry.reason not in QUOTA_REASONS
+        if full or waiting:
             out.append(ref)
     return out
+
+
+def mark_quota_waiters(state: OperatorState, namespace: str, idx: Indexes) -> None:
+    """The namespace's gpuslice quota changed (usage or entitlement): recheck its slices waiting for it."""
+    by_package: dict[str, list[Ref]] = {}
+    for ref in values(idx.namespace_slices, namespace):
+        entry = one(idx.slices, ref)
+        if entry is not None and entry.phase == Phase.PENDING.value and entry.reason in QUOTA_REASONS:
+            by_package.setdefault(entry.package, []).append(ref)
+    for package, refs in by_package.items():
+        state.changes.mark(refs, package)
 
 
 def recheck(state: OperatorState, package: str, idx: Indexes) -> None:

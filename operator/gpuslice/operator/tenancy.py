@@ -19,6 +19,7 @@ from gpuslice.domain.tenancy import ObservedTenant, changes, tenant_state, unten
 from gpuslice.logs import get
 from gpuslice.operator.indexes import MANAGED, Indexes, PackageView, ns_of
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
+from gpuslice.operator.slices import mark_quota_waiters
 from gpuslice.operator.state import OperatorState, one, values
 
 log = get(__name__)
@@ -111,6 +112,10 @@ async def namespace_event(name: str, type: str | None, memo: kopf.Memo, **kw: An
 
 @kopf.on.event("", "v1", "resourcequotas", labels=MANAGED)
 async def quota_event(namespace: str | None, memo: kopf.Memo, **kw: Any) -> None:
-    """Someone changed or deleted a gpuslice quota (or it was just created): converge again."""
+    """Someone changed or deleted a gpuslice quota (or it was just created): converge again. Its
+    usage or its entitlements moved too, maybe: the namespace's slices waiting for quota are looked at
+    again (they are not on every tick of the package timers)."""
     namespace = ns_of(namespace)
-    await fast_path(reconcile_namespace(namespace, memo.state, Indexes(kw, memo.state.workloads)), TIMER)
+    idx = Indexes(kw, memo.state.workloads)
+    mark_quota_waiters(memo.state, namespace, idx)
+    await fast_path(reconcile_namespace(namespace, memo.state, idx), TIMER)
