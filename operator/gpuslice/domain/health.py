@@ -23,6 +23,7 @@ until the agent restarts and finds the card healthy, as NVIDIA's device plugin d
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -262,3 +263,39 @@ def stranded_claims(
         if any(tainted_effect(device_taints.get(d, ())) == "NoExecute" for d in claim.devices):
             out.append(claim.name)
     return out
+
+
+# --- maintenance: draining cards with DeviceTaintRules ----------------------------------------------
+
+#: the taint key of a drain (a DeviceTaintRule's; its value says who/why)
+DRAIN_KEY: Final = f"{constants.ANNOTATION_PREFIX}drain"
+LABEL_DRAIN_NODE: Final = f"{constants.ANNOTATION_PREFIX}drain-node"
+LABEL_DRAIN_GPU: Final = f"{constants.ANNOTATION_PREFIX}drain-gpu"
+
+
+def drain_rules(
+    node: str, devices: Iterable[tuple[str, str]], gpu: str | None, evict: bool, reason: str = "maintenance"
+) -> list[dict[str, Any]]:
+    """DeviceTaintRules (resource.k8s.io/v1) that drain `node`: the whole pool when `gpu` is None,
+    else one rule per device (name, card UUID) of that card, since a rule selects by driver, pool and
+    device name only. NoSchedule, or NoExecute with `evict` (kube-controller-manager evicts)."""
+    labels = {constants.LABEL_MANAGED_BY: constants.MANAGED_BY_VALUE, LABEL_DRAIN_NODE: node}
+    taint = {"key": DRAIN_KEY, "value": reason, "effect": "NoExecute" if evict else "NoSchedule"}
+
+    def rule(name: str, selector: dict[str, str], extra: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{constants.DRA_GROUP}/{constants.DRA_VERSION}",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": name, "labels": {**labels, **extra}},
+            "spec": {"deviceSelector": {"driver": constants.DRIVER_NAME, "pool": node, **selector},
+                     "taint": dict(taint)},
+        }  # fmt: skip
+
+    digest = hashlib.sha256(node.encode()).hexdigest()[:8]
+    if gpu is None:
+        return [rule(f"gpuslice-drain-{digest}", {}, {})]
+    mine = sorted(name for name, uuid in devices if uuid == gpu)
+    return [
+        rule(f"gpuslice-drain-{digest}-{name}"[:253], {"device": name}, {LABEL_DRAIN_GPU: gpu})
+        for name in mine
+    ]
