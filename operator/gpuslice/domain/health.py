@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from gpuslice import constants
+from gpuslice.api.resourceslice import PublishedSlice
 
 #: The product's one device taint key (a label name).
 TAINT_KEY: Final = f"{constants.ANNOTATION_PREFIX}gpu-unhealthy"
@@ -299,3 +300,32 @@ def drain_rules(
         rule(f"gpuslice-drain-{digest}-{name}"[:253], {"device": name}, {LABEL_DRAIN_GPU: gpu})
         for name in mine
     ]
+
+
+def with_rule_taints(
+    slices: Iterable[PublishedSlice], rules: Iterable[Mapping[str, Any]]
+) -> list[PublishedSlice]:
+    """The published slices with each DeviceTaintRule's taint (`spec`) added to the devices its
+    selector (driver, pool, device; absent: any) names: a drained card is then unhealthy to capacity
+    and to the slices on it like a card the agent tainted."""
+    rules = [
+        r for r in rules if (r.get("deviceSelector") or {}).get("driver") in (None, constants.DRIVER_NAME)
+    ]
+    if not rules:
+        return list(slices)
+
+    def matches(sel: Mapping[str, Any], pool: str, device: str) -> bool:
+        return sel.get("pool") in (None, pool) and sel.get("device") in (None, device)
+
+    out = []
+    for s in slices:
+        devices = []
+        for d in s.devices:
+            extra = tuple(
+                r["taint"]
+                for r in rules
+                if r.get("taint") and matches(r.get("deviceSelector") or {}, d.pool, d.name)
+            )
+            devices.append(dataclasses.replace(d, taints=(*d.taints, *extra)) if extra else d)
+        out.append(dataclasses.replace(s, devices=tuple(devices)))
+    return out

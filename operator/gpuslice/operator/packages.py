@@ -138,7 +138,7 @@ def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = No
 async def _write_status(
     state: OperatorState, name: str, spec: GpuPackageSpec, body: kopf.Body, idx: Indexes
 ) -> None:
-    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims)
+    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, rules=idx.device_taint_rules)
     _export(name, snapshot.capacity(name), idx)
     entitled = 0
     for ns in idx.namespaces:

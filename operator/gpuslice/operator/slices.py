@@ -77,7 +77,9 @@ def _facts(
         pods = values(idx.claim_pods, entry.ref)
         workloads = values(idx.claim_workloads, entry.ref)
     need = [d for claim in claims if claim.allocated for d in claim.devices]
-    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, need)
+    snapshot = state.published(
+        idx.resource_slices, idx.pool_claims, idx.claims, need, rules=idx.device_taint_rules
+    )
     found = package is not None and (not package.deleting or bool(claims))
     return SliceFacts(
         namespace=ns,
