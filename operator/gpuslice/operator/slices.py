@@ -442,3 +442,34 @@ async def namespace_quota_event(namespace: str | None, memo: kopf.Memo, **kw: An
         if entry and entry.phase in (None, Phase.PENDING.value, Phase.FAILED.value):
             targets.append(ref)
     await refresh_routed(memo.state, targets, idx)
+
+
+def _slices_in_pool(idx: Indexes, pool: str | None) -> list[Ref]:
+    """The slices with a claim allocated in `pool` (every pool: None)."""
+    out = []
+    for p in [pool] if pool else list(idx.pool_claims):
+        for ref in values(idx.pool_claims, p):
+            claim = one(idx.claims, ref)
+            if claim is not None and (target := _slice_of_claim(claim.labels, claim.namespace)):
+                out.append(target)
+    return out
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "devicetaintrules")
+async def device_taint_rule_event(spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    """A drain began or ended: the slices on the pool it selects say so (GpuHealthy), at once."""
+    memo.state.snapshot = None  # the next status must see the rule, not a snapshot from before it
+    idx = Indexes(kw, memo.state.workloads)
+    await refresh_routed(
+        memo.state, _slices_in_pool(idx, (spec.get("deviceSelector") or {}).get("pool")), idx
+    )
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceslices")
+async def resource_slice_event(spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    """A node republished (a card failed or recovered: device taints): its slices' status follows."""
+    if spec.get("driver") != c.DRIVER_NAME:
+        return
+    memo.state.snapshot = None
+    idx = Indexes(kw, memo.state.workloads)
+    await refresh_routed(memo.state, _slices_in_pool(idx, (spec.get("pool") or {}).get("name")), idx)
