@@ -199,3 +199,28 @@ def test_drain_with_evict_moves_the_slice_and_uncordon_puts_the_card_back(
     )  # fmt: skip
     assert uncordon.returncode == 0 and "4 DeviceTaintRule(s)" in uncordon.stdout, uncordon.stderr
     assert not get_json(node_cluster, "devicetaintrules", "-l", f"gpuslice.io/drain-node={NODE}")["items"]
+
+
+def test_a_pending_remap_stops_sales_of_the_card_but_lets_the_pod_run(
+    node_cluster: DevCluster, moving: str
+) -> None:
+    config = fake_gpu_config(node_cluster, NODE)
+    pod = running_pod(node_cluster, moving)
+    card = card_of_claim(node_cluster, moving)
+    assert pod is not None and card is not None
+    faults.inject(config, str(card), pending_remap=True)
+    tainted = wait_for(lambda: (t := card_taints(node_cluster, card)) and all(t) and t, 30, "NoSchedule")
+    assert {(t[0]["value"], t[0]["effect"]) for t in tainted} == {("pending-remap", "NoSchedule")}
+
+    def device_status() -> list[dict[str, Any]]:
+        return list((get_json(node_cluster, "resourceclaim", moving, "-n", TENANT).get("status") or {}).get(
+            "devices") or [])  # fmt: skip
+
+    [status] = wait_for(lambda: (d := device_status()) and d, 30, "the claim's device status")
+    [cond] = status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("GpuHealthy", "False", "GpuPendingReset")
+    time.sleep(3)
+    assert running_pod(node_cluster, moving)["metadata"]["name"] == pod["metadata"]["name"], "it runs on"
+    faults.inject(config, str(card), clear=True)
+    wait_for(lambda: not any(card_taints(node_cluster, card)), 30, "untainted after the reset")
+    wait_for(lambda: device_status()[0]["conditions"][0]["status"] == "True", 30, "GpuHealthy=True")

@@ -11,7 +11,7 @@ from gpuslice import constants, logs, metrics
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
 from gpuslice.agent.attribution import package_policy
-from gpuslice.agent.health import HealthMonitor, checkpoint_slices
+from gpuslice.agent.health import HealthMonitor, checkpoint_claims, checkpoint_slices
 from gpuslice.agent.kube import Kube, api_client
 from gpuslice.agent.prepare import NodePaths, Preparer
 from gpuslice.agent.publisher import Publisher
@@ -117,7 +117,7 @@ async def run(opts: AgentOptions) -> int:
     monitor = HealthMonitor(
         opts.node, gpus, publisher.set_taints,
         toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),
-        checkpoint_slices(paths, kube, opts.node), kube,
+        checkpoint_slices(paths, kube, opts.node), kube, checkpoint_claims(paths),
     )  # fmt: skip
     tasks = [
         asyncio.create_task(c)
