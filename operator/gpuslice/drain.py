@@ -24,7 +24,7 @@ from gpuslice import constants as c
 from gpuslice import kubehttp
 from gpuslice.api.resourceclaim import allocated_devices
 from gpuslice.api.resourceslice import newest_generation, parse_resource_slices
-from gpuslice.domain.health import LABEL_DRAIN_GPU, LABEL_DRAIN_NODE, drain_rules
+from gpuslice.domain.drains import LABEL_DRAIN_GPU, LABEL_DRAIN_NODE, drain_rules
 from gpuslice.domain.ownership import slice_owner
 
 RULES = kubehttp.path(c.DRA_GROUP, c.DRA_VERSION, "devicetaintrules")

@@ -13,7 +13,7 @@ import kopf
 
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
-from gpuslice.domain.health import with_rule_taints
+from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
