@@ -134,10 +134,10 @@ class HealthMonitor:
                         queue.get(), timeout=max(0.0, next_probe - time.monotonic())
                     )
                 except TimeoutError:
-                    await self._probe(list(self._index))
+                    await self._guarded(self._probe(list(self._index)))
                     next_probe = time.monotonic() + self.probe_interval
                     continue
-                await self._on_xid(uuid, xid, at)
+                await self._guarded(self._on_xid(uuid, xid, at))
         finally:
             stop.set()
 
@@ -155,6 +155,15 @@ class HealthMonitor:
                 log.warning("could not write the claim's device status", claim=f"{namespace}/{name}",
                             status=exc.status, message=exc.message[:300])  # fmt: skip
 
+    async def _guarded(self, work: Awaitable[None]) -> None:
+        """Health watching is the node's safety net: a failed Event or claim lookup must not end it
+        (nor the agent with it). Taints are set before anyone is told, so they stand; a lost
+        Event is not sent again."""
+        try:
+            await work
+        except Exception:
+            log.exception("health step failed; watching on")
+
     # --- the NVML side (its own thread) ------------------------------------------------------------
 
     def _watch(self, loop: asyncio.AbstractEventLoop, queue: XidQueue, stop: threading.Event) -> None:
@@ -170,7 +179,10 @@ class HealthMonitor:
                 while not stop.is_set():
                     got = watch.wait(self.wait_ms)
                     if got is not None:
-                        loop.call_soon_threadsafe(queue.put_nowait, (*got, now_iso()))
+                        try:
+                            loop.call_soon_threadsafe(queue.put_nowait, (*got, now_iso()))
+                        except RuntimeError:  # the loop is closed: the agent is stopping
+                            return
                     if any(self.health.get(u, dh.HEALTHY).condition is not dh.Condition.LOST
                            for u in watch.unregistered):  # fmt: skip
                         break  # a card lost at registration answers again: register it too
