@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fake_cuda.h"
@@ -200,7 +201,7 @@ static int attribute_value(const fake_gpu *g, int a, int *v)
     case 135: *v = 0; break;                                /* D3D12_CIG_SUPPORTED */
     case 136: case 137: *v = 0; break;                      /* MEM_DECOMPRESS_* */
     case 138: *v = 0; break;                                /* VULKAN_CIG_SUPPORTED */
-    case 139: return 0;                                     /* not an attribute */
+    case 139: *v = (int)g->pci_device_id; break;           /* GPU_PCI_DEVICE_ID: device << 16 | vendor */
     case 140: *v = 0x124a10de; break;                       /* GPU_PCI_SUBSYSTEM_ID */
     case 141: case 142: case 143: *v = 0; break;            /* HOST_NUMA_* */
     case 144: case 145: *v = 0; break;                      /* HOST_MEMORY_POOLS / HOST_VMM */
@@ -216,8 +217,11 @@ FAKE_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CU
     CHECK_INIT();
     if (!pi) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    if ((int)attrib < 1 || (int)attrib > max_attribute()) return CUDA_ERROR_INVALID_VALUE;
-    return attribute_value(&sys()->gpus[dev], (int)attrib, pi) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if ((int)attrib >= 1 && (int)attrib <= max_attribute() && attribute_value(&sys()->gpus[dev], (int)attrib, pi))
+        return CUDA_SUCCESS;
+    const char *t = getenv("GPUSLICE_FAKE_TRACE");
+    if (t && t[0] != '0') fprintf(stderr, "fake NVIDIA driver: cuDeviceGetAttribute(%d): not an attribute of this driver\n", (int)attrib);
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 FAKE_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)

@@ -58,6 +58,54 @@ static const proc_entry procs[] = {GS_DRIVER_PROCS(P_ENTRY, P_ENTRY_PTSZ)};
 GS_DRIVER_PROCS_UNIQUE(T_ASM, T_ASM_PTSZ)
 GS_DRIVER_PROCS_UNIQUE(T_DECL, T_DECL_PTSZ)
 
+/* With GPUSLICE_FAKE_TRACE=2 every entry point handed out logs its name on stderr before it runs
+ * (a debugging aid: which driver calls a runtime makes). The argument registers are saved around the
+ * log call; the stack is 16-byte aligned at the call. */
+#define L_STUB(name)                                                                                   \
+    ".text\n.p2align 4\nfake_trace_" #name ":\n"                                                     \
+    "\tpush %rdi\n\tpush %rsi\n\tpush %rdx\n\tpush %rcx\n\tpush %r8\n\tpush %r9\n\tpush %rax\n"        \
+    "\tlea fake_trace_name_" #name "(%rip), %rdi\n\tcall fake_trace_log\n"                            \
+    "\tpop %rax\n\tpop %r9\n\tpop %r8\n\tpop %rcx\n\tpop %rdx\n\tpop %rsi\n\tpop %rdi\n"             \
+    "\tjmp " #name "\n"                                                                               \
+    ".section .rodata\nfake_trace_name_" #name ":\n\t.asciz \"" #name "\"\n.text\n"
+#define L_ASM(base, since, fn) __asm__(L_STUB(fn));
+#define L_ASM_PTSZ(base, since, fn, ptsz) __asm__(L_STUB(fn) L_STUB(ptsz));
+#define L_DECL(base, since, fn) extern char fake_trace_##fn[] __attribute__((visibility("hidden")));
+#define L_DECL_PTSZ(base, since, fn, ptsz) L_DECL(base, since, fn) L_DECL(base, since, ptsz)
+GS_DRIVER_PROCS_UNIQUE(L_ASM, L_ASM_PTSZ)
+GS_DRIVER_PROCS_UNIQUE(L_DECL, L_DECL_PTSZ)
+
+__attribute__((visibility("hidden"), used)) void fake_trace_log(const char *name)
+{
+    char line[160];
+    int n = snprintf(line, sizeof(line), "fake NVIDIA driver: call %s\n", name);
+    if (n > 0 && write(2, line, (size_t)n) < 0) {
+    }
+}
+
+static int trace_calls(void)
+{
+    static int state; /* 0 unknown, 1 no, 2 yes */
+    if (state == 0) {
+        const char *v = getenv("GPUSLICE_FAKE_TRACE");
+        state = v && strcmp(v, "2") == 0 ? 2 : 1;
+    }
+    return state == 2;
+}
+
+static void *traced_of(void *fn)
+{
+    static const struct {
+        void *real, *traced;
+    } map[] = {
+#define TR_ENTRY(base, since, fn) {(void *)procsym_##fn, fake_trace_##fn},
+#define TR_ENTRY_PTSZ(base, since, fn, ptsz) TR_ENTRY(base, since, fn) TR_ENTRY(base, since, ptsz)
+        GS_DRIVER_PROCS_UNIQUE(TR_ENTRY, TR_ENTRY_PTSZ)};
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+        if (map[i].real == fn) return map[i].traced;
+    return fn;
+}
+
 static void *trampoline_of(void *fn)
 {
     static const struct {
@@ -122,7 +170,7 @@ __attribute__((visibility("default"))) int cuGetProcAddress_v2(const char *symbo
     }
     void *fn = (flags & PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
     log_lookup(symbol, cudaVersion, flags, CUDA_SUCCESS, ST_SUCCESS, fn);
-    *pfn = use_trampolines() ? trampoline_of(fn) : fn;
+    *pfn = trace_calls() ? traced_of(fn) : use_trampolines() ? trampoline_of(fn) : fn;
     if (status) *status = ST_SUCCESS;
     return CUDA_SUCCESS;
 }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fake_cuda.h"
+#include "fake_module.h"
 
 _Atomic int initialized;
 __thread struct CUctx_st *current_ctx;
@@ -82,7 +83,7 @@ void track(uint64_t ptr, uint64_t size, int dev, int kind)
 {
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, NULL};
+    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -115,6 +116,21 @@ int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
             if (ptr >= a->ptr && ptr < a->ptr + a->size) {
                 *base = a->ptr;
                 *size = a->size;
+                found = 1;
+                break;
+            }
+    pthread_mutex_unlock(&alloc_lock);
+    return found;
+}
+
+int find_alloc(uint64_t ptr, alloc *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&alloc_lock);
+    for (unsigned b = 0; b < NBUCKETS && !found; b++)
+        for (alloc *a = buckets[b]; a; a = a->next)
+            if (ptr >= a->ptr && ptr < a->ptr + (a->size ? a->size : 1)) {
+                *out = *a;
                 found = 1;
                 break;
             }
@@ -358,6 +374,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (__atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST) == 0) {
         free_ctx_allocs(&primary_ctx[dev]); /* the last release destroys the primary context */
         ctx_memory_uncharge(&primary_ctx[dev]);
+        fake_cls_context_gone(&primary_ctx[dev]);
     }
     pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
@@ -378,6 +395,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CHECK_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
     free_ctx_allocs(&primary_ctx[dev]);
+    fake_cls_context_gone(&primary_ctx[dev]);
     pthread_mutex_lock(&primary_lock);
     if (primary_ctx[dev].refcount > 0) ctx_limits_reset(&primary_ctx[dev]); /* limits back to defaults */
     pthread_mutex_unlock(&primary_lock);
@@ -444,6 +462,7 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (current_ctx == ctx) current_ctx = NULL;
     free_ctx_allocs(ctx);
+    fake_cls_context_gone(ctx);
     ctx_memory_uncharge(ctx);
     ctx->magic = 0;
     free(ctx);
@@ -510,17 +529,38 @@ FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* The calling thread's context stack: current_ctx is its top, these are the ones below it. */
+#define CTX_STACK_MAX 64
+static __thread struct CUctx_st *ctx_below[CTX_STACK_MAX];
+static __thread int ctx_depth;
+
 FAKE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    return cuCtxSetCurrent(ctx);
+    CHECK_INIT();
+    if (!ctx || ctx->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_below[ctx_depth++] = current_ctx;
+    current_ctx = ctx;
+    return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
     CHECK_INIT();
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     if (pctx) *pctx = current_ctx;
-    current_ctx = NULL;
+    current_ctx = ctx_depth > 0 ? ctx_below[--ctx_depth] : NULL;
     return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    return cuCtxPushCurrent_v2(ctx);
+}
+
+FAKE_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    return cuCtxPopCurrent_v2(pctx);
 }
 
 FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
@@ -633,7 +673,14 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
-    return alloc_current(dptr, bytesize);
+    CUresult rc = alloc_current(dptr, bytesize);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&alloc_lock);
+        for (alloc *a = buckets[(unsigned)((*dptr >> 12) % NBUCKETS)]; a; a = a->next)
+            if (a->ptr == *dptr) a->managed = 1;
+        pthread_mutex_unlock(&alloc_lock);
+    }
+    return rc;
 }
 
 FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
@@ -725,13 +772,13 @@ FAKE_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
 
 FAKE_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
-    (void)flags;
     CHECK_INIT();
     if (!ph) return CUDA_ERROR_INVALID_VALUE;
     if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
     s->ctx = current_ctx;
+    s->flags = flags;
     *ph = s;
     return CUDA_SUCCESS;
 }
@@ -748,8 +795,7 @@ FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
 {
     CHECK_INIT();
     CUdevice dev;
-    if (h) dev = h->ctx->dev;
-    else if (current_dev(&dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stream_dev(h, &dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
     wait_device_idle(dev);
     pools_release(dev);
     return CUDA_SUCCESS;
@@ -791,7 +837,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, CUdeviceptr *dptr, s
     *dptr = (CUdeviceptr)(uintptr_t)p;
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, NULL};
+    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((*dptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -1086,7 +1132,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
     }
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, NULL};
+    *a = (alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
     a->next = buckets[b];

@@ -26,6 +26,7 @@ typedef struct alloc {
     int shared_fd; /* memfd backing the range once exported for IPC, else -1 */
     uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here; K_POOL: its pool */
     struct CUctx_st *ctx;       /* the context it belongs to (freed with it); NULL for VMM mappings */
+    int managed;                /* cuMemAllocManaged */
     struct alloc *next;
 } alloc;
 
@@ -52,6 +53,10 @@ extern struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
 
 struct CUstream_st {
     CUcontext ctx;
+    unsigned flags;
+    int priority;
+    int capturing; /* CUstreamCaptureStatus */
+    struct CUgraph_st *capture_graph;
 };
 /* A loaded module: the image chosen for the device (decompressed, owned), to find functions in. */
 struct CUmod_st {
@@ -150,6 +155,8 @@ void track(uint64_t ptr, uint64_t size, int dev, int kind);
 alloc *untrack(uint64_t ptr);
 /* The allocation holding [ptr, ptr+1): 1 and its range, or 0. */
 int find_range(uint64_t ptr, uint64_t *base, uint64_t *size);
+/* A copy of the allocation holding ptr: 1 if there is one. */
+int find_alloc(uint64_t ptr, alloc *out);
 CUresult current_dev(CUdevice *dev);
 uint64_t rounded(uint64_t size);
 CUresult device_alloc(uint64_t *out, uint64_t size, int dev);

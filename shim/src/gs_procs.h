@@ -5,7 +5,7 @@
  * driver test double (its cuGetProcAddress table) and by the shim (to find its wrapper by name when
  * a driver hands out a pointer that is not its exported symbol). `since` is the first CUDA version
  * (1000 * major + 10 * minor) a variant serves; a request gets the newest variant not above its
- * version. 537 variants.
+ * version. 574 variants.
  *
  *   X(base, since, fn)            fn serves base from `since` (each fn once in _UNIQUE)
  *   XP(base, since, fn, ptsz)     ... and ptsz with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
@@ -115,7 +115,17 @@
     X(cuDeviceTotalMem, 3020, cuDeviceTotalMem_v2) \
     X(cuDeviceUnregisterAsyncNotification, 12040, cuDeviceUnregisterAsyncNotification) \
     X(cuDriverGetVersion, 2020, cuDriverGetVersion) \
+    X(cuEGLStreamConsumerAcquireFrame, 7000, cuEGLStreamConsumerAcquireFrame) \
+    X(cuEGLStreamConsumerConnect, 7000, cuEGLStreamConsumerConnect) \
+    X(cuEGLStreamConsumerConnectWithFlags, 8000, cuEGLStreamConsumerConnectWithFlags) \
+    X(cuEGLStreamConsumerDisconnect, 7000, cuEGLStreamConsumerDisconnect) \
+    X(cuEGLStreamConsumerReleaseFrame, 7000, cuEGLStreamConsumerReleaseFrame) \
+    X(cuEGLStreamProducerConnect, 7000, cuEGLStreamProducerConnect) \
+    X(cuEGLStreamProducerDisconnect, 7000, cuEGLStreamProducerDisconnect) \
+    X(cuEGLStreamProducerPresentFrame, 7000, cuEGLStreamProducerPresentFrame) \
+    X(cuEGLStreamProducerReturnFrame, 7000, cuEGLStreamProducerReturnFrame) \
     X(cuEventCreate, 2000, cuEventCreate) \
+    X(cuEventCreateFromEGLSync, 9000, cuEventCreateFromEGLSync) \
     X(cuEventDestroy, 2000, cuEventDestroy) \
     X(cuEventDestroy, 4000, cuEventDestroy_v2) \
     X(cuEventElapsedTime, 2000, cuEventElapsedTime) \
@@ -138,6 +148,20 @@
     X(cuFuncSetCacheConfig, 3000, cuFuncSetCacheConfig) \
     X(cuFuncSetSharedMemConfig, 4020, cuFuncSetSharedMemConfig) \
     X(cuFuncSetSharedSize, 2000, cuFuncSetSharedSize) \
+    X(cuGLCtxCreate, 2000, cuGLCtxCreate) \
+    X(cuGLCtxCreate, 3020, cuGLCtxCreate_v2) \
+    X(cuGLGetDevices, 4010, cuGLGetDevices) \
+    X(cuGLGetDevices, 6050, cuGLGetDevices_v2) \
+    X(cuGLInit, 2000, cuGLInit) \
+    X(cuGLMapBufferObject, 2000, cuGLMapBufferObject) \
+    XP(cuGLMapBufferObject, 3020, cuGLMapBufferObject_v2, cuGLMapBufferObject_v2_ptds) \
+    X(cuGLMapBufferObjectAsync, 2030, cuGLMapBufferObjectAsync) \
+    XP(cuGLMapBufferObjectAsync, 3020, cuGLMapBufferObjectAsync_v2, cuGLMapBufferObjectAsync_v2_ptsz) \
+    X(cuGLRegisterBufferObject, 2000, cuGLRegisterBufferObject) \
+    X(cuGLSetBufferObjectMapFlags, 2030, cuGLSetBufferObjectMapFlags) \
+    X(cuGLUnmapBufferObject, 2000, cuGLUnmapBufferObject) \
+    X(cuGLUnmapBufferObjectAsync, 2030, cuGLUnmapBufferObjectAsync) \
+    X(cuGLUnregisterBufferObject, 2000, cuGLUnregisterBufferObject) \
     X(cuGetErrorName, 6000, cuGetErrorName) \
     X(cuGetErrorString, 6000, cuGetErrorString) \
     X(cuGetExportTable, 3000, cuGetExportTable) \
@@ -232,7 +256,11 @@
     X(cuGraphRemoveDependencies, 12030, cuGraphRemoveDependencies_v2) \
     X(cuGraphRetainUserObject, 11030, cuGraphRetainUserObject) \
     XP(cuGraphUpload, 11010, cuGraphUpload, cuGraphUpload_ptsz) \
+    X(cuGraphicsEGLRegisterImage, 7000, cuGraphicsEGLRegisterImage) \
+    X(cuGraphicsGLRegisterBuffer, 3000, cuGraphicsGLRegisterBuffer) \
+    X(cuGraphicsGLRegisterImage, 3000, cuGraphicsGLRegisterImage) \
     XP(cuGraphicsMapResources, 3000, cuGraphicsMapResources, cuGraphicsMapResources_ptsz) \
+    X(cuGraphicsResourceGetMappedEglFrame, 7000, cuGraphicsResourceGetMappedEglFrame) \
     X(cuGraphicsResourceGetMappedMipmappedArray, 5000, cuGraphicsResourceGetMappedMipmappedArray) \
     X(cuGraphicsResourceGetMappedPointer, 3000, cuGraphicsResourceGetMappedPointer) \
     X(cuGraphicsResourceGetMappedPointer, 3020, cuGraphicsResourceGetMappedPointer_v2) \
@@ -241,6 +269,8 @@
     X(cuGraphicsSubResourceGetMappedArray, 3000, cuGraphicsSubResourceGetMappedArray) \
     XP(cuGraphicsUnmapResources, 3000, cuGraphicsUnmapResources, cuGraphicsUnmapResources_ptsz) \
     X(cuGraphicsUnregisterResource, 3000, cuGraphicsUnregisterResource) \
+    X(cuGraphicsVDPAURegisterOutputSurface, 3010, cuGraphicsVDPAURegisterOutputSurface) \
+    X(cuGraphicsVDPAURegisterVideoSurface, 3010, cuGraphicsVDPAURegisterVideoSurface) \
     X(cuGreenCtxCreate, 12040, cuGreenCtxCreate) \
     X(cuGreenCtxDestroy, 12040, cuGreenCtxDestroy) \
     X(cuGreenCtxGetDevResource, 12040, cuGreenCtxGetDevResource) \
@@ -461,6 +491,9 @@
     X(cuPointerGetAttribute, 4000, cuPointerGetAttribute) \
     X(cuPointerGetAttributes, 7000, cuPointerGetAttributes) \
     X(cuPointerSetAttribute, 6000, cuPointerSetAttribute) \
+    X(cuProfilerInitialize, 4000, cuProfilerInitialize) \
+    X(cuProfilerStart, 4000, cuProfilerStart) \
+    X(cuProfilerStop, 4000, cuProfilerStop) \
     XP(cuSignalExternalSemaphoresAsync, 10000, cuSignalExternalSemaphoresAsync, cuSignalExternalSemaphoresAsync_ptsz) \
     XP(cuStreamAddCallback, 5000, cuStreamAddCallback, cuStreamAddCallback_ptsz) \
     XP(cuStreamAttachMemAsync, 6000, cuStreamAttachMemAsync, cuStreamAttachMemAsync_ptsz) \
@@ -550,6 +583,10 @@
     X(cuUserObjectCreate, 11030, cuUserObjectCreate) \
     X(cuUserObjectRelease, 11030, cuUserObjectRelease) \
     X(cuUserObjectRetain, 11030, cuUserObjectRetain) \
+    X(cuVDPAUCtxCreate, 3010, cuVDPAUCtxCreate) \
+    X(cuVDPAUCtxCreate, 3020, cuVDPAUCtxCreate_v2) \
+    X(cuVDPAUGetDevice, 3010, cuVDPAUGetDevice) \
+    X(cuWGLGetDevice, 2020, cuWGLGetDevice) \
     XP(cuWaitExternalSemaphoresAsync, 10000, cuWaitExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync_ptsz)
 
 /* Entries whose function also serves another name (each function appears once above). */

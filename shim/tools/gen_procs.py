@@ -1,6 +1,6 @@
 """Generate src/gs_procs.h, the one list of the driver's cuGetProcAddress entry points, from NVIDIA's headers.
 
-cudaTypedefs.h declares one PFN_<name>_v<version>[_ptds|_ptsz] per (entry point, first CUDA version it
+cudaTypedefs.h (and the interop cuda*Typedefs.h) declares one PFN_<name>_v<version>[_ptds|_ptsz] per (entry point, first CUDA version it
 serves, per-thread-stream variant); cuda.h declares the symbols. A name's k-th plain version (by
 version) is its symbol with suffix "" for the first and "_v<k>" after (cuMemAlloc 2000 -> cuMemAlloc,
 3020 -> cuMemAlloc_v2); a _ptds/_ptsz variant belongs to the newest plain version not above it and
@@ -29,8 +29,21 @@ _PFN = re.compile(r"PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\)\(")
 _DECL = re.compile(r"CUresult\s+(cu\w+)\s*\(")
 
 
+#: Interop headers whose entry points the driver serves too (their declarations need GL/EGL/VDPAU
+#: headers to preprocess, so their names are taken from the text).
+INTEROP_HEADERS = ("cudaGL.h", "cudaEGL.h", "cudaVDPAU.h", "cudaProfiler.h")
+
+
 def _declared(include: Path) -> set[str]:
     names: set[str] = set()
+    for header in INTEROP_HEADERS:
+        if (include / header).exists():
+            text = (include / header).read_text()
+            names |= set(re.findall(r"\b(cu\w+)\b", text))
+            names |= {f"{n}_pt{s.lower()}" for s, n in re.findall(r"__CUDA_API_PT(DS|SZ)\((cu\w+)\)", text)}
+    # The profiler's entry points have no header of their own in the runtime wheels, only typedefs.
+    if (include / "cudaProfilerTypedefs.h").exists():
+        names |= set(re.findall(r"PFN_(cu\w+?)_v\d+\)", (include / "cudaProfilerTypedefs.h").read_text()))
     for flags in ([], ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM"], ["-D__CUDA_API_VERSION_INTERNAL"]):
         out = subprocess.run(
             ["gcc", "-E", "-P", "-I", str(include), *flags, "-x", "c", str(include / "cuda.h")],
@@ -44,8 +57,9 @@ def generate(includes: list[Path]) -> str:
     versions: dict[str, set[tuple[int, str]]] = {}
     declared: set[str] = set()
     for inc in includes:
-        for m in _PFN.finditer((inc / "cudaTypedefs.h").read_text()):
-            versions.setdefault(m.group(1), set()).add((int(m.group(2)), m.group(3) or ""))
+        for typedefs in sorted(inc.glob("cuda*Typedefs.h")):  # cudaTypedefs.h, cudaGLTypedefs.h, ...
+            for m in _PFN.finditer(typedefs.read_text()):
+                versions.setdefault(m.group(1), set()).add((int(m.group(2)), m.group(3) or ""))
         declared |= _declared(inc)
     lines: list[str] = []
     missing: list[str] = []
