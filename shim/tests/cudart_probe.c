@@ -6,6 +6,7 @@
  *
  *   cudart_probe version             "runtime=<v> driver=<v> count=<rc> <name>"
  *   cudart_probe props               "name=<name> total=<bytes> cc=<major>.<minor> sms=<n> ..."
+ *   cudart_probe load FATBIN KERNEL  "load <rc> <name>" for cudaLibraryLoadData, then "kernel <rc> <name>"
  *   cudart_probe all FATBIN KERNEL   every step below, one line each: "<step> ok" or "<step> FAIL <rc> <name>"
  *
  * Exit status: 0 every step ok, 1 a step failed, 2 usage.
@@ -80,6 +81,9 @@ static int cmd_props(void)
            p.sharedMemPerMultiprocessor, p.sharedMemPerBlock, p.regsPerBlock, p.warpSize, p.l2CacheSize,
            p.memoryBusWidth, p.pciDomainID, p.pciBusID, p.pciDeviceID, p.managedMemory, p.concurrentManagedAccess,
            (unsigned char)p.uuid.bytes[0]);
+#if CUDART_VERSION < 13000 /* CUDA 13 dropped the clocks from cudaDeviceProp */
+    printf("clock_khz=%d\nmemory_clock_khz=%d\n", p.clockRate, p.memoryClockRate);
+#endif
     size_t free_b = 0, total_b = 0;
     if (check("cudaMemGetInfo", cudaMemGetInfo(&free_b, &total_b))) printf("mem_free=%zu\nmem_total=%zu\n", free_b, total_b);
     return failures ? 1 : 0;
@@ -208,11 +212,30 @@ static int cmd_all(const char *fatbin_path, const char *kernel)
     return failures ? 1 : 0;
 }
 
+static int cmd_load(const char *fatbin_path, const char *kernel)
+{
+    size_t len = 0;
+    void *image = read_file(fatbin_path, &len);
+    if (!image) {
+        fprintf(stderr, "cannot read %s\n", fatbin_path);
+        return 2;
+    }
+    cudaLibrary_t lib = NULL;
+    cudaError_t rc = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+    printf("load %d %s\n", (int)rc, cudaGetErrorName(rc));
+    if (rc != cudaSuccess) return 0;
+    cudaKernel_t k = NULL;
+    rc = cudaLibraryGetKernel(&k, lib, kernel);
+    printf("kernel %d %s\n", (int)rc, cudaGetErrorName(rc));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 4 && strcmp(argv[1], "load") == 0) return cmd_load(argv[2], argv[3]);
     if (argc >= 2 && strcmp(argv[1], "version") == 0) return cmd_version();
     if (argc >= 2 && strcmp(argv[1], "props") == 0) return cmd_props();
     if (argc >= 4 && strcmp(argv[1], "all") == 0) return cmd_all(argv[2], argv[3]);
-    fprintf(stderr, "usage: cudart_probe version | props | all FATBIN KERNEL\n");
+    fprintf(stderr, "usage: cudart_probe version | props | load FATBIN KERNEL | all FATBIN KERNEL\n");
     return 2;
 }

@@ -1,12 +1,13 @@
 """Generate src/gs_procs.h, the one list of the driver's cuGetProcAddress entry points, from NVIDIA's headers.
 
-cudaTypedefs.h (and the interop cuda*Typedefs.h) declares one PFN_<name>_v<version>[_ptds|_ptsz] per (entry point, first CUDA version it
-serves, per-thread-stream variant); cuda.h declares the symbols. A name's k-th plain version (by
-version) is its symbol with suffix "" for the first and "_v<k>" after (cuMemAlloc 2000 -> cuMemAlloc,
-3020 -> cuMemAlloc_v2); a _ptds/_ptsz variant belongs to the newest plain version not above it and
-is that symbol plus the suffix. The script checks every derived symbol against cuda.h (preprocessed
-as an application, with per-thread default stream, and as the driver) and fails on any it does not
-find. Renamed entry points cuda.h maps onto another name are listed in ALIASES.
+cudaTypedefs.h (and the interop cuda*Typedefs.h) declares one PFN_<name>_v<version>[_ptds|_ptsz]
+per (entry point, first CUDA version it serves, per-thread-stream variant); cuda.h declares the
+symbols. A name's k-th plain version (by version) is its symbol with suffix "" for the first and
+"_v<k>" after (cuMemAlloc 2000 -> cuMemAlloc, 3020 -> cuMemAlloc_v2); a _ptds/_ptsz variant
+belongs to the newest plain version not above it and is that symbol plus the suffix. The script
+checks every derived symbol against cuda.h (preprocessed as an application, with per-thread
+default stream, and as the driver) and fails on any it does not find. Renamed entry points cuda.h
+maps onto another name are listed in ALIASES.
 
     python shim/tools/gen_procs.py INCLUDE_DIR... > shim/src/gs_procs.h
 

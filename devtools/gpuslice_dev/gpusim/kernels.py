@@ -64,7 +64,9 @@ def assemble(ptx: bytes, arch: str) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         src.write_bytes(ptx)
-        subprocess.run([str(ptxas()), f"-arch={arch}", "-o", str(out), str(src)], check=True, capture_output=True)
+        subprocess.run(
+            [str(ptxas()), f"-arch={arch}", "-o", str(out), str(src)], check=True, capture_output=True
+        )
         return out.read_bytes()
 
 
