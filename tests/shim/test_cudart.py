@@ -231,3 +231,35 @@ def _since_by_name() -> dict[str, int]:
     for name, version in re.findall(r"XP?\((cu\w+), (\d+),", text):
         since[name] = min(since.get(name, 1 << 30), int(version))
     return since
+
+
+def toc(built: ShimPaths, image: bytes, tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "image.fatbin"
+    path.write_bytes(image)
+    out = subprocess.run(
+        [str(built.tests_dir / "fatbin_toc"), str(path)], capture_output=True, text=True, check=True
+    )
+    return [line.split() for line in out.stdout.splitlines()]
+
+
+def test_the_fatbin_parser_reads_nvidias_own_images(built: ShimPaths, tmp_path: Path) -> None:
+    """The device runtime's fatbins in the wheels: CUDA 12.9 carries sm_70 (LZ4: decoded, its ELF
+    header agrees), CUDA 13.0 has dropped Volta and starts at sm_75 (zstd)."""
+    cuda12 = toc(built, kernels.device_runtime_fatbin("12"), tmp_path)
+    cuda13 = toc(built, kernels.device_runtime_fatbin("13"), tmp_path)
+    cubins12 = {int(e[1]): e for e in cuda12 if e[0] == "cubin"}
+    assert {50, 60, 70, 75, 80, 90} <= set(cubins12)
+    assert cubins12[70][2] == "lz4" and cubins12[70][5] == "elf-sm70"
+    assert all(e[5] == f"elf-sm{e[1]}" for e in cubins12.values())
+    archs13 = {int(e[1]) for e in cuda13 if e[0] == "cubin"}
+    assert min(archs13) == 75 and 70 not in archs13
+    assert {e[2] for e in cuda13} == {"zstd"}
+
+
+def test_a_v100_has_no_kernel_image_in_a_cuda13_build(
+    built: ShimPaths, probes: dict[str, Path], tmp_path: Path
+) -> None:
+    image = tmp_path / "devrt13.fatbin"
+    image.write_bytes(kernels.device_runtime_fatbin("13"))
+    out = probe_run(probes["13"], ["load", image, "x"], on_double(built, tmp_path, driver="580")).stdout
+    assert "load 209 cudaErrorNoKernelImageForDevice" in out, out

@@ -108,3 +108,24 @@ def fatbin(entries: list[Entry]) -> bytes:
         assert len(header) == 64
         body += header + padded
     return struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, len(body)) + bytes(body)
+
+
+def device_runtime_fatbin(major: str) -> bytes:
+    """The fatbin NVIDIA ships in the runtime wheel's libcudadevrt.a (section __nv_relfatbin of
+    cuda_device_runtime.o): real images, one cubin per architecture the release supports (CUDA 12.9:
+    sm_50 ... sm_121, LZ4; CUDA 13.0: sm_75 and up, zstd). Relocatable code: for reading tables of
+    contents and the choice of image, not for running."""
+    from gpuslice_dev.gpusim.cudart import runtime_dir
+
+    archive = runtime_dir(major) / "lib" / "libcudadevrt.a"
+    with tempfile.TemporaryDirectory() as tmp:
+        obj, out = Path(tmp) / "cuda_device_runtime.o", Path(tmp) / "fatbin"
+        obj.write_bytes(
+            subprocess.run(["ar", "p", str(archive), obj.name], capture_output=True, check=True).stdout
+        )
+        subprocess.run(
+            ["objcopy", "-O", "binary", "--only-section=__nv_relfatbin", str(obj), str(out)],
+            check=True,
+            capture_output=True,
+        )
+        return out.read_bytes()
