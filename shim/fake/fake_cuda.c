@@ -1464,7 +1464,6 @@ FAKE_EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
     return *g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-static struct CUgraphNode_st graph_node;
 
 FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                              const CUDA_KERNEL_NODE_PARAMS *p)
@@ -1474,7 +1473,9 @@ FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const
     CHECK_INIT();
     if (!node || !g || !p || !p->func || p->func->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
     g->duration_ns += p->func->duration_ns;
-    *node = &graph_node;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_KERNEL);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->duration_ns = p->func->duration_ns;
     return CUDA_SUCCESS;
 }
 
@@ -1492,7 +1493,9 @@ FAKE_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const 
     if (va == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     p->dptr = (CUdeviceptr)(uintptr_t)va; /* (the virtual range is never returned: a test double) */
     g->mem_bytes += p->bytesize;
-    *node = &graph_node;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->mem_bytes = p->bytesize;
     return CUDA_SUCCESS;
 }
 
@@ -1503,7 +1506,8 @@ FAKE_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const C
     (void)ndeps;
     CHECK_INIT();
     if (!node || !g || !dptr) return CUDA_ERROR_INVALID_VALUE;
-    *node = &graph_node;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEM_FREE);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
 }
 
@@ -1589,7 +1593,7 @@ FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 FAKE_EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     CHECK_INIT();
-    free(g);
+    fake_graph_free(g);
     return CUDA_SUCCESS;
 }
 
