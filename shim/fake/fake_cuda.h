@@ -170,6 +170,8 @@ CUresult current_dev(CUdevice *dev);
 uint64_t rounded(uint64_t size);
 CUresult device_alloc(uint64_t *out, uint64_t size, int dev);
 void device_free(alloc *a);
+/* Drops a handle (handle_ref) or mapping reference of a VMM allocation; frees it at the last one. */
+void vmm_unref(vmm_alloc *v, int handle_ref);
 void free_ctx_allocs(struct CUctx_st *c);
 void wait_device_idle(CUdevice dev);
 void pools_release(CUdevice dev);
