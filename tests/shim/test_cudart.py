@@ -318,7 +318,5 @@ def test_shim_run_simulates_the_driver_branch_asked_for(probes: dict[str, Path])
     base = ["shim", "run", "--memory", "8Gi", "--simulate-gpus", V100]
     on_580 = gpuslice_dev(*base, "--simulate-driver", "580", "--", str(probes["13"]), "version")
     assert "runtime=13000 driver=13000 count=0 cudaSuccess" in on_580.stdout, on_580.stdout + on_580.stderr
-    on_535 = gpuslice_dev(*base, "--", str(probes["13"]), "version")
-    assert "count=35 cudaErrorInsufficientDriver" in on_535.stdout, on_535.stdout + on_535.stderr
     unknown = gpuslice_dev(*base, "--simulate-driver", "470", "--", "true")
     assert unknown.returncode == 2 and "unknown driver branch '470'; known: 535, 580" in unknown.stderr
