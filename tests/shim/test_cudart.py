@@ -271,15 +271,10 @@ def curand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     out = tmp_path_factory.mktemp("curand")
     images: dict[str, tuple[Path, str]] = {}
     for major in ("12", "13"):
-        for fatbin in sorted(kernels.library_fatbins(major), key=len):  # the smallest one with kernels
-            cubin = kernels.cubin_of(fatbin, 75)
-            names = kernels.kernel_names(cubin) if cubin else []
-            if names:
-                break
-        assert names, f"no cuRAND {major} fatbin with sm_75 kernels"
+        fatbin, name = kernels.library_kernel_fatbin(major)
         path = out / f"curand{major}.fatbin"
         path.write_bytes(fatbin)
-        images[major] = (path, names[0])
+        images[major] = (path, name)
     return images
 
 

@@ -187,3 +187,25 @@ def kernel_names(cubin: bytes) -> list[str]:
         path.write_bytes(cubin)
         out = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True, check=True).stdout
     return [line.split()[-1] for line in out.splitlines() if " FUNC " in line and "[<other>: 10]" in line]
+
+
+def library_kernel_fatbin(major: str) -> tuple[bytes, str]:
+    """The smallest cuRAND fatbin of CUDA `major` with sm_75 kernels, and one kernel's name; cached
+    next to the wheel (finding it reads the whole library)."""
+    from gpuslice_dev.wheels import wheel_dir
+
+    wheel, version, _member = CURAND[major]
+    cache = wheel_dir(wheel, version)
+    image, name = cache / "kernels.fatbin", cache / "kernels.name"
+    if image.exists() and name.exists():
+        return image.read_bytes(), name.read_text()
+    for fatbin in sorted(library_fatbins(major), key=len):
+        cubin = cubin_of(fatbin, 75)
+        names = kernel_names(cubin) if cubin else []
+        if names:
+            partial = cache / "kernels.fatbin.partial"
+            partial.write_bytes(fatbin)
+            name.write_text(names[0])
+            partial.rename(image)
+            return fatbin, names[0]
+    raise RuntimeError(f"no fatbin with sm_75 kernels in {wheel} {version}")
