@@ -307,3 +307,91 @@ FAKE_EXPORT CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool p
     *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     return CUDA_SUCCESS;
 }
+
+/* ---------------------------------------------------------------- copy and memset nodes */
+
+static void set_op(struct CUgraphNode_st *n, void *dst, const void *src, size_t width, size_t height,
+                   size_t dst_pitch, size_t src_pitch, const void *value, size_t elem)
+{
+    n->dst = dst;
+    n->src = src;
+    n->width = width;
+    n->height = height ? height : 1;
+    n->dst_pitch = dst_pitch;
+    n->src_pitch = src_pitch;
+    n->elem = elem;
+    if (value && elem <= sizeof(n->value)) memcpy(n->value, value, elem);
+}
+
+int fake_capture_op(CUstream s, CUgraphNodeType type, void *dst, const void *src, size_t width, size_t height,
+                    size_t dst_pitch, size_t src_pitch, const void *value, size_t elem)
+{
+    if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || !s->capturing) return 0;
+    struct CUgraphNode_st *n = fake_graph_node(s->capture_graph, type);
+    if (n) set_op(n, dst, src, width, height, dst_pitch, src_pitch, value, elem);
+    return 1;
+}
+
+void fake_graph_op_run(const struct CUgraphNode_st *op)
+{
+    for (size_t y = 0; y < op->height; y++) {
+        char *row = op->dst + y * op->dst_pitch;
+        if (op->type == CU_GRAPH_NODE_TYPE_MEMCPY) memmove(row, op->src + y * op->src_pitch, op->width);
+        else if (op->elem == 1) memset(row, op->value[0], op->width);
+        else
+            for (size_t i = 0; i < op->width; i++) memcpy(row + i * op->elem, op->value, op->elem);
+    }
+}
+
+CUresult fake_graph_exec_take_ops(struct CUgraphExec_st *x, const struct CUgraph_st *g)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < g->nnodes; i++)
+        n += g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMCPY || g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMSET;
+    x->ops = n ? calloc(n, sizeof(*x->ops)) : NULL;
+    if (n && !x->ops) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < g->nnodes; i++)
+        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMCPY || g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMSET)
+            x->ops[x->nops++] = *g->nodes[i];
+    return CUDA_SUCCESS;
+}
+
+static char *memcpy3d_ptr(CUmemorytype t, const void *host, CUdeviceptr dev)
+{
+    return t == CU_MEMORYTYPE_HOST ? (char *)host : (char *)(uintptr_t)dev;
+}
+
+FAKE_EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                          const CUDA_MEMCPY3D *p, CUcontext ctx)
+{
+    (void)deps;
+    (void)ndeps;
+    (void)ctx;
+    CHECK_INIT();
+    if (!node || !g || !p) return CUDA_ERROR_INVALID_VALUE;
+    if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY || p->Depth > 1)
+        return CUDA_ERROR_NOT_SUPPORTED; /* arrays and 3D copies are not modeled */
+    char *dst = memcpy3d_ptr(p->dstMemoryType, p->dstHost, p->dstDevice);
+    const char *src = memcpy3d_ptr(p->srcMemoryType, p->srcHost, p->srcDevice);
+    if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEMCPY);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    set_op(*node, dst + p->dstY * p->dstPitch + p->dstXInBytes, src + p->srcY * p->srcPitch + p->srcXInBytes,
+           p->WidthInBytes, p->Height, p->dstPitch, p->srcPitch, NULL, 1);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                          const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx)
+{
+    (void)deps;
+    (void)ndeps;
+    (void)ctx;
+    CHECK_INIT();
+    if (!node || !g || !p || !p->dst || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEMSET);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    set_op(*node, (char *)(uintptr_t)p->dst, NULL, p->width, p->height, p->pitch, 0, &p->value, p->elementSize);
+    return CUDA_SUCCESS;
+}

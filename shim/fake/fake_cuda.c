@@ -1190,6 +1190,10 @@ FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsi
     x->duration_ns = g->duration_ns;
     x->dev = current_ctx->dev;
     x->mem_bytes = g->mem_bytes;
+    if (fake_graph_exec_take_ops(x, g) != CUDA_SUCCESS) {
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *e = x;
     return CUDA_SUCCESS;
 }
@@ -1211,6 +1215,7 @@ FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
         pthread_mutex_unlock(&pool_lock);
         if (rc != CUDA_SUCCESS) return rc;
     }
+    for (size_t i = 0; i < e->nops; i++) fake_graph_op_run(&e->ops[i]);
     return occupy(e->dev, e->duration_ns);
 }
 
@@ -1228,6 +1233,7 @@ FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
         graph_spare[e->dev] += e->mem_bytes;
         pthread_mutex_unlock(&pool_lock);
     }
+    if (e) free(e->ops);
     free(e);
     return CUDA_SUCCESS;
 }

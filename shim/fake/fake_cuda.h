@@ -109,6 +109,8 @@ struct CUgraphExec_st {
     CUdevice dev;
     uint64_t mem_bytes;
     int backed;
+    struct CUgraphNode_st *ops; /* its copy and memset nodes, replayed in order at each launch */
+    size_t nops;
 };
 struct CUextMemory_st {
     int fd;
@@ -119,7 +121,20 @@ struct CUgraphNode_st {
     struct CUgraph_st *graph;
     uint64_t duration_ns; /* a kernel node's */
     uint64_t mem_bytes;   /* an alloc node's */
+    /* a copy node (CU_GRAPH_NODE_TYPE_MEMCPY: rows of `width` bytes) or a fill (MEMSET: `width`
+     * elements of `elem` bytes per row): what it does at each launch */
+    char *dst;
+    const char *src;
+    size_t width, height, dst_pitch, src_pitch, elem;
+    unsigned char value[8];
 };
+/* Records a copy or fill into a capturing stream's graph: 1 if `s` is capturing (nothing ran), 0 if not. */
+int fake_capture_op(CUstream s, CUgraphNodeType type, void *dst, const void *src, size_t width, size_t height,
+                    size_t dst_pitch, size_t src_pitch, const void *value, size_t elem);
+/* Runs one copy or fill node. */
+void fake_graph_op_run(const struct CUgraphNode_st *op);
+/* An executable graph takes its graph's copy and fill nodes at instantiation. */
+CUresult fake_graph_exec_take_ops(struct CUgraphExec_st *x, const struct CUgraph_st *g);
 /* A new node of `type` in `g` (cuda_graph.c); NULL when out of memory. */
 struct CUgraphNode_st *fake_graph_node(struct CUgraph_st *g, CUgraphNodeType type);
 /* Frees a graph and its nodes. */
