@@ -147,7 +147,7 @@ FAKE_EXPORT CUresult cuStreamQuery(CUstream s)
     CUdevice dev;
     CUresult rc = stream_dev(s, &dev);
     if (rc != CUDA_SUCCESS) return rc;
-    return atomic_load(&sys()->state[dev]->busy_until_ns) > fake_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    return fake_busy_until(sys()->state[dev]) > fake_now_ns() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
