@@ -83,6 +83,7 @@ def package_status(
     return GpuPackageStatus(
         deviceClassName=c.device_class_name(name),
         quotaKey=c.quota_key(name),
+        resourceName=spec.extended_resource(name),
         memoryPerSlice=format_bytes(capacity.memory_per_slice_bytes)
         if capacity.memory_per_slice_bytes
         else None,

@@ -17,6 +17,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceclaim import allocated_devices
 from gpuslice.api.resourceslice import PublishedSlice, parse_resource_slice
+from gpuslice.domain.deviceclass import fingerprint
 from gpuslice.domain.views import (
     ClaimView,
     PodView,
@@ -109,7 +110,8 @@ class Indexes:
         self.quotas: kopf.Index[str, QuotaView] = kw["gs_quotas"]
         self.resource_slices: kopf.Index[str, PublishedSlice] = kw["gs_resource_slices"]
         self.namespaces: kopf.Index[str, NamespaceView] = kw["gs_namespaces"]
-        #: DeviceClass name -> its selector expression (to tell a changed one from ours).
+        #: DeviceClass name -> what gpuslice sets of it (`deviceclass.fingerprint`: to tell a changed
+        #: one from ours).
         self.device_classes: kopf.Index[str, str] = kw["gs_device_classes"]
         self.admission_policies: kopf.Index[str, AdmissionView] = kw["gs_admission_policies"]
         self.admission_bindings: kopf.Index[str, AdmissionView] = kw["gs_admission_bindings"]
@@ -190,8 +192,7 @@ async def gs_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[st
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
 async def gs_device_classes(name: str, spec: kopf.Spec, **_: Any) -> dict[str, str]:
-    selectors = spec.get("selectors") or [{}]
-    return {name: str((selectors[0].get("cel") or {}).get("expression", ""))}
+    return {name: fingerprint(spec)}
 
 
 @kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", labels=MANAGED)

@@ -16,7 +16,7 @@ from gpuslice.api.package import GpuPackageSpec, GpuPackageStatus
 from gpuslice.api.slice import Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import same_status
-from gpuslice.domain.deviceclass import device_class, device_selector_expression
+from gpuslice.domain.deviceclass import desired_fingerprint, device_class
 from gpuslice.domain.package_status import deletion_condition, package_status
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.logs import get
@@ -42,8 +42,9 @@ TIMER = "package_timer"
 
 
 def device_class_current(idx: Indexes, package: str, spec: GpuPackageSpec) -> bool:
-    """The DeviceClass exists and selects what it should (someone may have edited it)."""
-    return one(idx.device_classes, c.device_class_name(package)) == device_selector_expression(package, spec)
+    """The DeviceClass exists, selects what it should and names the package's extended resource
+    (someone may have edited it, or the package changed its extendedResourceName)."""
+    return one(idx.device_classes, c.device_class_name(package)) == desired_fingerprint(package, spec)
 
 
 async def ensure_device_class(state: OperatorState, name: str, uid: str | None, spec: GpuPackageSpec) -> None:
@@ -63,8 +64,9 @@ async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf
     meta = body.get("metadata", {})
     if meta.get("deletionTimestamp") is None:
         spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
-        # The DeviceClass depends only on name and gpuModel, which cannot change: apply it on first
-        # sight (a no-op when it is already right) and whenever the index lacks it.
+        # The DeviceClass depends on name and gpuModel, which cannot change, and on
+        # extendedResourceName, which can: apply it on first sight (a no-op when it is already
+        # right) and whenever the index shows it different.
         if type in (None, "ADDED") or not device_class_current(idx, name, spec):
             await fast_path(ensure_device_class(state, name, meta.get("uid"), spec), TIMER)
     await fast_path(reconcile_all(state, idx), TIMER)
