@@ -33,6 +33,7 @@ from gpuslice.agent.prepare import NodePaths
 from gpuslice.api.package import OnViolation
 from gpuslice.domain.gpu_processes import Finding, GpuProcess, SliceClaim
 from gpuslice.domain.ownership import slice_owner
+from gpuslice.domain.pod_slices import pod_owner_uid, scheduler_claim_pod
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import (
     REGION_FILE,
@@ -215,6 +216,7 @@ class _SliceState:
     last_write: float | None = None
     violation: str | None = None
     write_error: int | None = None  # HTTP status of the last refused usage write (logged once)
+    unsettled: bool = False  # its GpuSlice may not exist yet (a pod's): looked up again next tick
 
 
 def _report_key(record: ClaimRecord, state: _SliceState) -> str:
@@ -243,11 +245,12 @@ class UsageReporter:
     async def _owner(self, record: ClaimRecord) -> _SliceState:
         """Which GpuSlice a claim belongs to (its owner reference), looked up once per claim."""
         state = self._states.get(record.uid)
-        if state is not None:
+        if state is not None and not state.unsettled:
             return state
         key: str | None = None
         owner_uid: str | None = None
         package = ""
+        settled = True
         try:
             claim = await self.kube.get_claim(record.namespace, record.name)
             meta = claim.get("metadata", {})
@@ -255,14 +258,36 @@ class UsageReporter:
             if (ref := slice_owner(meta)) is not None:
                 key = f"{record.namespace}/{ref['name']}"
                 owner_uid = ref.get("uid")
+            elif (pod := scheduler_claim_pod(meta)) is not None:
+                # kube-scheduler's claim for a pod's `gpuslice.io/<package>: 1`: its GpuSlice is the
+                # one the operator keeps for that pod, named like it and owned by it.
+                found = await self._pod_slice(record.namespace, *pod)
+                if found is not None:
+                    key, owner_uid, package = f"{record.namespace}/{pod[0]}", found[0], found[1]
+                settled = found is not None  # the operator may not have made it yet: ask again
         except ApiError as exc:
             if exc.status != 404:
                 raise
         name = key.split("/", 1)[1] if key else record.name
         labels = metrics.slice_labels(record.namespace, name, package, self.node, record.devices[0].gpu_uuid)
-        state = _SliceState(key=key, owner_uid=owner_uid if key else None, labels=labels)
+        state = _SliceState(
+            key=key, owner_uid=owner_uid if key else None, labels=labels, unsettled=not settled
+        )
         self._states[record.uid] = state
         return state
+
+    async def _pod_slice(self, namespace: str, pod: str, pod_uid: str) -> tuple[str, str] | None:
+        """(uid, package) of the GpuSlice the operator keeps for pod `pod`, if it is that pod's."""
+        try:
+            obj = await self.kube.get_gpuslice(namespace, pod)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return None
+        meta = obj.get("metadata") or {}
+        if pod_owner_uid(meta) != pod_uid or (obj.get("spec") or {}).get("pod") != pod:
+            return None
+        return str(meta.get("uid") or ""), str((obj.get("spec") or {}).get("package") or "")
 
     async def tick(self) -> None:
         checkpoint = CheckpointStore(self.paths.state_dir / "checkpoint.json").load()

@@ -15,6 +15,8 @@ Policies (all prefixed gpuslice-), what they bind to, their action and what they
   container asking for exactly one slice in a pod that holds no claims; the implicit
   `deviceclass.resource.kubernetes.io/<package>.gpuslice.io` outside tenant namespaces (inside them
   the pods policy refuses it).
+- pod-slices (all namespaces, Deny): a GpuSlice with spec.pod (the one the operator keeps for a
+  pod that asks for a product in resources.limits) written by anyone but the operator.
 - pod-memory (tenant namespaces, Warn): a container holding a slice with a tiny memory limit.
 - gpu-nodes (every namespace but the exempt ones, Deny): tolerating the GPU node taint, unless the
   pod holds claims (or asks for a product) in a tenant namespace; the tolerate-everything toleration.
@@ -267,6 +269,25 @@ def pod_products_policy() -> dict[str, Any]:
                 "message": "a pod asks for its GPU either as a gpuslice product in resources.limits or "
                 f"through resource claims, not both. Use {PRODUCT_FORM} alone, or " + SLICE_FORM,
             },
+        ],
+    )
+
+
+def pod_slices_policy(config: AdmissionConfig) -> dict[str, Any]:
+    """Only the operator writes the GpuSlice of a pod (spec.pod): a tenant's would claim another
+    pod's slice as its own in `kubectl get gpuslices`."""
+    allowed = _cel_list([*config.operator_identities, *config.extra_identities, *CONTROLLER_IDENTITIES])
+    pod = "(has(object.spec.pod) || (oldObject != null && has(oldObject.spec.pod)))"
+    return _policy(
+        f"{c.POLICY_PREFIX}pod-slices",
+        [_rule(c.API_GROUP, [c.SLICE_PLURAL], ["CREATE", "UPDATE"])],
+        [
+            {
+                "expression": f"!{pod} || request.userInfo.username in {allowed}",
+                "message": "spec.pod is set by the gpuslice operator on the GpuSlice it keeps for a pod "
+                f"that asks for a product in resources.limits; leave it out. Use {PRODUCT_FORM} in the "
+                "pod, or create a GpuSlice of your own without spec.pod",
+            }
         ],
     )
 
@@ -687,6 +708,7 @@ def admission_objects(config: AdmissionConfig) -> list[dict[str, Any]]:
     pairs: list[tuple[dict[str, Any], list[str], dict[str, Any] | None]] = [
         (pods_policy(), ["Deny"], tenant),
         (pod_products_policy(), ["Deny"], None),
+        (pod_slices_policy(config), ["Deny"], None),
         (pod_memory_policy(config.memory_floor), ["Warn"], tenant),
         (gpu_nodes_policy(), ["Deny"], not_exempt),
         (

@@ -33,7 +33,10 @@ def _cel_string(value: str) -> str:
     return f'"{escaped}"'
 
 
-def device_class(package: str, package_uid: str | None, spec: GpuPackageSpec) -> dict[str, Any]:
+def device_class(
+    package: str, package_uid: str | None, spec: GpuPackageSpec, resource: str | None
+) -> dict[str, Any]:
+    """`resource`: the extended resource the class names (`pod_slices.resource_of`), None for none."""
     meta: dict[str, Any] = {
         "name": c.device_class_name(package),
         "labels": managed_labels(package=package),
@@ -43,8 +46,8 @@ def device_class(package: str, package_uid: str | None, spec: GpuPackageSpec) ->
     expression = device_selector_expression(package, spec)
     class_spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}
     # Absent, not null, when turned off: a server-side apply without the field releases it.
-    if (name := spec.extended_resource(package)) is not None:
-        class_spec["extendedResourceName"] = name
+    if resource is not None:
+        class_spec["extendedResourceName"] = resource
     return {
         "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
         "kind": "DeviceClass",
@@ -61,5 +64,5 @@ def fingerprint(class_spec: Mapping[str, Any]) -> str:
     return json.dumps([expression, class_spec.get("extendedResourceName")])
 
 
-def desired_fingerprint(package: str, spec: GpuPackageSpec) -> str:
-    return fingerprint(device_class(package, None, spec)["spec"])
+def desired_fingerprint(package: str, spec: GpuPackageSpec, resource: str | None) -> str:
+    return fingerprint(device_class(package, None, spec, resource)["spec"])

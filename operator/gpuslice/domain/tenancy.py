@@ -16,6 +16,7 @@ from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.domain.isolation import pod_security_labels
 from gpuslice.domain.ownership import managed_labels
+from gpuslice.domain.pod_slices import product_packages
 from gpuslice.domain.selectors import matches
 
 
@@ -96,12 +97,10 @@ def extended_resource_quota(
     when it is created, and `kubectl describe quota` shows slices of both forms under the name
     tenants write.
     """
-    out: dict[str, str] = {}
-    for name, spec in sorted(packages.items()):
-        resource = spec.extended_resource(name)
-        if resource is not None:
-            out[c.QUOTA_REQUESTS_PREFIX + resource] = str(entitled.get(name) or 0)
-    return out
+    return {
+        c.QUOTA_REQUESTS_PREFIX + resource: str(entitled.get(name) or 0)
+        for resource, name in sorted(product_packages(packages).items())
+    }
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.deviceclass import desired_fingerprint, device_class
 from gpuslice.domain.package_status import deletion_condition, package_status
+from gpuslice.domain.pod_slices import resource_of
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.logs import get
 from gpuslice.metrics import (
@@ -30,6 +31,7 @@ from gpuslice.metrics import (
 from gpuslice.operator import heap
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
+from gpuslice.operator.pod_slices import package_specs
 from gpuslice.operator.policies import ensure_policies
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import recheck, refresh_routed
@@ -41,15 +43,24 @@ DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
 TIMER = "package_timer"
 
 
+def resource_name(idx: Indexes, package: str, spec: GpuPackageSpec) -> str | None:
+    """The extended resource the package's DeviceClass names (None: off, or another package has it)."""
+    return resource_of(package, {**package_specs(idx), package: spec})
+
+
 def device_class_current(idx: Indexes, package: str, spec: GpuPackageSpec) -> bool:
     """The DeviceClass exists, selects what it should and names the package's extended resource
     (someone may have edited it, or the package changed its extendedResourceName)."""
-    return one(idx.device_classes, c.device_class_name(package)) == desired_fingerprint(package, spec)
+    desired = desired_fingerprint(package, spec, resource_name(idx, package, spec))
+    return one(idx.device_classes, c.device_class_name(package)) == desired
 
 
-async def ensure_device_class(state: OperatorState, name: str, uid: str | None, spec: GpuPackageSpec) -> None:
+async def ensure_device_class(
+    state: OperatorState, idx: Indexes, name: str, uid: str | None, spec: GpuPackageSpec
+) -> None:
+    body = device_class(name, uid, spec, resource_name(idx, name, spec))
     with refusal_is_temporary(f"DeviceClass of {name}", state.config.recheck_seconds):
-        await state.kube.apply(device_class(name, uid, spec))
+        await state.kube.apply(body)
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
@@ -68,7 +79,7 @@ async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf
         # extendedResourceName, which can: apply it on first sight (a no-op when it is already
         # right) and whenever the index shows it different.
         if type in (None, "ADDED") or not device_class_current(idx, name, spec):
-            await fast_path(ensure_device_class(state, name, meta.get("uid"), spec), TIMER)
+            await fast_path(ensure_device_class(state, idx, name, meta.get("uid"), spec), TIMER)
     await fast_path(reconcile_all(state, idx), TIMER)
     if type == "ADDED":
         # Slices that named this package before it existed were Failed (PackageNotFound): go on now.
@@ -83,7 +94,7 @@ async def device_class_event(name: str, type: str | None, memo: kopf.Memo, **kw:
     if package is None or package.deleting:
         return
     if type in ("DELETED", "MODIFIED"):
-        await fast_path(ensure_device_class(memo.state, package.name, package.uid, package.spec), TIMER)
+        await fast_path(ensure_device_class(memo.state, idx, package.name, package.uid, package.spec), TIMER)
 
 
 @kopf.on.delete(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
@@ -119,7 +130,7 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     recheck(state, name, idx)
     await _write_status(state, name, spec, body, idx)
     if not device_class_current(idx, name, spec):
-        await ensure_device_class(state, name, meta.get("uid"), spec)
+        await ensure_device_class(state, idx, name, meta.get("uid"), spec)
     await retry_unsynced(state, idx)
     await ensure_policies(state, idx)
     heap.trim(state.config.recheck_seconds)
@@ -159,6 +170,7 @@ async def _write_status(
         present,
         previous=previous,
         now=now(),
+        resource=resource_name(idx, name, spec),
     )
     desired = new.model_dump(by_alias=True, exclude_none=True)
     if same_status(current, desired):
