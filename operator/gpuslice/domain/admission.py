@@ -223,6 +223,11 @@ def pod_products_policy() -> dict[str, Any]:
         f"(!has(ct.resources.requests) || {_product_keys('ct.resources.requests')}"
         f".all(k, {one.replace('X', 'ct.resources.requests')}))"
     )
+    no_entitlement = (
+        "holds no gpuslice entitlement, so its pods cannot ask for gpuslice products (gpuslice.io/*, or "
+        "deviceclass.resource.kubernetes.io/*.gpuslice.io). Ask the platform team for an entitlement: a "
+        "GpuPackage entitlement whose namespaceSelector matches this namespace"
+    )
     no_claims = (
         "(!has(object.spec.resourceClaims) || size(object.spec.resourceClaims) == 0) && "
         "object.spec.containers.all(ct, !has(ct.resources) || !has(ct.resources.claims) || "
@@ -237,10 +242,8 @@ def pod_products_policy() -> dict[str, Any]:
         [
             {
                 "expression": f"({tenant}) || " + _no_container(_asks_gpuslice_device("ct")),
-                "messageExpression": "'namespace ' + namespaceObject.metadata.name + ' holds no gpuslice "
-                "entitlement, so its pods cannot ask for gpuslice products (gpuslice.io/*, or "
-                "deviceclass.resource.kubernetes.io/*.gpuslice.io). Ask the platform team for an "
-                "entitlement: a GpuPackage entitlement whose namespaceSelector matches this namespace'",
+                "message": f"this namespace {no_entitlement}",
+                "messageExpression": f"'namespace ' + namespaceObject.metadata.name + ' {no_entitlement}'",
             },
             {
                 "expression": "(!has(object.spec.initContainers) || "
