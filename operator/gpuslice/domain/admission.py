@@ -296,12 +296,22 @@ def pod_slices_policy(config: AdmissionConfig) -> dict[str, Any]:
 
 
 def _scheduler_claim() -> str:
-    """CEL: the claim is the one kube-scheduler makes for a pod's product request (it carries the
-    scheduler's annotation; only kube-scheduler's own identity counts, whatever a tenant writes)."""
+    """CEL: the claim is the one kube-scheduler makes for a pod's product request: created by
+    kube-scheduler's own identity with its annotation (whatever a tenant writes), or an update of
+    such a claim (kube-controller-manager removes its finalizer when the pod is gone; the spec cannot
+    change after creation)."""
+    ann = c.ANNOTATION_EXTENDED_RESOURCE_CLAIM
+
+    def annotated(obj: str) -> str:
+        return (
+            f"has({obj}.metadata.annotations) && '{ann}' in {obj}.metadata.annotations && "
+            f"{obj}.metadata.annotations['{ann}'] == 'true'"
+        )
+
     return (
-        f"request.userInfo.username == '{KUBE_SCHEDULER}' && has(object.metadata.annotations) && "
-        f"'{c.ANNOTATION_EXTENDED_RESOURCE_CLAIM}' in object.metadata.annotations && "
-        f"object.metadata.annotations['{c.ANNOTATION_EXTENDED_RESOURCE_CLAIM}'] == 'true'"
+        f"({annotated('object')}) && ((request.operation == 'CREATE' && "
+        f"request.userInfo.username == '{KUBE_SCHEDULER}') || "
+        f"(request.operation == 'UPDATE' && oldObject != null && {annotated('oldObject')}))"
     )
 
 
@@ -558,7 +568,7 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
                 "this namespace",
             },
             {
-                "expression": f"({scheduler}) ? ({_scheduler_claim_form(requests)}) : "
+                "expression": f"(({scheduler}) && {_scheduler_claim_form(requests)}) || "
                 f"(size({requests}) == 1 && {requests}.all(r, {exact}))",
                 "message": "a claim for a gpuslice DeviceClass has one request named gpu with "
                 "allocationMode ExactCount and count 1, and no selectors, capacity, adminAccess, "
@@ -571,7 +581,8 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
                 "the product fixes them" + tail,
             },
             {
-                "expression": f"({scheduler}) || (has({labels}) && '{c.LABEL_PACKAGE}' in {labels} && "
+                "expression": f"(({scheduler}) && {_scheduler_claim_form(requests)}) || "
+                f"(has({labels}) && '{c.LABEL_PACKAGE}' in {labels} && "
                 f"{requests}.all(r, !has(r.exactly) || "
                 f"{labels}['{c.LABEL_PACKAGE}'] + '{c.DEVICE_CLASS_SUFFIX}' == r.exactly.deviceClassName))",
                 "message": f"a claim for a gpuslice DeviceClass carries the label {c.LABEL_PACKAGE}: "
