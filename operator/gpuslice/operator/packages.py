@@ -43,24 +43,35 @@ DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
 TIMER = "package_timer"
 
 
-def resource_name(idx: Indexes, package: str, spec: GpuPackageSpec) -> str | None:
-    """The extended resource the package's DeviceClass names (None: off, or another package has it)."""
+def resource_name(state: OperatorState, idx: Indexes, package: str, spec: GpuPackageSpec) -> str | None:
+    """The extended resource the package's DeviceClass names (None: off, another package has it, or
+    the API server drops the field)."""
+    if state.extended_resource_dropped:
+        return None
     return resource_of(package, {**package_specs(idx), package: spec})
 
 
-def device_class_current(idx: Indexes, package: str, spec: GpuPackageSpec) -> bool:
+def device_class_current(state: OperatorState, idx: Indexes, package: str, spec: GpuPackageSpec) -> bool:
     """The DeviceClass exists, selects what it should and names the package's extended resource
     (someone may have edited it, or the package changed its extendedResourceName)."""
-    desired = desired_fingerprint(package, spec, resource_name(idx, package, spec))
+    desired = desired_fingerprint(package, spec, resource_name(state, idx, package, spec))
     return one(idx.device_classes, c.device_class_name(package)) == desired
 
 
 async def ensure_device_class(
     state: OperatorState, idx: Indexes, name: str, uid: str | None, spec: GpuPackageSpec
 ) -> None:
-    body = device_class(name, uid, spec, resource_name(idx, name, spec))
+    body = device_class(name, uid, spec, resource_name(state, idx, name, spec))
     with refusal_is_temporary(f"DeviceClass of {name}", state.config.recheck_seconds):
-        await state.kube.apply(body)
+        stored = await state.kube.apply(body)
+    if "extendedResourceName" in body["spec"] and "extendedResourceName" not in (stored.get("spec") or {}):
+        # Applying it again would only be dropped again, every recheck: compare without it.
+        state.extended_resource_dropped = True
+        log.warning(
+            "the API server dropped DeviceClass.spec.extendedResourceName: products cannot be asked for "
+            "in resources.limits; turn on the DRAExtendedResource feature gate (GA from 1.37)",
+            device_class=body["metadata"]["name"],
+        )
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
@@ -78,7 +89,7 @@ async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf
         # The DeviceClass depends on name and gpuModel, which cannot change, and on
         # extendedResourceName, which can: apply it on first sight (a no-op when it is already
         # right) and whenever the index shows it different.
-        if type in (None, "ADDED") or not device_class_current(idx, name, spec):
+        if type in (None, "ADDED") or not device_class_current(state, idx, name, spec):
             await fast_path(ensure_device_class(state, idx, name, meta.get("uid"), spec), TIMER)
     await fast_path(reconcile_all(state, idx), TIMER)
     if type == "ADDED":
@@ -129,7 +140,7 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
     recheck(state, name, idx)
     await _write_status(state, name, spec, body, idx)
-    if not device_class_current(idx, name, spec):
+    if not device_class_current(state, idx, name, spec):
         await ensure_device_class(state, idx, name, meta.get("uid"), spec)
     await retry_unsynced(state, idx)
     await ensure_policies(state, idx)
@@ -170,7 +181,7 @@ async def _write_status(
         present,
         previous=previous,
         now=now(),
-        resource=resource_name(idx, name, spec),
+        resource=resource_name(state, idx, name, spec),
     )
     desired = new.model_dump(by_alias=True, exclude_none=True)
     if same_status(current, desired):
