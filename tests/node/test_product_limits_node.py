@@ -16,6 +16,7 @@ import pytest
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster
 from node.node_cluster import PROBE, TENANT, delete, exec_in, run_pod, slice_pod
+from node.test_isolation_node import _container_pid, _release, gpu_holder
 from support import apply, get_json, wait_for
 
 # tests/operator is a package whose name the standard library's `operator` shadows here: load the
@@ -359,3 +360,35 @@ def test_tenants_cannot_forge_the_schedulers_claim_or_a_pods_slice(
         "create", "--dry-run=server", "-f", "-", input=json.dumps(pod_slice), kubeconfig=tenant, check=False
     )
     assert proc.returncode != 0 and "spec.pod is set by the gpuslice operator" in proc.stderr, proc.stderr
+
+
+def test_a_process_that_bypasses_the_shim_in_such_a_pod_is_judged_against_its_slice(
+    node_cluster: DevCluster,
+) -> None:
+    """The agent attributes it through the pod's status.extendedResourceClaimStatus to the scheduler's
+    claim, judges it against that slice's 8 GiB and, under the default onViolation: Stop, kills it;
+    the report goes to the pod's GpuSlice."""
+    run_pod(node_cluster, [product_pod("bypass-limits")])
+    try:
+        uuid = wait_for(
+            lambda: (
+                get_json(node_cluster, "gpuslice", "bypass-limits", "-n", TENANT).get("status") or {}
+            ).get("gpuUUID"),
+            60,
+            "the pod's GpuSlice's GPU",
+        )
+        uid = get_json(node_cluster, "pod", "bypass-limits", "-n", TENANT)["metadata"]["uid"]
+        holder = gpu_holder(node_cluster, uuid, 10 * c.GIB, into_pod_of=_container_pid(uid))
+        try:
+            holder.wait(timeout=60)  # SIGKILLed by the agent
+            events = get_json(
+                node_cluster, "events", "-n", TENANT,
+                "--field-selector=reason=SliceMemoryViolation,involvedObject.name=bypass-limits",
+            )["items"]  # fmt: skip
+            messages = [e["message"] for e in events]
+            judged = f"of slice {TENANT}/bypass-limits hold 10240 MiB on GPU {uuid}, more than the slice's"
+            assert any(f"{judged} 8192 MiB" in m and "onViolation: Stop" in m for m in messages), messages
+        finally:
+            _release(holder)
+    finally:
+        delete(node_cluster, "pod", "bypass-limits")
