@@ -305,23 +305,31 @@ def test_an_ephemeral_container_cannot_take_a_slice(node_cluster: DevCluster) ->
         delete(node_cluster, "pod", "plain")
 
 
-def test_a_deployment_in_a_namespace_without_entitlement_says_why_it_has_no_pods(
-    node_cluster: DevCluster,
+def _job(name: str, namespace: str, limits: dict[str, str]) -> dict[str, Any]:
+    pod = product_pod("x", namespace, limits=limits)["spec"] | {"restartPolicy": "Never"}
+    meta = {"name": name, "namespace": namespace}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {"template": {"spec": pod}}}
+
+
+WORKLOADS_REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    "deployment-without-entitlement": (deployment("chart", OUTSIDER, 1), "holds no gpuslice entitlement"),
+    "job-count-2": (_job("train", TENANT, {PRODUCT: "2"}), "exactly one slice"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORKLOADS_REFUSED))
+def test_a_workload_whose_pods_would_be_refused_is_refused_when_applied(
+    node_cluster: DevCluster, tenant: Path, case: str
 ) -> None:
-    apply(node_cluster, [deployment("chart", OUTSIDER, 1)])
-    try:
-
-        def failure() -> str | None:
-            for rs in get_json(node_cluster, "replicasets", "-n", OUTSIDER)["items"]:
-                for cond in rs.get("status", {}).get("conditions") or []:
-                    if cond["type"] == "ReplicaFailure":
-                        return str(cond["message"])
-            return None
-
-        message = wait_for(failure, 30, "the ReplicaSet's ReplicaFailure")
-        assert "holds no gpuslice entitlement" in message and "Ask the platform team" in message
-    finally:
-        node_cluster.kubectl("delete", "deployment", "chart", "-n", OUTSIDER, "--wait=true")
+    """A chart's Deployment, a Job: refused with the pods' message when applied, not left making
+    no pods (a ReplicaFailure nobody reads)."""
+    doc, expect = WORKLOADS_REFUSED[case]
+    kubeconfig = tenant if doc["metadata"]["namespace"] == TENANT else None
+    proc = node_cluster.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(doc), kubeconfig=kubeconfig, check=False
+    )
+    assert proc.returncode != 0 and "gpuslice-workload-products" in proc.stderr, proc.stderr
+    assert expect in proc.stderr, proc.stderr
 
 
 def test_tenants_cannot_forge_the_schedulers_claim_or_a_pods_slice(

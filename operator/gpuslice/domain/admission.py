@@ -15,6 +15,8 @@ Policies (all prefixed gpuslice-), what they bind to, their action and what they
   container asking for exactly one slice in a pod that holds no claims; the implicit
   `deviceclass.resource.kubernetes.io/<package>.gpuslice.io` outside tenant namespaces (inside them
   the pods policy refuses it).
+- workload-products (all namespaces, Deny): the same for the pod templates of Deployments,
+  ReplicaSets, StatefulSets, DaemonSets and Jobs, when the template is created or changed.
 - pod-slices (all namespaces, Deny): a GpuSlice with spec.pod (the one the operator keeps for a
   pod that asks for a product in resources.limits) written by anyone but the operator.
 - pod-memory (tenant namespaces, Warn): a container holding a slice with a tiny memory limit.
@@ -210,8 +212,8 @@ SLICE_FORM = (
 )
 
 
-def pod_products_policy() -> dict[str, Any]:
-    """Products asked for in resources.limits: only in entitled namespaces, only in the one form."""
+def _product_validations(spec: str) -> list[dict[str, Any]]:
+    """The rules of `pod_products_policy` for the pod spec at `spec` (a pod's, or a template's)."""
     tenant = (
         f"has(namespaceObject.metadata.labels) && '{c.LABEL_TENANT}' in namespaceObject.metadata.labels "
         f"&& namespaceObject.metadata.labels['{c.LABEL_TENANT}'] == 'true'"
@@ -233,45 +235,79 @@ def pod_products_policy() -> dict[str, Any]:
         "object.spec.containers.all(ct, !has(ct.resources) || !has(ct.resources.claims) || "
         "size(ct.resources.claims) == 0)"
     )
+    validations: list[dict[str, Any]] = [
+        {
+            "expression": f"({tenant}) || " + _no_container(_asks_gpuslice_device("ct")),
+            "message": f"this namespace {no_entitlement}",
+            "messageExpression": f"'namespace ' + namespaceObject.metadata.name + ' {no_entitlement}'",
+        },
+        {
+            "expression": "(!has(object.spec.initContainers) || "
+            f"!object.spec.initContainers.exists(ct, {_asks_product('ct')})) && "
+            "(!has(object.spec.ephemeralContainers) || "
+            f"!object.spec.ephemeralContainers.exists(ct, {_asks_product('ct')}))",
+            "message": "only a container of spec.containers may ask for a gpuslice product, not an "
+            f"init or ephemeral container. Use {PRODUCT_FORM}; for a slice several containers share, "
+            + SLICE_FORM,
+        },
+        {
+            "expression": f"size(object.spec.containers.filter(ct, {_asks_product('ct')})) <= 1",
+            "message": "only one container of a pod may ask for a gpuslice product in resources.limits "
+            f"(each would get a slice of its own). For a slice the containers share, {SLICE_FORM}; "
+            f"otherwise keep {PRODUCT_FORM}",
+        },
+        {
+            "expression": f"object.spec.containers.all(ct, !({_asks_product('ct')}) || "
+            f"(has(ct.resources.limits) && {counts_one}))",
+            "message": "a container asks for exactly one slice of one gpuslice product: "
+            f"{PRODUCT_FORM}. A count other than 1 is not sold (slices are fixed sizes: ask for a "
+            "larger product), and two products in one container are not either",
+        },
+        {
+            "expression": f"!({ASKS_PRODUCT}) || ({no_claims})",
+            "message": "a pod asks for its GPU either as a gpuslice product in resources.limits or "
+            f"through resource claims, not both. Use {PRODUCT_FORM} alone, or " + SLICE_FORM,
+        },
+    ]
+    for v in validations:
+        v["expression"] = v["expression"].replace("object.spec", spec)
+    return validations
+
+
+def pod_products_policy() -> dict[str, Any]:
+    """Products asked for in resources.limits: only in entitled namespaces, only in the one form."""
     return _policy(
         f"{c.POLICY_PREFIX}pod-products",
         [
             _rule("", ["pods"], ["CREATE"]),
             _rule("", ["pods/ephemeralcontainers"], ["UPDATE"]),
         ],
-        [
+        _product_validations("object.spec"),
+    )
+
+
+#: Workload controllers whose pod template is at spec.template.spec.
+TEMPLATE_WORKLOADS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("apps", ("deployments", "replicasets", "statefulsets", "daemonsets")),
+    ("batch", ("jobs",)),
+)
+
+
+def workload_products_policy() -> dict[str, Any]:
+    """The same rules for the pod templates of workload controllers, so a chart's Deployment that
+    could never make its pods is refused when it is applied, not left with a ReplicaFailure. Only
+    when the template is new or changed: other updates (the garbage collector's, a scale) pass."""
+    rules = [_rule(group, list(resources), ["CREATE", "UPDATE"]) for group, resources in TEMPLATE_WORKLOADS]
+    return _policy(
+        f"{c.POLICY_PREFIX}workload-products",
+        rules,
+        _product_validations("object.spec.template.spec"),
+        match_conditions=[
             {
-                "expression": f"({tenant}) || " + _no_container(_asks_gpuslice_device("ct")),
-                "message": f"this namespace {no_entitlement}",
-                "messageExpression": f"'namespace ' + namespaceObject.metadata.name + ' {no_entitlement}'",
-            },
-            {
-                "expression": "(!has(object.spec.initContainers) || "
-                f"!object.spec.initContainers.exists(ct, {_asks_product('ct')})) && "
-                "(!has(object.spec.ephemeralContainers) || "
-                f"!object.spec.ephemeralContainers.exists(ct, {_asks_product('ct')}))",
-                "message": "only a container of spec.containers may ask for a gpuslice product, not an "
-                f"init or ephemeral container. Use {PRODUCT_FORM}; for a slice several containers share, "
-                + SLICE_FORM,
-            },
-            {
-                "expression": f"size(object.spec.containers.filter(ct, {_asks_product('ct')})) <= 1",
-                "message": "only one container of a pod may ask for a gpuslice product in resources.limits "
-                f"(each would get a slice of its own). For a slice the containers share, {SLICE_FORM}; "
-                f"otherwise keep {PRODUCT_FORM}",
-            },
-            {
-                "expression": f"object.spec.containers.all(ct, !({_asks_product('ct')}) || "
-                f"(has(ct.resources.limits) && {counts_one}))",
-                "message": "a container asks for exactly one slice of one gpuslice product: "
-                f"{PRODUCT_FORM}. A count other than 1 is not sold (slices are fixed sizes: ask for a "
-                "larger product), and two products in one container are not either",
-            },
-            {
-                "expression": f"!({ASKS_PRODUCT}) || ({no_claims})",
-                "message": "a pod asks for its GPU either as a gpuslice product in resources.limits or "
-                f"through resource claims, not both. Use {PRODUCT_FORM} alone, or " + SLICE_FORM,
-            },
+                "name": "template-set-or-changed",
+                "expression": "request.operation == 'CREATE' || "
+                "object.spec.template != oldObject.spec.template",
+            }
         ],
     )
 
@@ -722,6 +758,7 @@ def admission_objects(config: AdmissionConfig) -> list[dict[str, Any]]:
     pairs: list[tuple[dict[str, Any], list[str], dict[str, Any] | None]] = [
         (pods_policy(), ["Deny"], tenant),
         (pod_products_policy(), ["Deny"], None),
+        (workload_products_policy(), ["Deny"], None),
         (pod_slices_policy(config), ["Deny"], None),
         (pod_memory_policy(config.memory_floor), ["Warn"], tenant),
         (gpu_nodes_policy(), ["Deny"], not_exempt),
