@@ -98,6 +98,16 @@ def test_a_stock_pod_asking_for_the_product_in_its_limits_runs_on_its_slice(
         # the shim holds it to its slice like a GpuSlice pod
         rc, out, _ = exec_in(node_cluster, "chart", "gpuslice-probe", "alloc", "6Gi", "3Gi")
         assert "CUDA_ERROR_OUT_OF_MEMORY" in out.splitlines()[1], out
+        # `kubectl debug` (by someone allowed to: edit does not grant pods/ephemeralcontainers) cannot
+        # add a container with a slice of its own
+        debug = {"name": "dbg", "image": PROBE, "command": ["true"], "resources": {"limits": {PRODUCT: "1"}}}
+        patch = (
+            "--subresource=ephemeralcontainers",
+            "-p",
+            json.dumps({"spec": {"ephemeralContainers": [debug]}}),
+        )
+        proc = node_cluster.kubectl("patch", "pod", "chart", "-n", TENANT, *patch, check=False)
+        assert proc.returncode != 0 and "resources" in proc.stderr, proc.stderr
 
         pod = get_json(node_cluster, "pod", "chart", "-n", TENANT)
         assert any(t.get("key") == c.TAINT_GPU_KEY for t in pod["spec"]["tolerations"])  # added for it
@@ -290,19 +300,6 @@ def test_every_other_form_is_refused_with_the_one_that_works(
     assert proc.returncode != 0, f"{case} was admitted"
     for text in expect:
         assert text in proc.stderr, proc.stderr
-
-
-def test_an_ephemeral_container_cannot_take_a_slice(node_cluster: DevCluster) -> None:
-    """`kubectl debug` by someone allowed to (edit does not grant pods/ephemeralcontainers)."""
-    run_pod(node_cluster, [product_pod("plain", limits={"memory": "64Mi"})])
-    try:
-        debug = {"name": "dbg", "image": PROBE, "command": ["true"], "resources": {"limits": ONE}}
-        patch = json.dumps({"spec": {"ephemeralContainers": [debug]}})
-        ephemeral = ("--subresource=ephemeralcontainers", "-p", patch)
-        proc = node_cluster.kubectl("patch", "pod", "plain", "-n", TENANT, *ephemeral, check=False)
-        assert proc.returncode != 0 and "resources" in proc.stderr, proc.stderr
-    finally:
-        delete(node_cluster, "pod", "plain")
 
 
 def _job(name: str, namespace: str, limits: dict[str, str]) -> dict[str, Any]:
