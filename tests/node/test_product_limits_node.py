@@ -89,6 +89,10 @@ def _quota_settled(cluster: DevCluster, devices: str, requests: str) -> dict[str
 def test_a_stock_pod_asking_for_the_product_in_its_limits_runs_on_its_slice(
     node_cluster: DevCluster, tenant: Path
 ) -> None:
+    # the product names its resource: in its DeviceClass (what kube-scheduler reads) and its status
+    device_class = get_json(node_cluster, "deviceclass", "v100-8g.gpuslice.io")
+    assert device_class["spec"]["extendedResourceName"] == PRODUCT
+    assert get_json(node_cluster, "gpupackage", "v100-8g")["status"]["resourceName"] == PRODUCT
     before = used(node_cluster)
     apply(node_cluster, [product_pod("chart")], kubeconfig=tenant)
     run_pod(node_cluster, [product_pod("chart")])
@@ -397,3 +401,40 @@ def test_a_process_that_bypasses_the_shim_in_such_a_pod_is_judged_against_its_sl
             _release(holder)
     finally:
         delete(node_cluster, "pod", "bypass-limits")
+
+
+def test_a_package_chooses_its_resource_name_or_turns_the_form_off(node_cluster: DevCluster) -> None:
+    package = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.PACKAGE_KIND,
+        "metadata": {"name": "v100-16g"},
+        "spec": {
+            "gpuModel": "Tesla V100-PCIE-32GB",
+            "fraction": 50,
+            "entitlements": [
+                {"namespaceSelector": {"matchLabels": {"tenant.example.com/project": TENANT}}, "slices": 1}
+            ],
+        },
+    }
+
+    def named(resource: str | None) -> bool:
+        dc = get_json(node_cluster, "deviceclass", "v100-16g.gpuslice.io") or {"spec": {}}
+        hard = get_json(node_cluster, "resourcequota", c.QUOTA_NAME, "-n", TENANT)["spec"]["hard"]
+        keys = {k for k in hard if k.startswith("requests.gpuslice.io/v100-")} - {REQUESTS}
+        want = {f"requests.{resource}"} if resource else set()
+        return dc["spec"].get("extendedResourceName") == resource and keys == want and "spec" in dc
+
+    apply(node_cluster, [package])
+    try:
+        wait_for(lambda: named("gpuslice.io/v100-16g"), 30, "the default name")
+        for resource in ("gpuslice.io/v100-half", ""):
+            patch = json.dumps({"spec": {"extendedResourceName": resource}})
+            node_cluster.kubectl("patch", "gpupackage", "v100-16g", "--type=merge", "-p", patch)
+            wait_for(lambda r=resource: named(r or None), 30, f"DeviceClass and quota with {resource!r}")
+        bad = json.dumps({"spec": {"extendedResourceName": "nvidia.com/gpu"}})
+        proc = node_cluster.kubectl("patch", "gpupackage", "v100-16g", "--type=merge", "-p", bad, check=False)
+        assert proc.returncode != 0 and "extendedResourceName must be gpuslice.io/<name>" in proc.stderr, (
+            proc.stderr
+        )
+    finally:
+        node_cluster.kubectl("delete", "gpupackage", "v100-16g", "--wait=true", "--timeout=60s")
