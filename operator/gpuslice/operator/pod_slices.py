@@ -35,7 +35,10 @@ def _package(idx: Indexes, ref: Ref, products: dict[str, str]) -> str | None:
 
 
 def product_pod_package(idx: Indexes, ref: Ref) -> str | None:
-    """The package whose product the pod `ref` asks for in resources.limits; None if none sells it."""
+    """The package whose product the pod `ref` asks for in resources.limits; None if none sells it.
+    (Called for every mark without a slice, most of them claims' names: the pod lookup comes first.)"""
+    if one(idx.product_pods, ref) is None:
+        return None
     return _package(idx, ref, product_packages(package_specs(idx)))
 
 
