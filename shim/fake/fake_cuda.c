@@ -153,34 +153,15 @@ static int valid_dev(CUdevice d)
 
 /* ---------------------------------------------------------------- memory accounting of the card */
 
-/* Lock-free unless the card looks full; then dead processes' memory is reclaimed and it is retried. */
+/* The card's accounting is the double's (fake_common): through the host daemon when it serves. */
 static CUresult charge(int dev, uint64_t size)
 {
-    fake_dev_state *s = sys()->state[dev];
-    fake_proc *me = fake_self_slot(s);
-    if (!me) return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t cap = sys()->gpus[dev].memory_bytes;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        uint64_t used = atomic_load(&s->used_total);
-        while (used + size <= cap) {
-            if (atomic_compare_exchange_weak(&s->used_total, &used, used + size)) {
-                atomic_fetch_add(&me->used, size);
-                return CUDA_SUCCESS;
-            }
-        }
-        fake_lock(s);
-        (void)fake_used_locked(s);
-        fake_unlock(s);
-    }
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return fake_charge(sys()->state[dev], size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static void uncharge(int dev, uint64_t size)
 {
-    fake_dev_state *s = sys()->state[dev];
-    fake_proc *me = fake_self_slot(s);
-    if (me) atomic_fetch_sub(&me->used, size);
-    atomic_fetch_sub(&s->used_total, size);
+    fake_uncharge(sys()->state[dev], size);
 }
 
 static void track(uint64_t ptr, uint64_t size, int dev, int kind)
@@ -432,8 +413,7 @@ static CUresult ctx_memory_charge(struct CUctx_st *c)
     const fake_gpu *g = &sys()->gpus[c->dev];
     if (g->context_create_us) usleep(g->context_create_us);
     CUresult rc = g->context_bytes ? charge(c->dev, g->context_bytes) : CUDA_SUCCESS;
-    fake_proc *me = fake_self_slot(sys()->state[c->dev]);
-    if (rc == CUDA_SUCCESS && me) atomic_fetch_add(&me->contexts, 1);
+    if (rc == CUDA_SUCCESS) fake_contexts_add(sys()->state[c->dev], 1);
     return rc;
 }
 
@@ -451,8 +431,7 @@ static void ctx_memory_uncharge(struct CUctx_st *c)
     ctx_limits_reset(c);
     uint64_t b = sys()->gpus[c->dev].context_bytes;
     if (b) uncharge(c->dev, b);
-    fake_proc *me = fake_self_slot(sys()->state[c->dev]);
-    if (me && atomic_load(&me->contexts) > 0) atomic_fetch_sub(&me->contexts, 1);
+    fake_contexts_add(sys()->state[c->dev], -1);
 }
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -663,7 +642,7 @@ FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 
 static void wait_device_idle(CUdevice dev)
 {
-    uint64_t until = atomic_load(&sys()->state[dev]->busy_until_ns);
+    uint64_t until = fake_busy_until(sys()->state[dev]);
     uint64_t now = fake_now_ns();
     if (until > now) {
         struct timespec ts = {.tv_sec = (time_t)((until - now) / 1000000000ull),
@@ -1805,7 +1784,7 @@ FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
     CUdevice dev;
     CUresult rc = stream_dev(s, &dev);
     if (rc != CUDA_SUCCESS) return rc;
-    uint64_t now = fake_now_ns(), until = atomic_load(&sys()->state[dev]->busy_until_ns);
+    uint64_t now = fake_now_ns(), until = fake_busy_until(sys()->state[dev]);
     e->t_ns = until > now ? until : now;
     e->dev = dev;
     return CUDA_SUCCESS;

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice.shim.config import SliceConfig
+from gpuslice.shim.region import create_usage_region
 from gpuslice_dev.gpusim import patch, simulate
 from gpuslice_dev.gpusim.build import ShimPaths, ensure_built
 
@@ -75,7 +76,7 @@ def prepare(
         gpu_uuid = gpu_uuid or fake_gpus[0].uuid
     uuid = gpu_uuid or discover_gpu_uuid()
     usage = Path(usage_dir) if usage_dir else workdir / "usage"
-    usage.mkdir(parents=True, exist_ok=True)
+    create_usage_region(usage)  # as the node agent prepares it: any uid's shim can use it
     config = SliceConfig(
         memory_bytes=memory_bytes,
         compute_share=compute_share,
