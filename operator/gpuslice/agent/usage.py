@@ -118,7 +118,8 @@ class UsageReporter:
         now_s = time.monotonic()
         now_iso = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
         for record in records:
-            if record.uid not in self._states:
+            known = self._states.get(record.uid)
+            if known is None or not known.owner.settled:  # a pod's GpuSlice the operator had yet to make
                 self._states[record.uid] = _SliceState(await lookup_owner(self.kube, self.node, record))
         violations = await self.enforcer.sweep(records, {r.uid: self._states[r.uid].owner for r in records})
         for record in records:

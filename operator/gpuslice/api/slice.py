@@ -15,6 +15,9 @@ class GpuSliceSpec(CamelModel):
     #: False: one ResourceClaim named like the slice. True: a ResourceClaimTemplate named like the slice,
     #: so every pod (every Deployment replica) that references it gets its own slice.
     template: bool = False
+    #: Set by the operator only, on the slice it makes for a pod that asks for the product in
+    #: resources.limits: that pod's name. The pod owns the slice; its claim is kube-scheduler's.
+    pod: str | None = None
 
 
 class Phase(StrEnum):

@@ -33,6 +33,7 @@ from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, 
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, Ref, SliceView, ns_of
 from gpuslice.operator.kube import error_message
+from gpuslice.operator.pod_slices import ensure_pod_slices, pods_without_slice, product_pod_package
 from gpuslice.operator.state import OperatorState, now, one, values
 
 log = get(__name__)
@@ -66,7 +67,13 @@ def _facts(
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     claims: list[ClaimView]
-    if entry.template:
+    if entry.pod is not None:
+        pod = one(idx.product_pods, (ns, entry.pod))
+        pods = [pod] if pod is not None and pod.uid == entry.pod_uid else []
+        claim = one(idx.claims, (ns, pods[0].extended_claim)) if pods and pods[0].extended_claim else None
+        claims = [claim] if claim else []
+        workloads = []
+    elif entry.template:
         claims = [v for ref in values(idx.template_claims, entry.ref) if (v := one(idx.claims, ref))]
         pods = values(idx.template_pods, entry.ref)
         workloads = values(idx.template_workloads, entry.ref)
@@ -96,6 +103,7 @@ def _facts(
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
         uid=entry.uid,
+        pod=entry.pod,
     )
 
 
@@ -104,8 +112,8 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
     Returns the claim as the API server answered its create (direct form only)."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
-    if package is None or package.deleting or not entry.uid:
-        return None
+    if package is None or package.deleting or not entry.uid or entry.pod is not None:
+        return None  # a pod's slice: kube-scheduler makes its claim
     key = entry.ref
     if entry.template:
         if one(idx.templates, entry.ref) is not None:
@@ -341,8 +349,11 @@ def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float
 def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
     """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
     no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice.
-    Marks them for the package's daemon, which refreshes them with whatever events marked."""
+    Marks them for the package's daemon, which refreshes them with whatever events marked; and the
+    pods of the package that still lack their slice (its create was refused, or a predecessor of the
+    pod's name was still being deleted)."""
     state.changes.mark(due_for_recheck(state, package, idx), package)
+    state.changes.mark(pods_without_slice(idx, package), package)
 
 
 async def refresh_logged(state: OperatorState, targets: list[Ref], idx: Indexes, failed: str) -> None:
@@ -400,7 +411,8 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
 
     def package_of(ref: Ref) -> str | None:
         entry = one(idx.slices, ref)
-        return None if entry is None else entry.package
+        # No slice yet: a pod that asks for a product in resources.limits, whose slice is made here.
+        return product_pod_package(idx, ref) if entry is None else entry.package
 
     try:
         while not stopped:
@@ -410,6 +422,7 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
                 continue
             wakeup.clear()
             targets = state.changes.take(name, package_of)
+            await ensure_pod_slices(state, [t for t in targets if one(idx.slices, t) is None], idx)
             await refresh_logged(state, targets, idx, "slice refresh failed; the next recheck retries")
     finally:
         state.changes.unlisten(name)
