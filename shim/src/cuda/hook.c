@@ -121,19 +121,6 @@ static void *wrapper_named(const char *name, gs_sym *syms, size_t n)
     return NULL;
 }
 
-/* 1 when `base` names an entry point the shim wraps in some variant (cuMemAlloc: cuMemAlloc_v2, ...). */
-static int wraps_base(const char *base)
-{
-    size_t n = strlen(base);
-    for (size_t i = 0; i < GS_NSYMS(cuda_syms); i++) {
-        const char *w = cuda_syms[i].name;
-        if (cuda_syms[i].wrapper != NULL && strncmp(w, base, n) == 0 &&
-            (w[n] == '\0' || (w[n] == '_' && (w[n + 1] == 'v' || strcmp(w + n, "_ptsz") == 0))))
-            return 1;
-    }
-    return 0;
-}
-
 typedef struct {
     const char *base;
     int since;
@@ -141,36 +128,82 @@ typedef struct {
 } gs_proc;
 #define GS_PROC(base, since, fn) {#base, since, #fn, NULL},
 #define GS_PROC_PTSZ(base, since, fn, ptsz) {#base, since, #fn, #ptsz},
-static const gs_proc procs[] = {GS_DRIVER_PROCS(GS_PROC, GS_PROC_PTSZ)};
+
+/*
+ * Which variant a driver hands out for (name, cudaVersion, flags), for every wrapped entry point the
+ * shared list (gs_procs.h, which also drives the test double) does not place, or places as no real
+ * driver does. From cuda.h's versioned #defines and cudaTypedefs.h's PFN_*_vNNNNN typedefs. Read
+ * first, so at an equal `since` these entries win.
+ */
+#define GS_SHIM_PROCS(X, XP) \
+    X(cuGraphInstantiate, 10000, cuGraphInstantiate) \
+    X(cuGraphInstantiate, 11000, cuGraphInstantiate_v2) \
+    X(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags) \
+    XP(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz) \
+    X(cuGraphClone, 10000, cuGraphClone) \
+    X(cuGraphAddNode, 12020, cuGraphAddNode) \
+    X(cuGraphAddNode, 12030, cuGraphAddNode_v2) \
+    X(cuLaunch, 2000, cuLaunch) \
+    X(cuLaunchGrid, 2000, cuLaunchGrid) \
+    X(cuLaunchGridAsync, 2000, cuLaunchGridAsync)
+
+static const gs_proc procs[] = {GS_SHIM_PROCS(GS_PROC, GS_PROC_PTSZ) GS_DRIVER_PROCS(GS_PROC, GS_PROC_PTSZ)};
+#define GS_NPROCS (sizeof(procs) / sizeof(procs[0]))
+
+/* A wrapper the shim holds under `name` by the naming convention alone (cuMemAlloc: cuMemAlloc_v2,
+ * cuLaunchKernel: cuLaunchKernel_ptsz), for names no list places: the exact name, its per-thread
+ * variant when asked for, else its newest _vN. NULL when the shim wraps nothing by that name. */
+static void *wrapper_by_convention(const char *base, cuuint64_t flags)
+{
+    size_t n = strlen(base);
+    void *exact = NULL, *ptsz = NULL, *newest = NULL;
+    int newest_v = -1;
+    for (size_t i = 0; i < GS_NSYMS(cuda_syms); i++) {
+        const char *w = cuda_syms[i].name;
+        if (cuda_syms[i].wrapper == NULL || strncmp(w, base, n) != 0) continue;
+        if (w[n] == '\0') exact = cuda_syms[i].wrapper;
+        else if (strcmp(w + n, "_ptsz") == 0) ptsz = cuda_syms[i].wrapper;
+        else if (w[n] == '_' && w[n + 1] == 'v' && atoi(w + n + 2) > newest_v) {
+            newest_v = atoi(w + n + 2);
+            newest = cuda_syms[i].wrapper;
+        }
+    }
+    if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && ptsz) return ptsz;
+    return newest ? newest : exact;
+}
 
 /*
  * cuGetProcAddress handed out a pointer that is not the driver's exported symbol of any wrapped
- * variant (real drivers may return internal entry points). Decide by name which variant the caller
- * gets for (symbol, cudaVersion, flags) and return the shim's wrapper for it; a wrapped entry point
- * whose variant cannot be told is refused, never passed through unenforced.
+ * variant (real drivers hand out internal entry points). Decide by name which variant the caller got
+ * for (symbol, cudaVersion, flags) and return the shim's wrapper for it. A wrapped entry point is never
+ * refused: where the lists hold the name, the variant they name is wrapped or needs no wrapper (it is
+ * passed through); where they do not, the shim's wrapper by naming convention stands in for it.
  */
-static CUresult procaddr_by_name(const char *symbol, void **pfn, int version, cuuint64_t flags)
+static void procaddr_by_name(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
-    if (symbol == NULL || !wraps_base(symbol)) return CUDA_SUCCESS; /* nothing of ours: keep it */
-    const gs_proc *best = NULL;
-    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++)
-        if (strcmp(procs[i].base, symbol) == 0 && procs[i].since <= version && (!best || procs[i].since > best->since))
-            best = &procs[i];
-    void *w = NULL;
+    if (symbol == NULL) return;
+    const gs_proc *best = NULL, *oldest = NULL;
+    for (size_t i = 0; i < GS_NPROCS; i++) {
+        const gs_proc *e = &procs[i];
+        if (strcmp(e->base, symbol) != 0) continue;
+        if (oldest == NULL || e->since < oldest->since) oldest = e;
+        if (e->since <= version && (best == NULL || e->since > best->since)) best = e;
+    }
+    /* A driver that serves a version the lists say is too old for the name: the oldest variant. */
+    if (best == NULL) best = oldest;
     if (best != NULL) {
         const char *name = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
-        w = wrapper_named(name, cuda_syms, GS_NSYMS(cuda_syms));
-        if (w == NULL && !wraps_base(name)) return CUDA_SUCCESS; /* a variant the shim has no business with */
+        void *w = wrapper_named(name, cuda_syms, GS_NSYMS(cuda_syms));
+        if (w != NULL) *pfn = w;
+        return; /* else a variant the shim has no business with: the driver's pointer stands */
     }
-    if (w == NULL) {
-        gs_log("cuGetProcAddress(%s): the driver's entry point is unknown to the shim; refusing it", symbol);
-        *pfn = NULL;
-        return CUDA_ERROR_NOT_FOUND;
+    void *w = wrapper_by_convention(symbol, flags);
+    if (w != NULL) {
+        gs_log("cuGetProcAddress(%s, %d): no list places this name; handing out the shim's wrapper by its name",
+               symbol, version);
+        *pfn = w;
     }
-    *pfn = w;
-    return CUDA_SUCCESS;
 }
-
 /* A wrapped name that resolves to something other than the driver's own symbol comes from another
  * copy of the driver (a copied libcuda.so.1 opened by path, a bundled libnvidia-ml): the caller gets
  * the shim's wrapper, which calls the driver the shim enforces over, never the copy unwrapped. */
@@ -212,8 +245,7 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
     if (rc == CUDA_SUCCESS && pfn != NULL) {
         void *got = *pfn;
         *pfn = substitute(got, cuda_syms, GS_NSYMS(cuda_syms));
-        if (*pfn == got && got != NULL) rc = procaddr_by_name(symbol, pfn, cudaVersion, flags);
-        if (rc != CUDA_SUCCESS && symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        if (*pfn == got && got != NULL) procaddr_by_name(symbol, pfn, cudaVersion, flags);
     }
     return rc;
 }
@@ -225,7 +257,7 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
     if (rc == CUDA_SUCCESS && pfn != NULL) {
         void *got = *pfn;
         *pfn = substitute(got, cuda_syms, GS_NSYMS(cuda_syms));
-        if (*pfn == got && got != NULL) rc = procaddr_by_name(symbol, pfn, cudaVersion, flags);
+        if (*pfn == got && got != NULL) procaddr_by_name(symbol, pfn, cudaVersion, flags);
     }
     return rc;
 }
