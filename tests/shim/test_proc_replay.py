@@ -24,7 +24,9 @@ LISTS = sorted(DATA.glob("cudart-*-procs.txt"))
 
 
 def _exports(shim: Path) -> set[str]:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(shim)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(shim)], capture_output=True, text=True, check=True
+    )
     return {line.split()[-1] for line in out.stdout.splitlines() if line.split()[-1].startswith("cu")}
 
 
@@ -74,9 +76,12 @@ def test_runtime_lookups_through_the_shim(listing: Path, internal: bool, built: 
         if got_rc != 0:
             problems.append(f"{query}: refused through the shim ({got_rc}); the driver serves {variant}")
         elif variant in wrapped and (got_object != "libgpuslice.so" or got_symbol != variant):
-            problems.append(f"{query}: the driver serves {variant}, wrapped by the shim; got {got_symbol} in {got_object}")
+            problems.append(
+                f"{query}: the driver serves {variant}, wrapped by the shim; got {got_symbol} in {got_object}"
+            )
         elif got_object == "libgpuslice.so" and got_symbol != variant:
             problems.append(f"{query}: the driver serves {variant}; the shim handed out its {got_symbol}")
-    assert not problems, f"{len(problems)} of {len(oracle)} queries ({answered} answered by the driver):\n" + "\n".join(
-        problems
+    assert not problems, (
+        f"{len(problems)} of {len(oracle)} queries ({answered} answered by the driver):\n"
+        + "\n".join(problems)
     )

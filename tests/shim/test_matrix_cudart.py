@@ -1,0 +1,104 @@
+"""Compatibility matrix: NVIDIA's CUDA runtime (libcudart 12.9 and 13.0 from the PyPI wheels) on the
+driver test double alone and under an 8 GiB slice of a simulated V100 (shim/README.md, "Real CUDA
+software"). 13.0 runs on a simulated 580 driver, the first that starts it; on the default 535 driver
+it must be refused as a real 535 refuses it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shim.matrix import CLIENTS, DRIVER_580, GIB, MODES, Holder, Tenant, cudart, explain, facts, tenant
+
+SCRIPT = str(CLIENTS / "cudart_paths.py")
+RUNTIMES = [12, 13]
+
+
+def _tenant(make_slice, mode: str, major: int) -> Tenant:
+    return tenant(make_slice, mode, DRIVER_580 if major == 13 else None)
+
+
+def _run(t: Tenant, major: int, path: str) -> dict[str, str]:
+    proc = t.run([SCRIPT, str(cudart(major)), path])
+    assert proc.returncode == 0, explain(proc)
+    return facts(proc.stdout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_device_shows_the_slice(make_slice, mode, major):
+    t = _tenant(make_slice, mode, major)
+    f = _run(t, major, "info")
+    assert f["name"] == t.name
+    assert int(f["total_global_mem"]) == t.total
+    assert int(f["mem_total"]) == t.total
+    assert int(f["mem_free"]) == t.total
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_cuda_malloc_to_the_edge(make_slice, mode, major):
+    t = _tenant(make_slice, mode, major)
+    f = _run(t, major, "edge")
+    assert (int(f["edge_blocks"]), f["edge_error"]) == (t.total // GIB, "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == t.total
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_stream_ordered_pool(make_slice, mode, major):
+    t = _tenant(make_slice, mode, major)
+    f = _run(t, major, "pool")
+    assert (int(f["edge_blocks"]), f["edge_error"]) == (t.total // GIB, "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == t.total
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_managed_memory(make_slice, mode, major):
+    t = _tenant(make_slice, mode, major)
+    f = _run(t, major, "managed")
+    assert (int(f["edge_blocks"]), f["edge_error"]) == (t.total // GIB, "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == t.total
+
+
+@pytest.mark.parametrize("instantiate", ["graph", "graph-params"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_graph_memory_node_is_charged(make_slice, mode, major, instantiate):
+    """cudaGraphInstantiate and cudaGraphInstantiateWithParams: a launched 6 GiB memory node holds its
+    memory, so 6 GiB more does not fit an 8 GiB slice (and does on the whole card)."""
+    t = _tenant(make_slice, mode, major)
+    f = _run(t, major, instantiate)
+    assert f["launch_error"] == "cudaSuccess"
+    fits = t.total >= 12 * GIB
+    assert f["beside_error"] == ("cudaSuccess" if fits else "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == t.total
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_device_reset_returns_the_memory(make_slice, mode, major):
+    t = _tenant(make_slice, mode, major)
+    f = _run(t, major, "reset")
+    assert f["alloc_rc"] == "0"
+    assert int(f["free_before_reset"]) == t.total - 6 * GIB
+    assert int(f["free_after_reset"]) == t.total
+    assert f["realloc_rc"] == "0"
+
+
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_two_processes_share_the_slice(make_slice, major):
+    t = _tenant(make_slice, "slice", major)
+    with Holder(t, [SCRIPT, str(cudart(major)), "hold"], "held_rc=0"):
+        f = _run(t, major, "second")
+    assert f["second_5g_rc"] == "2"  # 5 + 5 GiB > 8 GiB: cudaErrorMemoryAllocation
+    assert f["second_2g_rc"] == "0"
+    assert int(f["mem_free"]) == 3 * GIB  # the holder's 5 GiB are the slice's too
+
+
+def test_cuda13_runtime_refused_by_a_535_driver(make_slice):
+    t = tenant(make_slice, "slice", None)  # the double's default: 535 (CUDA 12.2)
+    proc = t.run([SCRIPT, str(cudart(13)), "info"])
+    assert proc.returncode == 1
+    assert facts(proc.stdout)["error"] == "cudaGetDeviceCount 35 cudaErrorInsufficientDriver"

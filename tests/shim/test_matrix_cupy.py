@@ -1,0 +1,70 @@
+"""Compatibility matrix: CuPy 14 (cupy-cuda12x from PyPI, on libcudart 12.9 from its wheel) on the
+driver test double alone and under an 8 GiB slice of a simulated V100 (shim/README.md, "Real CUDA
+software"). CuPy's own errors are the ones checked: its OutOfMemoryError at the edge.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shim.matrix import CLIENTS, GIB, MODES, Holder, Tenant, cupy_pythonpath, explain, facts, tenant
+
+SCRIPT = str(CLIENTS / "cupy_paths.py")
+
+
+def _run(t: Tenant, path: str) -> dict[str, str]:
+    proc = t.run([SCRIPT, path], extra_env={"PYTHONPATH": cupy_pythonpath()})
+    assert proc.returncode == 0, explain(proc)
+    return facts(proc.stdout)
+
+
+def _oom(f: dict[str, str], key: str, nbytes: int) -> None:
+    assert f[key].startswith(f"OutOfMemoryError: Out of memory allocating {nbytes:,} bytes"), f[key]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_device_shows_the_slice(make_slice, mode):
+    t = tenant(make_slice, mode)
+    f = _run(t, "info")
+    assert f["name"] == t.name
+    assert int(f["total_global_mem"]) == t.total
+    assert (int(f["mem_free"]), int(f["mem_total"])) == (t.total, t.total)
+
+
+@pytest.mark.parametrize("path", ["edge", "async-pool", "managed"])
+@pytest.mark.parametrize("mode", MODES)
+def test_allocation_to_the_edge_then_cupys_oom(make_slice, mode, path):
+    """Without a pool (cudaMalloc), through a stream-ordered pool, and managed: 1 GiB arrays until
+    CuPy raises its OutOfMemoryError, exactly at the slice's size."""
+    t = tenant(make_slice, mode)
+    f = _run(t, path)
+    assert int(f["edge_blocks"]) == t.total // GIB
+    _oom(f, "edge_error", GIB)
+    assert int(f.get("free_after") or f["free_after_sync"]) == t.total
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_caching_allocator(make_slice, mode):
+    """CuPy's pool holds freed blocks (the slice counts them as used); refused a new block, it frees
+    what it holds and retries, so 7 GiB fits after 6 GiB were freed into the pool; 2 GiB more does
+    not fit the slice."""
+    t = tenant(make_slice, mode)
+    f = _run(t, "caching")
+    assert int(f["pool_held"]) == 6 * GIB
+    assert int(f["free_while_held"]) == t.total - 6 * GIB
+    assert f["big_ok"] == "1", f.get("big_error")
+    assert int(f["pool_after_big"]) == 7 * GIB
+    if t.total >= 9 * GIB:
+        assert f["more_ok"] == "1"
+    else:
+        assert f["more_ok"] == "0"
+        _oom(f, "more_error", 2 * GIB)
+    assert int(f["free_after"]) == t.total
+
+
+def test_two_processes_share_the_slice(make_slice):
+    t = tenant(make_slice, "slice")
+    with Holder(t, [SCRIPT, "hold"], f"held={5 * GIB}", extra_env={"PYTHONPATH": cupy_pythonpath()}):
+        f = _run(t, "second")
+    _oom(f, "second_5g", 5 * GIB)
+    assert f["second_2g"] == "ok"
