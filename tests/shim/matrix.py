@@ -6,6 +6,9 @@ Wheels are fetched once into ~/.cache/gpuslice/wheels (gpuslice_dev.wheels) and 
 there: nothing is installed into the test environment. Each client runs in its own process and
 prints `key=value` facts (tests/shim/clients/); the tests judge them against the device the client
 should see.
+
+With GPUSLICE_MATRIX_REAL_GPU=1 (tests/gpu/run.sh) the same tests run on the machine's real GPU and
+driver instead of the double: "double" then means the card without the shim.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from gpuslice_dev.gpusim import simulate
 from gpuslice_dev.gpusim.runner import PreparedSlice
@@ -27,10 +32,62 @@ CLIENTS = Path(__file__).resolve().parent / "clients"
 CUDART12 = ("nvidia-cuda-runtime-cu12", "12.9.79")
 CUDART13 = ("nvidia-cuda-runtime", "13.0.96")
 CUPY = [("cupy-cuda12x", "14.2.0"), ("cuda-pathfinder", "1.3.4"), ("numpy", "2.3.5"), CUDART12]
+#: PyTorch 2.9.1 (CUDA 12.8, still with Volta kernels) and what it needs to import and allocate: the
+#: libraries libtorch_cuda.so links (cudart, cupti, cublas(Lt), cudnn, cufft, curand, cusparse(Lt),
+#: nvJitLink, nccl, nvshmem, cufile) and the Python packages `import torch` imports. Left out as not
+#: needed for that: triton, nvrtc, cusolver, nvtx, networkx's and jinja2's users (torch.compile).
+TORCH = [
+    ("torch", "2.9.1"),
+    ("nvidia-cuda-runtime-cu12", "12.8.90"),
+    ("nvidia-cuda-cupti-cu12", "12.8.90"),
+    ("nvidia-cudnn-cu12", "9.10.2.21"),
+    ("nvidia-cublas-cu12", "12.8.4.1"),
+    ("nvidia-cufft-cu12", "11.3.3.83"),
+    ("nvidia-curand-cu12", "10.3.9.90"),
+    ("nvidia-cusparse-cu12", "12.5.8.93"),
+    ("nvidia-cusparselt-cu12", "0.7.1"),
+    ("nvidia-nccl-cu12", "2.27.5"),
+    ("nvidia-nvshmem-cu12", "3.3.20"),
+    ("nvidia-nvjitlink-cu12", "12.8.93"),
+    ("nvidia-cufile-cu12", "1.13.1.3"),
+    ("sympy", "1.14.0"),
+    ("mpmath", "1.3.0"),
+    ("typing-extensions", "4.15.0"),
+    ("filelock", "3.20.0"),
+    ("networkx", "3.5"),
+    ("jinja2", "3.1.6"),
+    ("markupsafe", "3.0.3"),
+    ("fsspec", "2025.10.0"),
+    ("numpy", "2.3.5"),
+]
 #: A 580 driver (CUDA 13.0): the first that starts a CUDA 13 runtime.
 DRIVER_580 = ("580.65.06", 13000)
 
 MODES = ["double", "slice"]
+REAL_GPU = os.environ.get("GPUSLICE_MATRIX_REAL_GPU") == "1"
+
+
+@dataclass(frozen=True)
+class RealGpu:
+    name: str
+    total: int
+    cuda_driver_version: int
+
+
+def real_gpu() -> RealGpu:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(h)
+        return RealGpu(
+            name.decode() if isinstance(name, bytes) else str(name),
+            int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+            int(pynvml.nvmlSystemGetCudaDriverVersion()),
+        )
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def cudart(major: int) -> Path:
@@ -43,14 +100,23 @@ def cupy_pythonpath() -> str:
     return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in CUPY)
 
 
+def torch_pythonpath() -> str:
+    return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in TORCH)
+
+
 @dataclass
 class Tenant:
     """Where a client runs: the double alone (`shim=False`) or under the slice; what it should see."""
 
     prepared: PreparedSlice
     shim: bool
-    total: int  # the memory the client must see: the slice's, or the whole simulated card's
+    total: int  # the memory the client must see: the slice's, or the whole card's
     name: str
+    real: bool = False  # a real GPU: other processes and contexts may hold some of its memory
+
+    def available(self, free_at_start: int) -> int:
+        """What the client can allocate: everything it is shown on the double, what is free on a card."""
+        return free_at_start if self.real else self.total
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {**os.environ, **self.prepared.env, **(extra or {})}
@@ -80,6 +146,15 @@ class Tenant:
 
 
 def tenant(make_slice, mode: str, driver: tuple[str, int] | None = None) -> Tenant:
+    shim = mode == "slice"
+    if REAL_GPU:
+        gpu = real_gpu()
+        if driver is not None and gpu.cuda_driver_version < driver[1]:
+            pytest.skip(
+                f"the GPU's driver serves CUDA {gpu.cuda_driver_version}; this client needs {driver[1]}"
+            )
+        prepared = make_slice(memory_bytes=SLICE, simulate_gpus=None)
+        return Tenant(prepared, shim, SLICE if shim else gpu.total, gpu.name, real=True)
     prepared = make_slice(memory_bytes=SLICE)
     gpus = prepared.fake_gpus
     assert gpus
@@ -87,7 +162,6 @@ def tenant(make_slice, mode: str, driver: tuple[str, int] | None = None) -> Tena
         simulate.write_fake_config(
             gpus, prepared.workdir / "fake-gpus.conf", driver_version=driver[0], cuda_driver_version=driver[1]
         )
-    shim = mode == "slice"
     return Tenant(prepared, shim, SLICE if shim else gpus[0].memory_bytes, gpus[0].name)
 
 
@@ -102,7 +176,7 @@ def explain(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 class Holder:
-    """A client process that allocates, says `ready` on its first line, and holds until closed."""
+    """A client process that allocates, prints the fact `ready`, and holds until closed."""
 
     def __init__(
         self, t: Tenant, argv: list[str], ready: str, extra_env: dict[str, str] | None = None
@@ -112,7 +186,10 @@ class Holder:
 
     def __enter__(self) -> Holder:
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
+        key = self.ready.split("=", 1)[0] + "="
+        line = "-"
+        while line and not line.startswith(key):  # facts printed before (torch's import time)
+            line = self.proc.stdout.readline().strip()
         if line != self.ready:
             self.__exit__()
             raise AssertionError(

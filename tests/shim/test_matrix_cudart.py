@@ -8,7 +8,19 @@ from __future__ import annotations
 
 import pytest
 
-from shim.matrix import CLIENTS, DRIVER_580, GIB, MODES, Holder, Tenant, cudart, explain, facts, tenant
+from shim.matrix import (
+    CLIENTS,
+    DRIVER_580,
+    GIB,
+    MODES,
+    REAL_GPU,
+    Holder,
+    Tenant,
+    cudart,
+    explain,
+    facts,
+    tenant,
+)
 
 SCRIPT = str(CLIENTS / "cudart_paths.py")
 RUNTIMES = [12, 13]
@@ -32,7 +44,7 @@ def test_device_shows_the_slice(make_slice, mode, major):
     assert f["name"] == t.name
     assert int(f["total_global_mem"]) == t.total
     assert int(f["mem_total"]) == t.total
-    assert int(f["mem_free"]) == t.total
+    assert int(f["mem_free"]) <= t.total if t.real else int(f["mem_free"]) == t.total
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -40,8 +52,9 @@ def test_device_shows_the_slice(make_slice, mode, major):
 def test_cuda_malloc_to_the_edge(make_slice, mode, major):
     t = _tenant(make_slice, mode, major)
     f = _run(t, major, "edge")
-    assert (int(f["edge_blocks"]), f["edge_error"]) == (t.total // GIB, "cudaErrorMemoryAllocation")
-    assert int(f["free_after"]) == t.total
+    room = t.available(int(f["free_at_start"]))
+    assert (int(f["edge_blocks"]), f["edge_error"]) == (room // GIB, "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == room
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -49,8 +62,9 @@ def test_cuda_malloc_to_the_edge(make_slice, mode, major):
 def test_stream_ordered_pool(make_slice, mode, major):
     t = _tenant(make_slice, mode, major)
     f = _run(t, major, "pool")
-    assert (int(f["edge_blocks"]), f["edge_error"]) == (t.total // GIB, "cudaErrorMemoryAllocation")
-    assert int(f["free_after"]) == t.total
+    room = t.available(int(f["free_at_start"]))
+    assert (int(f["edge_blocks"]), f["edge_error"]) == (room // GIB, "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == room
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -58,8 +72,9 @@ def test_stream_ordered_pool(make_slice, mode, major):
 def test_managed_memory(make_slice, mode, major):
     t = _tenant(make_slice, mode, major)
     f = _run(t, major, "managed")
-    assert (int(f["edge_blocks"]), f["edge_error"]) == (t.total // GIB, "cudaErrorMemoryAllocation")
-    assert int(f["free_after"]) == t.total
+    room = t.available(int(f["free_at_start"]))
+    assert (int(f["edge_blocks"]), f["edge_error"]) == (room // GIB, "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == room
 
 
 @pytest.mark.parametrize("instantiate", ["graph", "graph-params"])
@@ -71,9 +86,9 @@ def test_graph_memory_node_is_charged(make_slice, mode, major, instantiate):
     t = _tenant(make_slice, mode, major)
     f = _run(t, major, instantiate)
     assert f["launch_error"] == "cudaSuccess"
-    fits = t.total >= 12 * GIB
-    assert f["beside_error"] == ("cudaSuccess" if fits else "cudaErrorMemoryAllocation")
-    assert int(f["free_after"]) == t.total
+    room = t.available(int(f["free_at_start"]))
+    assert f["beside_error"] == ("cudaSuccess" if room >= 12 * GIB else "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == room
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -81,9 +96,10 @@ def test_graph_memory_node_is_charged(make_slice, mode, major, instantiate):
 def test_device_reset_returns_the_memory(make_slice, mode, major):
     t = _tenant(make_slice, mode, major)
     f = _run(t, major, "reset")
+    room = t.available(int(f["free_at_start"]))
     assert f["alloc_rc"] == "0"
-    assert int(f["free_before_reset"]) == t.total - 6 * GIB
-    assert int(f["free_after_reset"]) == t.total
+    assert int(f["free_before_reset"]) == room - 6 * GIB
+    assert int(f["free_after_reset"]) == room
     assert f["realloc_rc"] == "0"
 
 
@@ -97,6 +113,7 @@ def test_two_processes_share_the_slice(make_slice, major):
     assert int(f["mem_free"]) == 3 * GIB  # the holder's 5 GiB are the slice's too
 
 
+@pytest.mark.skipif(REAL_GPU, reason="the double's 535 driver; a real GPU has the driver it has")
 def test_cuda13_runtime_refused_by_a_535_driver(make_slice):
     t = tenant(make_slice, "slice", None)  # the double's default: 535 (CUDA 12.2)
     proc = t.run([SCRIPT, str(cudart(13)), "info"])

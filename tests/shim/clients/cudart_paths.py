@@ -77,6 +77,7 @@ def mem_info() -> tuple[int, int]:
 
 def to_the_edge(fn: str = "cudaMalloc", *extra) -> list[int]:
     """Allocates 1 GiB blocks until refused; prints how many and the refusal."""
+    print(f"free_at_start={mem_info()[0]}")
     ptrs = []
     while len(ptrs) < 1024:
         rc, p = malloc(GIB, fn, *extra)
@@ -134,6 +135,7 @@ def managed() -> None:
 
 def graph(instantiate: str) -> None:
     """A graph with a 6 GiB memory node, launched; then cudaMalloc(6 GiB) beside it."""
+    print(f"free_at_start={mem_info()[0]}")
     g, node, ex = C.c_void_p(), C.c_void_p(), C.c_void_p()
     must("cudaGraphCreate", C.byref(g), 0)
     params = MemAllocNodeParams()
@@ -163,6 +165,7 @@ def graph(instantiate: str) -> None:
 
 def reset() -> None:
     """Memory held at cudaDeviceReset comes back with the context."""
+    print(f"free_at_start={mem_info()[0]}")
     rc, _ = malloc(6 * GIB)
     print(f"alloc_rc={rc}")
     print(f"free_before_reset={mem_info()[0]}")

@@ -17,6 +17,7 @@ GIB = 1 << 30
 
 
 def to_the_edge() -> list[object]:
+    print(f"free_at_start={runtime.memGetInfo()[0]}")
     arrays = []
     while len(arrays) < 1024:
         try:
@@ -45,6 +46,7 @@ def edge() -> None:
 def caching() -> None:
     """CuPy's default pool keeps freed blocks; on a refusal it frees them and retries."""
     pool = cupy.get_default_memory_pool()
+    print(f"free_at_start={runtime.memGetInfo()[0]}")
     a = cupy.empty(6 * GIB, dtype=cupy.uint8)
     del a
     print(f"pool_held={pool.total_bytes()}\nfree_while_held={runtime.memGetInfo()[0]}")
