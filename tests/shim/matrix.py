@@ -100,8 +100,16 @@ def cupy_pythonpath() -> str:
     return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in CUPY)
 
 
-def torch_pythonpath() -> str:
-    return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in TORCH)
+def torch_env(t: Tenant) -> dict[str, str]:
+    """PYTHONPATH of the unpacked wheels, and their libraries on the loader's path (as an image with
+    the CUDA libraries installed has them), ahead of the driver's."""
+    roots = [ensure_unpacked(name, version) for name, version in TORCH]
+    libs = sorted(str(d) for root in roots for d in (root / "nvidia").glob("*/lib"))
+    driver = t.env().get("LD_LIBRARY_PATH", "")
+    return {
+        "PYTHONPATH": os.pathsep.join(map(str, roots)),
+        "LD_LIBRARY_PATH": os.pathsep.join([*libs, driver] if driver else libs),
+    }
 
 
 @dataclass

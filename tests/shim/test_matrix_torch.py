@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from shim.matrix import CLIENTS, GIB, MODES, Holder, Tenant, explain, facts, tenant, torch_pythonpath
+from shim.matrix import CLIENTS, GIB, MODES, Holder, Tenant, explain, facts, tenant, torch_env
 
 SCRIPT = str(CLIENTS / "torch_paths.py")
 
@@ -22,8 +22,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def test_built_with_volta_kernels(make_slice):
+    """torch 2.9.1 from PyPI carries sm_70 code, so a V100 (the simulated model) can run it."""
+    t = tenant(make_slice, "double")
+    proc = t.run([SCRIPT, "info"], extra_env=torch_env(t), timeout=600)
+    assert "sm_70" in facts(proc.stdout)["arch_flags"].split(","), explain(proc)
+
+
 def _run(t: Tenant, path: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    proc = t.run([SCRIPT, path], extra_env={"PYTHONPATH": torch_pythonpath(), **(extra or {})}, timeout=600)
+    proc = t.run([SCRIPT, path], extra_env={**torch_env(t), **(extra or {})}, timeout=600)
     assert proc.returncode == 0, explain(proc)
     return facts(proc.stdout)
 
@@ -81,7 +88,7 @@ def test_cuda_graph_capture_and_replay(make_slice, mode):
 
 def test_two_processes_share_the_slice(make_slice):
     t = tenant(make_slice, "slice")
-    with Holder(t, [SCRIPT, "hold"], f"held={5 * GIB}", extra_env={"PYTHONPATH": torch_pythonpath()}):
+    with Holder(t, [SCRIPT, "hold"], f"held={5 * GIB}", extra_env=torch_env(t)):
         f = _run(t, "second")
     _oom(f, "second_5g", t)
     assert f["second_2g"] == "ok"

@@ -36,6 +36,7 @@ def to_the_edge() -> list[torch.Tensor]:
 
 
 def info() -> None:
+    print(f"arch_flags={','.join(torch._C._cuda_getArchFlags().split())}", flush=True)  # as built
     print(f"available={int(torch.cuda.is_available())}\ntorch={torch.__version__}\ncuda={torch.version.cuda}")
     print(f"arch_list={','.join(torch.cuda.get_arch_list())}")
     props = torch.cuda.get_device_properties(0)
