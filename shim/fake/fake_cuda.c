@@ -19,134 +19,30 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fake_common.h"
-#include "../src/gs_procs.h"
+#include "fake_cuda.h"
+#include "fake_module.h"
 
-#define PAGE_ALIGN 4096ull
-#define QUEUE_AHEAD_NS 20000000ull /* a launch blocks when the device is booked this far ahead */
+_Atomic int initialized;
+__thread struct CUctx_st *current_ctx;
+alloc *buckets[NBUCKETS];
+pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+const uint64_t limit_default[LIM_N] = {8u << 20, 1024, 1u << 20};
+struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
+vmm_alloc *vmm_live; /* handles are checked against this list, never dereferenced blindly */
+pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+struct CUmemPoolHandle_st default_pool[FAKE_MAX_GPUS];
+struct CUmemPoolHandle_st *pools; /* device pools created by cuMemPoolCreate */
+pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER; /* primary contexts and context limits */
+uint64_t graph_spare[FAKE_MAX_GPUS], graph_backed[FAKE_MAX_GPUS]; /* under pool_lock */
 
-static _Atomic int initialized;
 
-struct CUctx_st;
-static __thread struct CUctx_st *current_ctx;
-enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3, K_VMM_MAP = 4, K_POOL = 5 };
-
-typedef struct alloc {
-    uint64_t ptr, size;
-    int dev, kind;
-    int shared_fd; /* memfd backing the range once exported for IPC, else -1 */
-    uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here; K_POOL: its pool */
-    struct CUctx_st *ctx;       /* the context it belongs to (freed with it); NULL for VMM mappings */
-    struct alloc *next;
-} alloc;
-
-#define NBUCKETS 4096
-static alloc *buckets[NBUCKETS];
-static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Context limits (cuCtxSetLimit) the driver backs with device memory: malloc heap, per-thread stack
- * (times every thread the device can hold resident), printf FIFO. The defaults are part of the
- * context's own cost (gpu.N.context_bytes); a larger limit charges the difference. */
-enum { LIM_HEAP, LIM_STACK, LIM_FIFO, LIM_N };
-static const uint64_t limit_default[LIM_N] = {8u << 20, 1024, 1u << 20};
-#define THREADS_PER_SM 2048ull
-
-struct CUctx_st {
-    int magic;
-    CUdevice dev;
-    int primary;
-    int refcount;
-    uint64_t limits[LIM_N];
-};
-#define CTX_MAGIC 0x43545831
-static struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
-
-struct CUstream_st {
-    CUcontext ctx;
-};
-struct CUmod_st {
-    uint64_t duration_ns;
-};
-struct CUfunc_st {
-    int magic;
-    uint64_t duration_ns;
-    CUdevice dev;
-};
-#define FUNC_MAGIC 0x46554e43
-/* A stream-ordered pool keeps freed memory reserved (charged to the card) until a synchronization
- * finds it above the release threshold, or cuMemPoolTrimTo; like the driver's. */
-struct CUmemPoolHandle_st {
-    CUmemLocationType type;
-    int id;
-    uint64_t reserved, in_use, reserved_high, used_high, threshold;
-    int is_default;
-    struct CUmemPoolHandle_st *next;
-};
-struct CUarray_st {
-    uint64_t size;
-    int dev;
-};
-struct CUmipmappedArray_st {
-    uint64_t size;
-    int dev;
-};
-struct CUgraph_st {
-    uint64_t duration_ns;
-    uint64_t mem_bytes; /* memory alloc nodes */
-};
-/* Graph memory: an executable graph's alloc nodes get physical memory at its first launch and keep
- * it; destroying the executable returns it to the device's graph pool, which keeps it reserved
- * until cuDeviceGraphMemTrim. */
-struct CUgraphExec_st {
-    uint64_t duration_ns;
-    CUdevice dev;
-    uint64_t mem_bytes;
-    int backed;
-};
-struct CUextMemory_st {
-    int fd;
-    uint64_t size;
-};
-struct CUgraphNode_st {
-    int unused;
-};
-struct CUevent_st {
-    uint64_t t_ns; /* where the device timeline reaches the event; 0 until recorded */
-    CUdevice dev;
-};
-/* A VMM physical allocation (cuMemCreate): backed by a memfd; alive while the application holds a
- * handle to it (create/import/retain, each undone by a cuMemRelease) or any mapping of it. */
-#define VMM_MAGIC 0x564d4d31
-typedef struct vmm_alloc_s {
-    int magic;
-    uint64_t size;
-    int dev;         /* -1: host location, not on a GPU */
-    int charged;     /* counted in the card's used memory (device location, created here) */
-    int fd;          /* memfd */
-    int handle_refs; /* handles held by the application */
-    int map_refs;    /* live mappings */
-    struct vmm_alloc_s *next;
-} vmm_alloc;
-static vmm_alloc *vmm_live; /* handles are checked against this list, never dereferenced blindly */
-static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static struct CUmemPoolHandle_st default_pool[FAKE_MAX_GPUS];
-static struct CUmemPoolHandle_st *pools; /* device pools created by cuMemPoolCreate */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER; /* primary contexts and context limits */
-static uint64_t graph_spare[FAKE_MAX_GPUS], graph_backed[FAKE_MAX_GPUS]; /* under pool_lock */
-
-#define CHECK_INIT()                                                                                     \
-    do {                                                                                                 \
-        if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;                               \
-    } while (0)
-
-static fake_system *sys(void)
+fake_system *sys(void)
 {
     return fake_system_get();
 }
 
-static int valid_dev(CUdevice d)
+int valid_dev(CUdevice d)
 {
     return d >= 0 && d < sys()->count;
 }
@@ -154,7 +50,7 @@ static int valid_dev(CUdevice d)
 /* ---------------------------------------------------------------- memory accounting of the card */
 
 /* Lock-free unless the card looks full; then dead processes' memory is reclaimed and it is retried. */
-static CUresult charge(int dev, uint64_t size)
+CUresult charge(int dev, uint64_t size)
 {
     fake_dev_state *s = sys()->state[dev];
     fake_proc *me = fake_self_slot(s);
@@ -175,7 +71,7 @@ static CUresult charge(int dev, uint64_t size)
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-static void uncharge(int dev, uint64_t size)
+void uncharge(int dev, uint64_t size)
 {
     fake_dev_state *s = sys()->state[dev];
     fake_proc *me = fake_self_slot(s);
@@ -183,11 +79,11 @@ static void uncharge(int dev, uint64_t size)
     atomic_fetch_sub(&s->used_total, size);
 }
 
-static void track(uint64_t ptr, uint64_t size, int dev, int kind)
+void track(uint64_t ptr, uint64_t size, int dev, int kind)
 {
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, NULL};
+    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -195,7 +91,7 @@ static void track(uint64_t ptr, uint64_t size, int dev, int kind)
     pthread_mutex_unlock(&alloc_lock);
 }
 
-static alloc *untrack(uint64_t ptr)
+alloc *untrack(uint64_t ptr)
 {
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
@@ -211,7 +107,7 @@ static alloc *untrack(uint64_t ptr)
     return NULL;
 }
 
-static int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
+int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
 {
     int found = 0;
     pthread_mutex_lock(&alloc_lock);
@@ -227,19 +123,34 @@ static int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
     return found;
 }
 
-static CUresult current_dev(CUdevice *dev)
+int find_alloc(uint64_t ptr, alloc *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&alloc_lock);
+    for (unsigned b = 0; b < NBUCKETS && !found; b++)
+        for (alloc *a = buckets[b]; a; a = a->next)
+            if (ptr >= a->ptr && ptr < a->ptr + (a->size ? a->size : 1)) {
+                *out = *a;
+                found = 1;
+                break;
+            }
+    pthread_mutex_unlock(&alloc_lock);
+    return found;
+}
+
+CUresult current_dev(CUdevice *dev)
 {
     if (current_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     *dev = current_ctx->dev;
     return CUDA_SUCCESS;
 }
 
-static uint64_t rounded(uint64_t size)
+uint64_t rounded(uint64_t size)
 {
     return (size + PAGE_ALIGN - 1) & ~(PAGE_ALIGN - 1);
 }
 
-static CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
+CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
 {
     CUresult rc = charge(dev, size);
     if (rc != CUDA_SUCCESS) return rc;
@@ -255,7 +166,7 @@ static CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
 
 static void vmm_unref(vmm_alloc *v, int handle_ref);
 
-static void device_free(alloc *a)
+void device_free(alloc *a)
 {
     if (a->kind == K_VMM_MAP) { /* back to a reserved, inaccessible range */
         mmap((void *)(uintptr_t)a->ptr, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
@@ -276,7 +187,7 @@ static void device_free(alloc *a)
 }
 
 /* Destroying a context frees every allocation made in it, as the driver does. */
-static void free_ctx_allocs(struct CUctx_st *c)
+void free_ctx_allocs(struct CUctx_st *c)
 {
     alloc *gone = NULL;
     pthread_mutex_lock(&alloc_lock);
@@ -382,32 +293,6 @@ FAKE_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     return rc;
 }
 
-FAKE_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
-{
-    CHECK_INIT();
-    if (!pi) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    const fake_gpu *g = &sys()->gpus[dev];
-    switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = g->cc_major; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = g->cc_minor; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = g->multiprocessors; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = (int)g->pci_bus; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = (int)g->pci_device; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = (int)g->pci_domain; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = (int)THREADS_PER_SM; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *pi = 1; break;
-    default: return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    return CUDA_SUCCESS;
-}
-
 FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
     CHECK_INIT();
@@ -489,6 +374,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (__atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST) == 0) {
         free_ctx_allocs(&primary_ctx[dev]); /* the last release destroys the primary context */
         ctx_memory_uncharge(&primary_ctx[dev]);
+        fake_cls_context_gone(&primary_ctx[dev]);
     }
     pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
@@ -509,6 +395,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CHECK_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
     free_ctx_allocs(&primary_ctx[dev]);
+    fake_cls_context_gone(&primary_ctx[dev]);
     pthread_mutex_lock(&primary_lock);
     if (primary_ctx[dev].refcount > 0) ctx_limits_reset(&primary_ctx[dev]); /* limits back to defaults */
     pthread_mutex_unlock(&primary_lock);
@@ -575,6 +462,7 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (current_ctx == ctx) current_ctx = NULL;
     free_ctx_allocs(ctx);
+    fake_cls_context_gone(ctx);
     ctx_memory_uncharge(ctx);
     ctx->magic = 0;
     free(ctx);
@@ -641,17 +529,38 @@ FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* The calling thread's context stack: current_ctx is its top, these are the ones below it. */
+#define CTX_STACK_MAX 64
+static __thread struct CUctx_st *ctx_below[CTX_STACK_MAX];
+static __thread int ctx_depth;
+
 FAKE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    return cuCtxSetCurrent(ctx);
+    CHECK_INIT();
+    if (!ctx || ctx->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_below[ctx_depth++] = current_ctx;
+    current_ctx = ctx;
+    return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
     CHECK_INIT();
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     if (pctx) *pctx = current_ctx;
-    current_ctx = NULL;
+    current_ctx = ctx_depth > 0 ? ctx_below[--ctx_depth] : NULL;
     return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    return cuCtxPushCurrent_v2(ctx);
+}
+
+FAKE_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    return cuCtxPopCurrent_v2(pctx);
 }
 
 FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
@@ -661,7 +570,7 @@ FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     return current_dev(dev);
 }
 
-static void wait_device_idle(CUdevice dev)
+void wait_device_idle(CUdevice dev)
 {
     uint64_t until = atomic_load(&sys()->state[dev]->busy_until_ns);
     uint64_t now = fake_now_ns();
@@ -684,7 +593,7 @@ static void pool_shrink_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
     }
 }
 
-static void pools_release(CUdevice dev)
+void pools_release(CUdevice dev)
 {
     pthread_mutex_lock(&pool_lock);
     if (dev >= 0 && dev < FAKE_MAX_GPUS) pool_shrink_locked(&default_pool[dev], default_pool[dev].threshold);
@@ -764,7 +673,14 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
-    return alloc_current(dptr, bytesize);
+    CUresult rc = alloc_current(dptr, bytesize);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&alloc_lock);
+        for (alloc *a = buckets[(unsigned)((*dptr >> 12) % NBUCKETS)]; a; a = a->next)
+            if (a->ptr == *dptr) a->managed = 1;
+        pthread_mutex_unlock(&alloc_lock);
+    }
+    return rc;
 }
 
 FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
@@ -856,13 +772,13 @@ FAKE_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
 
 FAKE_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
-    (void)flags;
     CHECK_INIT();
     if (!ph) return CUDA_ERROR_INVALID_VALUE;
     if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
     s->ctx = current_ctx;
+    s->flags = flags;
     *ph = s;
     return CUDA_SUCCESS;
 }
@@ -879,14 +795,13 @@ FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
 {
     CHECK_INIT();
     CUdevice dev;
-    if (h) dev = h->ctx->dev;
-    else if (current_dev(&dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stream_dev(h, &dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
     wait_device_idle(dev);
     pools_release(dev);
     return CUDA_SUCCESS;
 }
 
-static CUresult stream_dev(CUstream s, CUdevice *dev)
+CUresult stream_dev(CUstream s, CUdevice *dev)
 {
     if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) {
         *dev = s->ctx->dev;
@@ -922,7 +837,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, CUdeviceptr *dptr, s
     *dptr = (CUdeviceptr)(uintptr_t)p;
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, NULL};
+    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((*dptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -1217,7 +1132,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
     }
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, NULL};
+    *a = (alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -1541,114 +1456,6 @@ FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     return CUDA_SUCCESS;
 }
 
-/* ---------------------------------------------------------------- modules and launches */
-
-FAKE_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
-{
-    CHECK_INIT();
-    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
-    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
-    struct CUmod_st *m = calloc(1, sizeof(*m));
-    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-    m->duration_ns = 10000;
-    const char *tag = strstr((const char *)image, "gpuslice-fake: duration_us=");
-    if (tag) m->duration_ns = strtoull(tag + strlen("gpuslice-fake: duration_us="), NULL, 10) * 1000ull;
-    *module = m;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuModuleUnload(CUmodule m)
-{
-    CHECK_INIT();
-    if (!m) return CUDA_ERROR_INVALID_HANDLE;
-    free(m);
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
-{
-    CHECK_INIT();
-    if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
-    struct CUfunc_st *fn = calloc(1, sizeof(*fn));
-    if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
-    fn->magic = FUNC_MAGIC;
-    fn->duration_ns = m->duration_ns;
-    fn->dev = current_ctx ? current_ctx->dev : 0;
-    *f = fn;
-    return CUDA_SUCCESS;
-}
-
-static CUresult occupy(CUdevice dev, uint64_t duration_ns)
-{
-    uint64_t end = fake_record_busy(sys()->state[dev], duration_ns);
-    uint64_t now = fake_now_ns();
-    if (end > now + QUEUE_AHEAD_NS) { /* the launch queue is full: block like the driver */
-        uint64_t wait = end - now - QUEUE_AHEAD_NS;
-        struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
-    }
-    return CUDA_SUCCESS;
-}
-
-static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
-{
-    CHECK_INIT();
-    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
-    if (!f || f->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
-    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
-        return CUDA_ERROR_INVALID_VALUE;
-    return occupy(current_ctx->dev, f->duration_ns);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                                    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
-                                    void **extra)
-{
-    (void)shmem;
-    (void)s;
-    (void)params;
-    (void)extra;
-    return launch(f, gx, gy, gz, bx, by, bz);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
-                                         CUstream s, void **params, void **extra)
-{
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
-{
-    (void)params;
-    (void)extra;
-    if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
-{
-    return cuLaunchKernelEx(c, f, params, extra);
-}
-
-FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
-                                               CUstream s, void **params)
-{
-    (void)shmem;
-    (void)s;
-    (void)params;
-    return launch(f, gx, gy, gz, bx, by, bz);
-}
-
-FAKE_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                    unsigned int bx, unsigned int by, unsigned int bz,
-                                                    unsigned int shmem, CUstream s, void **params)
-{
-    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-}
-
 FAKE_EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
 {
     CHECK_INIT();
@@ -1888,79 +1695,4 @@ FAKE_EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
         }
     *s = NULL;
     return CUDA_ERROR_INVALID_VALUE;
-}
-
-/* ---------------------------------------------------------------- cuGetProcAddress */
-
-typedef struct {
-    const char *base;
-    int since; /* first CUDA version (1000*major + 10*minor) this variant serves */
-    void *fn, *ptsz;
-} proc_entry;
-
-/* Derived from the one list in src/gs_procs.h (shared with the shim). */
-#define P_ENTRY(base, since, fn) {#base, since, (void *)(fn), NULL},
-#define P_ENTRY_PTSZ(base, since, fn, ptsz) {#base, since, (void *)(fn), (void *)(ptsz)},
-static const proc_entry procs[] = {GS_DRIVER_PROCS(P_ENTRY, P_ENTRY_PTSZ)};
-#define NPROCS (sizeof(procs) / sizeof(procs[0]))
-
-/* Real drivers may hand out internal entry points, not their exported symbols. With
- * GPUSLICE_FAKE_PROC_TRAMPOLINES=1 the double does too: each entry gets a stub of its own that jumps to
- * the function (a distinct address that behaves the same). */
-#define T_STUB(name) ".text\n.p2align 4\nfake_tramp_" #name ":\n\tjmp " #name "\n"
-#define T_ASM(base, since, fn) __asm__(T_STUB(fn));
-#define T_ASM_PTSZ(base, since, fn, ptsz) __asm__(T_STUB(fn) T_STUB(ptsz));
-#define T_DECL(base, since, fn) extern char fake_tramp_##fn[] __attribute__((visibility("hidden")));
-#define T_DECL_PTSZ(base, since, fn, ptsz) T_DECL(base, since, fn) T_DECL(base, since, ptsz)
-GS_DRIVER_PROCS_UNIQUE(T_ASM, T_ASM_PTSZ)
-GS_DRIVER_PROCS_UNIQUE(T_DECL, T_DECL_PTSZ)
-
-static void *trampoline_of(void *fn)
-{
-    static const struct {
-        void *real, *tramp;
-    } map[] = {
-#define M_ENTRY(base, since, fn) {(void *)(fn), fake_tramp_##fn},
-#define M_ENTRY_PTSZ(base, since, fn, ptsz) M_ENTRY(base, since, fn) M_ENTRY(base, since, ptsz)
-        GS_DRIVER_PROCS_UNIQUE(M_ENTRY, M_ENTRY_PTSZ)};
-    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (map[i].real == fn) return map[i].tramp;
-    return fn;
-}
-
-static int use_trampolines(void)
-{
-    static int state; /* 0 unknown, 1 no, 2 yes */
-    if (state == 0) {
-        const char *v = getenv("GPUSLICE_FAKE_PROC_TRAMPOLINES");
-        state = v && strcmp(v, "1") == 0 ? 2 : 1;
-    }
-    return state == 2;
-}
-
-FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                                         CUdriverProcAddressQueryResult *status)
-{
-    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-    const proc_entry *best = NULL;
-    int known = 0;
-    for (size_t i = 0; i < NPROCS; i++) {
-        if (strcmp(procs[i].base, symbol) != 0) continue;
-        known = 1;
-        if (procs[i].since <= cudaVersion && (!best || procs[i].since > best->since)) best = &procs[i];
-    }
-    *pfn = NULL;
-    if (!best) {
-        if (status) *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_FOUND;
-    }
-    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
-    if (use_trampolines()) *pfn = trampoline_of(*pfn);
-    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
-{
-    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
 }
