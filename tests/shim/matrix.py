@@ -60,8 +60,9 @@ TORCH = [
     ("fsspec", "2025.10.0"),
     ("numpy", "2.3.5"),
 ]
-#: A 580 driver (CUDA 13.0): the first that starts a CUDA 13 runtime.
-DRIVER_580 = ("580.65.06", 13000)
+#: The simulated driver branch each runtime runs on: 535 (CUDA 12.2) for CUDA 12; 580 (CUDA 13.0), the
+#: first that starts a CUDA 13 runtime, for CUDA 13.
+DRIVER_FOR = {12: "535", 13: "580"}
 
 MODES = ["double", "slice"]
 REAL_GPU = os.environ.get("GPUSLICE_MATRIX_REAL_GPU") == "1"
@@ -153,23 +154,19 @@ class Tenant:
         )
 
 
-def tenant(make_slice, mode: str, driver: tuple[str, int] | None = None) -> Tenant:
+def tenant(make_slice, mode: str, driver: str = "535") -> Tenant:
+    """A V100 on the simulated `driver` branch, whole (mode "double") or an 8 GiB slice of it."""
     shim = mode == "slice"
     if REAL_GPU:
         gpu = real_gpu()
-        if driver is not None and gpu.cuda_driver_version < driver[1]:
-            pytest.skip(
-                f"the GPU's driver serves CUDA {gpu.cuda_driver_version}; this client needs {driver[1]}"
-            )
+        needs = simulate.driver_versions(driver)[1]
+        if gpu.cuda_driver_version < needs:
+            pytest.skip(f"the GPU's driver serves CUDA {gpu.cuda_driver_version}; this client needs {needs}")
         prepared = make_slice(memory_bytes=SLICE, simulate_gpus=None)
         return Tenant(prepared, shim, SLICE if shim else gpu.total, gpu.name, real=True)
-    prepared = make_slice(memory_bytes=SLICE)
+    prepared = make_slice(memory_bytes=SLICE, driver=driver)
     gpus = prepared.fake_gpus
     assert gpus
-    if driver is not None:
-        simulate.write_fake_config(
-            gpus, prepared.workdir / "fake-gpus.conf", driver_version=driver[0], cuda_driver_version=driver[1]
-        )
     return Tenant(prepared, shim, SLICE if shim else gpus[0].memory_bytes, gpus[0].name)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from shim.matrix import (
     CLIENTS,
-    DRIVER_580,
+    DRIVER_FOR,
     GIB,
     MODES,
     REAL_GPU,
@@ -27,7 +27,7 @@ RUNTIMES = [12, 13]
 
 
 def _tenant(make_slice, mode: str, major: int) -> Tenant:
-    return tenant(make_slice, mode, DRIVER_580 if major == 13 else None)
+    return tenant(make_slice, mode, DRIVER_FOR[major])
 
 
 def _run(t: Tenant, major: int, path: str) -> dict[str, str]:
@@ -110,12 +110,12 @@ def test_two_processes_share_the_slice(make_slice, major):
         f = _run(t, major, "second")
     assert f["second_5g_rc"] == "2"  # 5 + 5 GiB > 8 GiB: cudaErrorMemoryAllocation
     assert f["second_2g_rc"] == "0"
-    assert int(f["mem_free"]) == 3 * GIB  # the holder's 5 GiB are the slice's too
+    assert int(f["mem_free"]) == 1 * GIB  # 8 - its own 2 - the holder's 5: one slice for both
 
 
 @pytest.mark.skipif(REAL_GPU, reason="the double's 535 driver; a real GPU has the driver it has")
 def test_cuda13_runtime_refused_by_a_535_driver(make_slice):
-    t = tenant(make_slice, "slice", None)  # the double's default: 535 (CUDA 12.2)
+    t = tenant(make_slice, "slice", "535")
     proc = t.run([SCRIPT, str(cudart(13)), "info"])
     assert proc.returncode == 1
     assert facts(proc.stdout)["error"] == "cudaGetDeviceCount 35 cudaErrorInsufficientDriver"

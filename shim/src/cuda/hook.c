@@ -182,6 +182,15 @@ static void *wrapper_by_convention(const char *base, cuuint64_t flags)
 static void procaddr_by_name(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
     if (symbol == NULL) return;
+    /* A driver serves no variant newer than itself: a 12.2 driver asked for cuGraphAddNode at 12030
+     * hands out the 12020 variant, whose arguments differ. */
+    static _Atomic int driver_version;
+    int dv = atomic_load_explicit(&driver_version, memory_order_relaxed);
+    if (dv == 0) {
+        if (real_cuDriverGetVersion == NULL || real_cuDriverGetVersion(&dv) != CUDA_SUCCESS || dv <= 0) dv = -1;
+        atomic_store_explicit(&driver_version, dv, memory_order_relaxed);
+    }
+    if (dv > 0 && dv < version) version = dv;
     const gs_proc *best = NULL, *oldest = NULL;
     for (size_t i = 0; i < GS_NPROCS; i++) {
         const gs_proc *e = &procs[i];

@@ -37,7 +37,16 @@ def info() -> None:
 
 
 def edge() -> None:
-    cupy.cuda.set_allocator(None)  # no pool: every array is one cudaMalloc
+    """CuPy's default pool: what a tenant gets without configuring anything."""
+    arrays = to_the_edge()
+    del arrays
+    cupy.get_default_memory_pool().free_all_blocks()
+    print(f"free_after={runtime.memGetInfo()[0]}")
+
+
+def no_pool() -> None:
+    """No pool: every array is one cudaMalloc, a refusal is the runtime's error as CuPy raises it."""
+    cupy.cuda.set_allocator(None)
     arrays = to_the_edge()
     del arrays
     print(f"free_after={runtime.memGetInfo()[0]}")
@@ -77,26 +86,28 @@ def async_pool() -> None:
 
 
 def managed() -> None:
-    cupy.cuda.set_allocator(memory.malloc_managed)
+    """Managed memory through a pool of its own, as CuPy documents it."""
+    pool = memory.MemoryPool(memory.malloc_managed)
+    cupy.cuda.set_allocator(pool.malloc)
     arrays = to_the_edge()
     del arrays
+    pool.free_all_blocks()
     print(f"free_after={runtime.memGetInfo()[0]}")
 
 
 def hold() -> None:
-    cupy.cuda.set_allocator(None)
     a = cupy.empty(5 * GIB, dtype=cupy.uint8)
     print(f"held={a.nbytes}", flush=True)
     sys.stdin.read()
 
 
 def second() -> None:
-    cupy.cuda.set_allocator(None)
     for size in (5, 2):
         try:
             x = cupy.empty(size * GIB, dtype=cupy.uint8)
             print(f"second_{size}g=ok")
             del x
+            cupy.get_default_memory_pool().free_all_blocks()
         except Exception as exc:
             print(f"second_{size}g={type(exc).__name__}: {exc}")
 
@@ -104,6 +115,7 @@ def second() -> None:
 PATHS = {
     "info": info,
     "edge": edge,
+    "no-pool": no_pool,
     "caching": caching,
     "async-pool": async_pool,
     "managed": managed,
