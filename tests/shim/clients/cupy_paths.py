@@ -78,11 +78,14 @@ def caching() -> None:
 
 def async_pool() -> None:
     """Stream-ordered allocation (cudaMallocFromPoolAsync) through CuPy's MemoryAsyncPool."""
-    cupy.cuda.set_allocator(memory.MemoryAsyncPool().malloc)
+    pool = memory.MemoryAsyncPool()
+    cupy.cuda.set_allocator(pool.malloc)
     arrays = to_the_edge()
     del arrays
     cupy.cuda.Device(0).synchronize()
-    print(f"free_after_sync={runtime.memGetInfo()[0]}")
+    print(f"free_after_sync={runtime.memGetInfo()[0]}")  # the pool may keep what was freed
+    pool.free_all_blocks()  # trims the pool
+    print(f"free_after={runtime.memGetInfo()[0]}")
 
 
 def managed() -> None:
