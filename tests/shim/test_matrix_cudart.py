@@ -6,8 +6,13 @@ it must be refused as a real 535 refuses it.
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
+from gpuslice_dev.gpusim.cudart import build_program
+from gpuslice_dev.paths import SHIM_SOURCE_DIR
 from shim.matrix import (
     CLIENTS,
     DRIVER_FOR,
@@ -45,6 +50,33 @@ def test_device_shows_the_slice(make_slice, mode, major):
     assert int(f["total_global_mem"]) == t.total
     assert int(f["mem_total"]) == t.total
     assert int(f["mem_free"]) <= t.total if t.real else int(f["mem_free"]) == t.total
+
+
+@pytest.fixture(scope="module")
+def c_program(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """shim/tests/cudart_probe.c, the C tenant built against each runtime wheel (no CUDA toolkit)."""
+    out = tmp_path_factory.mktemp("cprog")
+    source = SHIM_SOURCE_DIR / "tests" / "cudart_probe.c"
+    return {major: build_program(source, str(major), out / f"cudart_probe{major}") for major in RUNTIMES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_c_program_sees_the_slice(make_slice, c_program, mode, major):
+    """A C program linked against the wheel's libcudart: cudaGetDeviceProperties and cudaMemGetInfo."""
+    t = _tenant(make_slice, mode, major)
+    proc = subprocess.run(
+        [str(c_program[major]), "props"],
+        env=t.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, explain(proc)
+    f = facts(proc.stdout)
+    assert f["name"] == t.name
+    assert (int(f["total"]), int(f["mem_total"])) == (t.total, t.total)
 
 
 @pytest.mark.parametrize("mode", MODES)
