@@ -100,6 +100,12 @@ int main(int argc, char **argv)
         {"cuMemAllocAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
         {"cuGraphLaunch", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
         {"cuGetProcAddress", CU_GET_PROC_ADDRESS_DEFAULT},
+        /* Wrapped entry points the shim once could not place and refused (CUDA_ERROR_NOT_FOUND). */
+        {"cuGraphInstantiateWithParams", CU_GET_PROC_ADDRESS_DEFAULT},
+        {"cuGraphInstantiateWithParams", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+        {"cuLaunch", CU_GET_PROC_ADDRESS_DEFAULT},
+        {"cuLaunchGrid", CU_GET_PROC_ADDRESS_DEFAULT},
+        {"cuLaunchGridAsync", CU_GET_PROC_ADDRESS_DEFAULT},
     };
     for (size_t i = 0; i < sizeof(wrapped) / sizeof(wrapped[0]); i++) {
         void *fn = NULL;
