@@ -129,29 +129,12 @@ typedef struct {
 #define GS_PROC(base, since, fn) {#base, since, #fn, NULL},
 #define GS_PROC_PTSZ(base, since, fn, ptsz) {#base, since, #fn, #ptsz},
 
-/*
- * Which variant a driver hands out for (name, cudaVersion, flags), for every wrapped entry point the
- * shared list (gs_procs.h, which also drives the test double) does not place, or places as no real
- * driver does. From cuda.h's versioned #defines and cudaTypedefs.h's PFN_*_vNNNNN typedefs. Read
- * first, so at an equal `since` these entries win.
- */
-#define GS_SHIM_PROCS(X, XP) \
-    X(cuGraphInstantiate, 10000, cuGraphInstantiate) \
-    X(cuGraphInstantiate, 11000, cuGraphInstantiate_v2) \
-    X(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags) \
-    XP(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz) \
-    X(cuGraphClone, 10000, cuGraphClone) \
-    X(cuGraphAddNode, 12020, cuGraphAddNode) \
-    X(cuGraphAddNode, 12030, cuGraphAddNode_v2) \
-    X(cuLaunch, 2000, cuLaunch) \
-    X(cuLaunchGrid, 2000, cuLaunchGrid) \
-    X(cuLaunchGridAsync, 2000, cuLaunchGridAsync)
-
-static const gs_proc procs[] = {GS_SHIM_PROCS(GS_PROC, GS_PROC_PTSZ) GS_DRIVER_PROCS(GS_PROC, GS_PROC_PTSZ)};
+/* Generated from NVIDIA's headers (tools/gen_procs.py): every variant of every name, aliases included. */
+static const gs_proc procs[] = {GS_DRIVER_PROCS(GS_PROC, GS_PROC_PTSZ)};
 #define GS_NPROCS (sizeof(procs) / sizeof(procs[0]))
 
 /* A wrapper the shim holds under `name` by the naming convention alone (cuMemAlloc: cuMemAlloc_v2,
- * cuLaunchKernel: cuLaunchKernel_ptsz), for names no list places: the exact name, its per-thread
+ * cuLaunchKernel: cuLaunchKernel_ptsz), for names the list does not place: the exact name, its per-thread
  * variant when asked for, else its newest _vN. NULL when the shim wraps nothing by that name. */
 static void *wrapper_by_convention(const char *base, cuuint64_t flags)
 {
@@ -176,8 +159,8 @@ static void *wrapper_by_convention(const char *base, cuuint64_t flags)
  * cuGetProcAddress handed out a pointer that is not the driver's exported symbol of any wrapped
  * variant (real drivers hand out internal entry points). Decide by name which variant the caller got
  * for (symbol, cudaVersion, flags) and return the shim's wrapper for it. A wrapped entry point is never
- * refused: where the lists hold the name, the variant they name is wrapped or needs no wrapper (it is
- * passed through); where they do not, the shim's wrapper by naming convention stands in for it.
+ * refused: where the list holds the name, the variant it names is wrapped or needs no wrapper (it is
+ * passed through); where it does not (a driver newer than the list), the shim's wrapper by naming convention stands in for it.
  */
 static void procaddr_by_name(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
@@ -198,7 +181,7 @@ static void procaddr_by_name(const char *symbol, void **pfn, int version, cuuint
         if (oldest == NULL || e->since < oldest->since) oldest = e;
         if (e->since <= version && (best == NULL || e->since > best->since)) best = e;
     }
-    /* A driver that serves a version the lists say is too old for the name: the oldest variant. */
+    /* A driver that serves a version the list says is too old for the name: the oldest variant. */
     if (best == NULL) best = oldest;
     if (best != NULL) {
         const char *name = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
@@ -208,11 +191,12 @@ static void procaddr_by_name(const char *symbol, void **pfn, int version, cuuint
     }
     void *w = wrapper_by_convention(symbol, flags);
     if (w != NULL) {
-        gs_log("cuGetProcAddress(%s, %d): no list places this name; handing out the shim's wrapper by its name",
+        gs_log("cuGetProcAddress(%s, %d): the list does not place this name; handing out the shim's wrapper by its name",
                symbol, version);
         *pfn = w;
     }
 }
+
 /* A wrapped name that resolves to something other than the driver's own symbol comes from another
  * copy of the driver (a copied libcuda.so.1 opened by path, a bundled libnvidia-ml): the caller gets
  * the shim's wrapper, which calls the driver the shim enforces over, never the copy unwrapped. */
