@@ -2,7 +2,8 @@
  * Streams, events, copies, host memory, pointer queries and context queries of the fake
  * libcuda.so.1 beyond the core (fake_cuda.c). Device memory is host memory here, so copies and
  * memsets are plain memcpy/memset in whatever direction; asynchronous ones complete at once (kernels
- * do not touch memory, so stream order cannot be observed otherwise).
+ * do not touch memory, so stream order cannot be observed otherwise), except into a capturing
+ * stream, where they become nodes of the captured graph and run at each of its launches.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -184,7 +185,7 @@ FAKE_EXPORT CUresult cuStreamGetId(CUstream s, unsigned long long *id)
 {
     CHECK_INIT();
     if (!id) return CUDA_ERROR_INVALID_VALUE;
-    *id = real_stream(s) ? (unsigned long long)(uintptr_t)s : (unsigned long long)(uintptr_t)s;
+    *id = (unsigned long long)(uintptr_t)s; /* unique while the stream lives; the legacy and per-thread ones: 1, 2 */
     return CUDA_SUCCESS;
 }
 
@@ -467,12 +468,6 @@ FAKE_EXPORT CUresult cuEventDestroy(CUevent e)
 
 /* ---------------------------------------------------------------- copies and memsets */
 
-#define COPY_CHECK(dst, src)                                                                                           \
-    do {                                                                                                               \
-        CHECK_INIT();                                                                                                  \
-        if ((n) && (!(dst) || !(src))) return CUDA_ERROR_INVALID_VALUE;                                                \
-    } while (0)
-
 static CUresult copy(void *dst, const void *src, size_t n)
 {
     CHECK_INIT();
@@ -484,10 +479,18 @@ static CUresult copy(void *dst, const void *src, size_t n)
 #define P(x) ((void *)(uintptr_t)(x))
 FAKE_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(P(dst), P(src), n); }
 FAKE_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(P(dst), P(src), n); }
+/* An asynchronous copy into a capturing stream becomes a node of the captured graph. */
+static CUresult copy_on(CUstream s, void *dst, const void *src, size_t n)
+{
+    CHECK_INIT();
+    if (n && (!dst || !src)) return CUDA_ERROR_INVALID_VALUE;
+    if (fake_capture_op(s, CU_GRAPH_NODE_TYPE_MEMCPY, dst, src, n, 1, 0, 0, NULL, 1)) return CUDA_SUCCESS;
+    return copy(dst, src, n);
+}
+
 FAKE_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    (void)s;
-    return copy(P(dst), P(src), n);
+    return copy_on(s, P(dst), P(src), n);
 }
 FAKE_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
@@ -499,8 +502,7 @@ FAKE_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
 FAKE_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) { return copy(P(dst), P(src), n); }
 FAKE_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-    (void)s;
-    return cuMemcpyHtoD_v2(dst, src, n);
+    return copy_on(s, P(dst), src, n);
 }
 FAKE_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
@@ -508,8 +510,7 @@ FAKE_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src,
 }
 FAKE_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    (void)s;
-    return cuMemcpyDtoH_v2(dst, src, n);
+    return copy_on(s, dst, P(src), n);
 }
 FAKE_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
@@ -517,8 +518,7 @@ FAKE_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_
 }
 FAKE_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    (void)s;
-    return copy(P(dst), P(src), n);
+    return copy_on(s, P(dst), P(src), n);
 }
 FAKE_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
@@ -590,7 +590,8 @@ static CUresult fill(CUdeviceptr dst, const void *value, size_t elem, size_t n, 
 #define MEMSET_ASYNC(name, T, elem)                                                                                    \
     FAKE_EXPORT CUresult name(CUdeviceptr dst, T v, size_t n, CUstream s)                                              \
     {                                                                                                                  \
-        (void)s;                                                                                                       \
+        if (dst && fake_capture_op(s, CU_GRAPH_NODE_TYPE_MEMSET, P(dst), NULL, n, 1, 0, 0, &v, elem))                   \
+            return CUDA_SUCCESS;                                                                                       \
         return fill(dst, &v, elem, n, 0, 1);                                                                           \
     }
 #define MEMSET2D(name, T, elem)                                                                                        \
@@ -601,7 +602,8 @@ static CUresult fill(CUdeviceptr dst, const void *value, size_t elem, size_t n, 
 #define MEMSET2D_ASYNC(name, T, elem)                                                                                  \
     FAKE_EXPORT CUresult name(CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h, CUstream s)                      \
     {                                                                                                                  \
-        (void)s;                                                                                                       \
+        if (dst && fake_capture_op(s, CU_GRAPH_NODE_TYPE_MEMSET, P(dst), NULL, w, h, pitch, 0, &v, elem))               \
+            return CUDA_SUCCESS;                                                                                       \
         return fill(dst, &v, elem, w, pitch, h);                                                                       \
     }
 MEMSET(cuMemsetD8_v2_ptds, unsigned char, 1)

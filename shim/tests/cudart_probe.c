@@ -199,6 +199,38 @@ static int cmd_all(const char *fatbin_path, const char *kernel)
         check("cudaGraphDestroy", cudaGraphDestroy(g));
     }
 
+    /* Stream capture: the launch becomes a node of the captured graph, which then runs. */
+    cudaGraph_t cg = NULL;
+    cudaGraphExec_t cge = NULL;
+    unsigned char *cap = NULL, seen = 0xff;
+    check("cudaMalloc (capture target)", cudaMalloc((void **)&cap, 4096));
+    check("cudaMemset (capture target)", cudaMemset(cap, 0, 4096));
+    if (check("cudaStreamBeginCapture", cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal))) {
+        /* a captured memset runs when the graph runs, not when it is captured */
+        check("cudaMemsetAsync (captured)", cudaMemsetAsync(cap, 0x11, 4096, s));
+        enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        check("cudaStreamIsCapturing", cudaStreamIsCapturing(s, &st));
+        check("capturing", st == cudaStreamCaptureStatusActive ? cudaSuccess : cudaErrorUnknown);
+        check("cudaLaunchKernel (captured)", cudaLaunchKernel(&host_stub, dim3_of(8), dim3_of(64), args, 0, s));
+        if (check("cudaStreamEndCapture", cudaStreamEndCapture(s, &cg))) {
+            size_t nodes = 0;
+            check("cudaGraphGetNodes", cudaGraphGetNodes(cg, NULL, &nodes));
+            printf("captured_nodes=%zu\n", nodes);
+            check("two nodes captured", nodes == 2 ? cudaSuccess : cudaErrorUnknown);
+            check("cudaMemcpy (before the graph runs)", cudaMemcpy(&seen, cap + 4095, 1, cudaMemcpyDeviceToHost));
+            check("captured memset not run yet", seen == 0 ? cudaSuccess : cudaErrorUnknown);
+            if (check("cudaGraphInstantiate", cudaGraphInstantiate(&cge, cg, 0))) {
+                check("cudaGraphLaunch (captured)", cudaGraphLaunch(cge, s));
+                check("cudaStreamSynchronize", cudaStreamSynchronize(s));
+                check("cudaMemcpy (after)", cudaMemcpy(&seen, cap + 4095, 1, cudaMemcpyDeviceToHost));
+                check("captured memset ran with the graph", seen == 0x11 ? cudaSuccess : cudaErrorUnknown);
+                check("cudaGraphExecDestroy", cudaGraphExecDestroy(cge));
+            }
+            check("cudaGraphDestroy", cudaGraphDestroy(cg));
+        }
+    }
+    check("cudaFree (capture target)", cudaFree(cap));
+
     check("cudaEventDestroy", cudaEventDestroy(e0));
     check("cudaEventDestroy", cudaEventDestroy(e1));
     check("cudaStreamDestroy", cudaStreamDestroy(s));
