@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from shim.matrix import CLIENTS, GIB, MODES, REAL_GPU, Holder, Tenant, explain, facts, tenant, torch_env
+from shim.matrix import CLIENTS, GIB, MODES, Holder, Tenant, explain, facts, tenant, torch_env
 
 SCRIPT = str(CLIENTS / "torch_paths.py")
 
@@ -27,22 +27,6 @@ def test_built_with_volta_kernels(make_slice):
     t = tenant(make_slice, "double")
     proc = t.run([SCRIPT, "info"], extra_env=torch_env(t), timeout=600)
     assert "sm_70" in facts(proc.stdout)["arch_flags"].split(","), explain(proc)
-
-
-#: Where the driver double cannot serve PyTorch yet (the real failure shows if the mark is removed).
-NO_NVLINK_NVML = pytest.mark.xfail(
-    not REAL_GPU,
-    strict=True,
-    reason="driver double: libnvidia-ml lacks nvmlDeviceGetNvLinkRemoteDeviceType, "
-    "nvmlDeviceGetNvLinkRemotePciInfo_v2 and nvmlDeviceGetGpuFabricInfoV, which PyTorch's c10 driver API "
-    "requires at its first out-of-memory (RuntimeError INTERNAL ASSERT instead of torch.OutOfMemoryError)",
-)
-NO_GRAPH_GET_NODES = pytest.mark.xfail(
-    not REAL_GPU,
-    strict=True,
-    reason="driver double: cuGraphGetNodes answers CUDA_ERROR_NOT_SUPPORTED, which PyTorch calls at the end "
-    "of a capture (torch.AcceleratorError: operation not supported)",
-)
 
 
 def _run(t: Tenant, path: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -67,19 +51,21 @@ def test_device_shows_the_slice(make_slice, mode):
     assert int(f["mem_total"]) == t.total
 
 
-@NO_NVLINK_NVML
 @pytest.mark.parametrize("conf", ["", "expandable_segments:True"], ids=["caching", "expandable-segments"])
 @pytest.mark.parametrize("mode", MODES)
 def test_allocation_to_the_edge_then_torch_oom(make_slice, mode, conf):
     t = tenant(make_slice, mode)
     f = _run(t, "edge", {"PYTORCH_CUDA_ALLOC_CONF": conf} if conf else None)
     room = t.available(int(f["free_at_start"]))
-    assert int(f["edge_blocks"]) == room // GIB
+    # Filled to the edge: what the allocator holds fits, and the next 1 GiB did not. (Expandable
+    # segments keep a few MiB mapped beyond the tensors, so their last whole GiB may not fit.)
+    reserved = int(f["reserved_at_edge"])
+    assert int(f["edge_blocks"]) * GIB <= reserved <= room < reserved + GIB
     _oom(f, "edge_error", t)
     assert int(f["free_after"]) == room
 
 
-@pytest.mark.parametrize("mode", [pytest.param("double"), pytest.param("slice", marks=NO_NVLINK_NVML)])
+@pytest.mark.parametrize("mode", MODES)
 def test_caching_allocator_frees_its_cache_and_retries(make_slice, mode):
     t = tenant(make_slice, mode)
     f = _run(t, "caching")
@@ -94,7 +80,6 @@ def test_caching_allocator_frees_its_cache_and_retries(make_slice, mode):
     assert int(f["free_after"]) == room
 
 
-@NO_GRAPH_GET_NODES
 @pytest.mark.parametrize("mode", MODES)
 def test_cuda_graph_capture_and_replay(make_slice, mode):
     t = tenant(make_slice, mode)
@@ -104,7 +89,6 @@ def test_cuda_graph_capture_and_replay(make_slice, mode):
     assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
 
 
-@NO_NVLINK_NVML
 def test_two_processes_share_the_slice(make_slice):
     t = tenant(make_slice, "slice")
     with Holder(t, [SCRIPT, "hold"], f"held={5 * GIB}", extra_env=torch_env(t)):

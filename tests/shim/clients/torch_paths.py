@@ -30,6 +30,7 @@ def to_the_edge() -> list[torch.Tensor]:
             tensors.append(torch.empty(GIB, dtype=torch.uint8, device="cuda"))
         except Exception as exc:
             print(f"edge_blocks={len(tensors)}\nedge_error={first_line(exc)}")
+            print(f"reserved_at_edge={torch.cuda.memory_reserved()}")
             return tensors
     print("edge_blocks=never refused")
     return tensors
