@@ -48,13 +48,14 @@ typedef struct {
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuLaunch) X(cuLaunchGrid) \
     X(cuLaunchGridAsync) X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuCtxSetLimit) X(cuMemPoolTrimTo)           \
     X(cuMemPoolSetAttribute) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags)                      \
-    X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim)        \
-    X(cuImportExternalMemory) X(cuDestroyExternalMemory)
+    X(cuGraphInstantiateWithParams) X(cuGraphInstantiateWithParams_ptsz) X(cuGraphInstantiate)             \
+    X(cuGraphInstantiate_v2) X(cuGraphClone) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuGraphExecDestroy)  \
+    X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuImportExternalMemory) X(cuDestroyExternalMemory)
 
 #define GS_CUDA_HELPERS(X)                                                                               \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)                      \
     X(cuMemGetAddressRange_v2) X(cuCtxGetCurrent) X(cuDevicePrimaryCtxGetState) X(cuCtxGetLimit)          \
-    X(cuDeviceGetAttribute) X(cuDeviceGetMemPool) X(cuMemPoolGetAttribute)
+    X(cuDeviceGetAttribute) X(cuDeviceGetMemPool) X(cuMemPoolGetAttribute) X(cuDriverGetVersion)
 
 #define GS_NVML_WRAPPED(X)                                                                               \
     X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetComputeRunningProcesses)       \
