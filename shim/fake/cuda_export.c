@@ -15,10 +15,12 @@
  *   context create bypass    1 cuCtxCreate_v2
  *   device extended          5 an extended attribute query, 13 a per-device flag (0)
  *   context checks           2 check a context (0: nothing to report), 3 (0)
- *   integrity check          1: a keyed MD2 (HMAC, RFC 2104 over RFC 1319) of the driver version, the
+ *   integrity check          1: for a request version ending in 0 or 1 a fixed answer; otherwise a
+ *                            keyed MD2 (HMAC, RFC 2104 over RFC 1319) of the driver version, the
  *                            request's version and time, the calling process and thread, the tables'
- *                            addresses and every device's UUID and PCI location; the runtime computes
- *                            the same and refuses a driver whose answer differs
+ *                            addresses and every device's UUID and PCI location, as publicly
+ *                            described. libcudart 12.9 and 13.0 ask with their own version (12090,
+ *                            13000: the fixed answers) and, in these tests, did not refuse a wrong one.
  *
  * A slot nobody documented answers CUDA_ERROR_NOT_SUPPORTED and says which slot it was (on stderr
  * with GPUSLICE_FAKE_TRACE=1), so an unexpected call is visible instead of a crash.

@@ -573,13 +573,22 @@ CUresult occupy(CUdevice dev, uint64_t duration_ns)
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
+/* A launch into a capturing stream becomes a kernel node of the capture's graph instead of running. */
+static CUresult launch_on(CUstream s, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz)
 {
     CHECK_INIT();
     if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
     if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->capturing) {
+        struct CUgraphNode_st *n = fake_graph_node(s->capture_graph, CU_GRAPH_NODE_TYPE_KERNEL);
+        if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+        n->duration_ns = f->duration_ns;
+        s->capture_graph->duration_ns += f->duration_ns;
+        return CUDA_SUCCESS;
+    }
     return occupy(current_ctx->dev, f->duration_ns);
 }
 
@@ -588,10 +597,9 @@ FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
                                     void **extra)
 {
     (void)shmem;
-    (void)s;
     (void)params;
     (void)extra;
-    return launch(f, gx, gy, gz, bx, by, bz);
+    return launch_on(s, f, gx, gy, gz, bx, by, bz);
 }
 
 FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -606,7 +614,7 @@ FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, voi
     (void)params;
     (void)extra;
     if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
+    return launch_on(c->hStream, f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
 }
 
 FAKE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
@@ -619,9 +627,8 @@ FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, un
                                                CUstream s, void **params)
 {
     (void)shmem;
-    (void)s;
     (void)params;
-    return launch(f, gx, gy, gz, bx, by, bz);
+    return launch_on(s, f, gx, gy, gz, bx, by, bz);
 }
 
 FAKE_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,

@@ -184,7 +184,7 @@ FAKE_EXPORT CUresult cuStreamGetId(CUstream s, unsigned long long *id)
 {
     CHECK_INIT();
     if (!id) return CUDA_ERROR_INVALID_VALUE;
-    *id = real_stream(s) ? (unsigned long long)(uintptr_t)s : (unsigned long long)(uintptr_t)s;
+    *id = (unsigned long long)(uintptr_t)s; /* unique while the stream lives; the legacy and per-thread ones: 1, 2 */
     return CUDA_SUCCESS;
 }
 
@@ -466,12 +466,6 @@ FAKE_EXPORT CUresult cuEventDestroy(CUevent e)
 }
 
 /* ---------------------------------------------------------------- copies and memsets */
-
-#define COPY_CHECK(dst, src)                                                                                           \
-    do {                                                                                                               \
-        CHECK_INIT();                                                                                                  \
-        if ((n) && (!(dst) || !(src))) return CUDA_ERROR_INVALID_VALUE;                                                \
-    } while (0)
 
 static CUresult copy(void *dst, const void *src, size_t n)
 {

@@ -98,6 +98,8 @@ struct CUmipmappedArray_st {
 struct CUgraph_st {
     uint64_t duration_ns;
     uint64_t mem_bytes; /* memory alloc nodes */
+    struct CUgraphNode_st **nodes;
+    size_t nnodes, cap;
 };
 /* Graph memory: an executable graph's alloc nodes get physical memory at its first launch and keep
  * it; destroying the executable returns it to the device's graph pool, which keeps it reserved
@@ -113,8 +115,15 @@ struct CUextMemory_st {
     uint64_t size;
 };
 struct CUgraphNode_st {
-    int unused;
+    CUgraphNodeType type;
+    struct CUgraph_st *graph;
+    uint64_t duration_ns; /* a kernel node's */
+    uint64_t mem_bytes;   /* an alloc node's */
 };
+/* A new node of `type` in `g` (cuda_graph.c); NULL when out of memory. */
+struct CUgraphNode_st *fake_graph_node(struct CUgraph_st *g, CUgraphNodeType type);
+/* Frees a graph and its nodes. */
+void fake_graph_free(struct CUgraph_st *g);
 struct CUevent_st {
     uint64_t t_ns; /* where the device timeline reaches the event; 0 until recorded */
     CUdevice dev;
@@ -161,6 +170,8 @@ CUresult current_dev(CUdevice *dev);
 uint64_t rounded(uint64_t size);
 CUresult device_alloc(uint64_t *out, uint64_t size, int dev);
 void device_free(alloc *a);
+/* Drops a handle (handle_ref) or mapping reference of a VMM allocation; frees it at the last one. */
+void vmm_unref(vmm_alloc *v, int handle_ref);
 void free_ctx_allocs(struct CUctx_st *c);
 void wait_device_idle(CUdevice dev);
 void pools_release(CUdevice dev);

@@ -825,3 +825,39 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int
     (void)active;
     return NVML_ERROR_NOT_SUPPORTED;
 }
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link_id,
+                                                              nvmlIntNvLinkDeviceType_t *type)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)link_id;
+    (void)type;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link_id, nvmlPciInfo_t *pci)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)link_id;
+    (void)pci;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* GPU fabric (NVSwitch / multi-node NVLink) membership: a Hopper-and-later notion; PCIe boards have none. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}

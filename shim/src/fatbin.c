@@ -4,6 +4,8 @@
 #include <elf.h>
 #include <string.h>
 
+#define STO_CUDA_ENTRY 0x10 /* st_other of a kernel (a __global__ function) */
+
 static uint32_t rd32(const unsigned char *p)
 {
     uint32_t v;
@@ -182,7 +184,9 @@ int cubin_has_function(const void *elf, size_t size, const char *name)
         for (uint64_t off = 0; off + sizeof(Elf64_Sym) <= sh.sh_size; off += sizeof(Elf64_Sym)) {
             Elf64_Sym sym;
             memcpy(&sym, p + sh.sh_offset + off, sizeof(sym));
-            if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || sym.st_name >= str.sh_size) continue;
+            /* kernels only: device functions are FUNC symbols too, without the entry mark */
+            if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || !(sym.st_other & STO_CUDA_ENTRY) || sym.st_name >= str.sh_size)
+                continue;
             const char *s = (const char *)p + str.sh_offset + sym.st_name;
             size_t room = str.sh_size - sym.st_name;
             size_t len = strlen(name);

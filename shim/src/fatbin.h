@@ -56,7 +56,7 @@ long lz4_block_decompress(const unsigned char *src, size_t src_len, unsigned cha
 /* A cubin's architecture (70 = sm_70) from its ELF header; 0 if not a CUDA ELF. */
 unsigned cubin_arch(const void *elf, size_t size, int *arch_specific);
 
-/* 1 if the cubin defines a kernel (an STT_FUNC symbol) named `name`, 0 if not, -1 if unreadable. */
+/* 1 if the cubin defines a kernel (an STT_FUNC symbol marked as an entry) named `name`, 0 if not, -1 if unreadable. */
 int cubin_has_function(const void *elf, size_t size, const char *name);
 
 /* A PTX text's ISA version (major * 10 + minor: 60 for ".version 6.0") and target (70 for sm_70); 0 if absent. */

@@ -199,6 +199,28 @@ static int cmd_all(const char *fatbin_path, const char *kernel)
         check("cudaGraphDestroy", cudaGraphDestroy(g));
     }
 
+    /* Stream capture: the launch becomes a node of the captured graph, which then runs. */
+    cudaGraph_t cg = NULL;
+    cudaGraphExec_t cge = NULL;
+    if (check("cudaStreamBeginCapture", cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal))) {
+        enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        check("cudaStreamIsCapturing", cudaStreamIsCapturing(s, &st));
+        check("capturing", st == cudaStreamCaptureStatusActive ? cudaSuccess : cudaErrorUnknown);
+        check("cudaLaunchKernel (captured)", cudaLaunchKernel(&host_stub, dim3_of(8), dim3_of(64), args, 0, s));
+        if (check("cudaStreamEndCapture", cudaStreamEndCapture(s, &cg))) {
+            size_t nodes = 0;
+            check("cudaGraphGetNodes", cudaGraphGetNodes(cg, NULL, &nodes));
+            printf("captured_nodes=%zu\n", nodes);
+            check("one node captured", nodes == 1 ? cudaSuccess : cudaErrorUnknown);
+            if (check("cudaGraphInstantiate", cudaGraphInstantiate(&cge, cg, 0))) {
+                check("cudaGraphLaunch (captured)", cudaGraphLaunch(cge, s));
+                check("cudaStreamSynchronize", cudaStreamSynchronize(s));
+                check("cudaGraphExecDestroy", cudaGraphExecDestroy(cge));
+            }
+            check("cudaGraphDestroy", cudaGraphDestroy(cg));
+        }
+    }
+
     check("cudaEventDestroy", cudaEventDestroy(e0));
     check("cudaEventDestroy", cudaEventDestroy(e1));
     check("cudaStreamDestroy", cudaStreamDestroy(s));

@@ -263,3 +263,62 @@ def test_a_v100_has_no_kernel_image_in_a_cuda13_build(
     image.write_bytes(kernels.device_runtime_fatbin("13"))
     out = probe_run(probes["13"], ["load", image, "x"], on_double(built, tmp_path, driver="580")).stdout
     assert "load 209 cudaErrorNoKernelImageForDevice" in out, out
+
+
+@pytest.fixture(scope="module")
+def curand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """A fatbin of cuRAND 12 and of cuRAND 13 (real nvcc output) with kernels, and one kernel's name."""
+    out = tmp_path_factory.mktemp("curand")
+    images: dict[str, tuple[Path, str]] = {}
+    for major in ("12", "13"):
+        for fatbin in sorted(kernels.library_fatbins(major), key=len):  # the smallest one with kernels
+            cubin = kernels.cubin_of(fatbin, 75)
+            names = kernels.kernel_names(cubin) if cubin else []
+            if names:
+                break
+        assert names, f"no cuRAND {major} fatbin with sm_75 kernels"
+        path = out / f"curand{major}.fatbin"
+        path.write_bytes(fatbin)
+        images[major] = (path, names[0])
+    return images
+
+
+@pytest.mark.parametrize(
+    ("major", "driver", "spec", "load", "kernel"),
+    [
+        ("12", "535", V100, "0 cudaSuccess", "0 cudaSuccess"),  # carries sm_70: runs
+        ("13", "580", V100, "209 cudaErrorNoKernelImageForDevice", None),  # Volta dropped: no image
+        ("13", "580", "1x Tesla T4", "0 cudaSuccess", "0 cudaSuccess"),  # sm_75 code: runs on a T4
+    ],
+)
+def test_real_library_images_load_where_the_driver_loads_them(
+    built: ShimPaths,
+    probes: dict[str, Path],
+    curand: dict[str, tuple[Path, str]],
+    tmp_path: Path,
+    major: str,
+    driver: str,
+    spec: str,
+    load: str,
+    kernel: str | None,
+) -> None:
+    path, name = curand[major]
+    env = on_double(built, tmp_path, spec, driver)
+    out = probe_run(probes[major], ["load", path, name], env).stdout
+    assert f"load {load}" in out, out
+    if kernel:
+        assert f"kernel {kernel}" in out, out
+        out = probe_run(probes[major], ["load", path, "no_such_kernel"], env).stdout
+        assert "kernel 500 cudaErrorSymbolNotFound" in out, out
+
+
+def test_shim_run_simulates_the_driver_branch_asked_for(probes: dict[str, Path]) -> None:
+    from shim.test_shim_cli import gpuslice_dev
+
+    base = ["shim", "run", "--memory", "8Gi", "--simulate-gpus", V100]
+    on_580 = gpuslice_dev(*base, "--simulate-driver", "580", "--", str(probes["13"]), "version")
+    assert "runtime=13000 driver=13000 count=0 cudaSuccess" in on_580.stdout, on_580.stdout + on_580.stderr
+    on_535 = gpuslice_dev(*base, "--", str(probes["13"]), "version")
+    assert "count=35 cudaErrorInsufficientDriver" in on_535.stdout, on_535.stdout + on_535.stderr
+    unknown = gpuslice_dev(*base, "--simulate-driver", "470", "--", "true")
+    assert unknown.returncode == 2 and "unknown driver branch '470'; known: 535, 580" in unknown.stderr

@@ -88,3 +88,37 @@ def test_power_clocks_and_temperature_follow_the_load(env: dict[str, str], built
     assert busy["sm_mhz"] == 1380
     assert busy["temp"] > idle["temp"]
     assert busy["energy_mj"] >= idle["energy_mj"]
+
+
+#: What PyTorch's c10 CUDA driver API resolves from libnvidia-ml.so.1 (it asserts on a missing one).
+TORCH_NVML_NAMES = [
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlDeviceGetHandleByPciBusId_v2",
+    "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+    "nvmlInit_v2",
+    "nvmlSystemGetCudaDriverVersion_v2",
+]
+
+NVLINK = r"""
+import ctypes, pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+lib = n.nvmlLib if hasattr(n, "nvmlLib") else ctypes.CDLL("libnvidia-ml.so.1")
+kind = ctypes.c_int(0)
+print(lib.nvmlDeviceGetNvLinkRemoteDeviceType(h, 0, ctypes.byref(kind)))
+buf = ctypes.create_string_buffer(512)
+print(lib.nvmlDeviceGetGpuFabricInfoV(h, buf))
+"""
+
+
+def test_what_pytorch_resolves_is_there_and_a_pcie_v100_has_no_nvlink(
+    env: dict[str, str], built: ShimPaths
+) -> None:
+    import ctypes
+
+    lib = ctypes.CDLL(str(built.fake_nvml))
+    assert [name for name in TORCH_NVML_NAMES if not hasattr(lib, name)] == []
+    proc = subprocess.run([sys.executable, "-c", NVLINK], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["3", "3"], proc.stdout + proc.stderr  # NVML_ERROR_NOT_SUPPORTED

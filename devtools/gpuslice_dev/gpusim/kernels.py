@@ -129,3 +129,61 @@ def device_runtime_fatbin(major: str) -> bytes:
             capture_output=True,
         )
         return out.read_bytes()
+
+
+#: Real libraries with kernels, for loading tests: cuRAND of CUDA 12 (sm_50 ... sm_121, with sm_70)
+#: and of CUDA 13 (sm_75 and up: Volta dropped). (wheel, version, member)
+CURAND = {
+    "12": ("nvidia-curand-cu12", "10.3.10.19", "nvidia/curand/lib/libcurand.so.10"),
+    "13": ("nvidia-curand", "10.4.0.35", "nvidia/cu13/lib/libcurand.so.10"),
+}
+
+
+def library_fatbins(major: str) -> list[bytes]:
+    """The fatbins (.nv_fatbin, one per translation unit) of the cuRAND library of CUDA `major`."""
+    import zipfile
+
+    from gpuslice_dev.wheels import ensure_wheel
+
+    wheel, version, member = CURAND[major]
+    with tempfile.TemporaryDirectory() as tmp:
+        lib, out = Path(tmp) / "lib.so", Path(tmp) / "fatbin"
+        with zipfile.ZipFile(ensure_wheel(wheel, version)) as zf:
+            lib.write_bytes(zf.read(member))
+        subprocess.run(
+            ["objcopy", "-O", "binary", "--only-section=.nv_fatbin", str(lib), str(out)],
+            check=True,
+            capture_output=True,
+        )
+        data = out.read_bytes()
+    fatbins, off = [], 0
+    while off + 16 <= len(data):
+        magic, _version, header, size = struct.unpack_from("<IHHQ", data, off)
+        if magic != FATBIN_MAGIC:
+            break
+        fatbins.append(data[off : off + header + size])
+        off += (header + size + 7) & ~7
+    return fatbins
+
+
+def cubin_of(fatbin_image: bytes, arch: int) -> bytes | None:
+    """The uncompressed cubin for `arch` in a fatbin, if it has one."""
+    _magic, _version, header, size = struct.unpack_from("<IHHQ", fatbin_image, 0)
+    off, end = header, header + size
+    while off + 64 <= end:
+        kind, _v, eh, payload = struct.unpack_from("<HHIQ", fatbin_image, off)
+        entry_arch = struct.unpack_from("<I", fatbin_image, off + 28)[0]
+        flags = struct.unpack_from("<Q", fatbin_image, off + 40)[0]
+        if kind == KIND_CUBIN and entry_arch == arch and not flags & (FLAG_LZ4 | 0x8000):
+            return fatbin_image[off + eh : off + eh + payload]
+        off += eh + payload
+    return None
+
+
+def kernel_names(cubin: bytes) -> list[str]:
+    """The kernels a cubin defines (FUNC symbols marked as entries, st_other 0x10), by readelf."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True, check=True).stdout
+    return [line.split()[-1] for line in out.splitlines() if " FUNC " in line and "[<other>: 10]" in line]

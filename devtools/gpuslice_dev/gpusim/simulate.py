@@ -211,13 +211,14 @@ def use_fake_driver(config_path: Path | str) -> ctypes.CDLL:
     return ctypes.CDLL(str(built.fake_nvml), mode=ctypes.RTLD_GLOBAL)
 
 
-def write_node_config(spec: str, node: str, state_dir: Path) -> Path:
+def write_node_config(spec: str, node: str, state_dir: Path, driver: str = "535") -> Path:
     """Describe `spec` (e.g. "2x Tesla V100-PCIE-32GB") for `node` in `<state_dir>/fake-gpus.conf`.
 
-    UUIDs are seeded by the node name so every simulated node has distinct, stable GPUs.
+    UUIDs are seeded by the node name so every simulated node has distinct, stable GPUs; `driver` is
+    the simulated driver branch (`DRIVERS`).
     """
     gpus = parse_gpu_spec(spec, seed=node)
-    return write_fake_config(gpus, state_dir / "fake-gpus.conf")
+    return write_fake_config(gpus, state_dir / "fake-gpus.conf", *driver_versions(driver))
 
 
 def driver_socket(config_path: Path | str) -> Path:
