@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
@@ -17,6 +18,7 @@ from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QuotaUsage, 
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
 from gpuslice.domain.conditions import Health, health_conditions, stamp
+from gpuslice.domain.software import software_conditions
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
 
@@ -98,6 +100,8 @@ class SliceFacts:
     memory_violation: str | None = None
     #: The slice's own uid: a claim whose owner reference names another GpuSlice uid is not its claim.
     uid: str | None = None
+    #: status.usage as the node agent wrote it (software compatibility, GPU use).
+    usage: Mapping[str, Any] | None = None
 
 
 def predecessor_claim(facts: SliceFacts) -> ClaimView | None:
@@ -422,6 +426,7 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
                 facts.generation,
             )
         )
+        conditions.extend(software_conditions(facts.usage, facts.gpu_model, facts.generation))
     return GpuSliceStatus(
         phase=verdict.phase,
         reason=verdict.reason,

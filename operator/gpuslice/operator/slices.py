@@ -95,6 +95,7 @@ def _facts(
         uuids=snapshot.uuids,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
+        usage=usage,
         uid=entry.uid,
     )
 

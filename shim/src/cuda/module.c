@@ -78,7 +78,7 @@ static unsigned entry_isa(const fatbin_entry *e)
 /* Judges `image` for the current device after the driver answered `rc`; records what cannot run. */
 static void judge(const void *image, size_t size_hint, CUresult rc)
 {
-    if (image == NULL || atomic_load(&gs_mode) != GS_MODE_ACTIVE || !first_time(image)) return;
+    if (image == NULL || gs_ensure_init() != GS_MODE_ACTIVE || !first_time(image)) return;
     int major = 0, minor = 0, drv = driver_version();
     if (device_arch(&major, &minor) != 0) return;
     fatbin_entry entries[MAX_ENTRIES];
@@ -147,7 +147,7 @@ static void *read_image(const char *path, size_t *size)
 
 static void judge_file(const char *path, CUresult rc)
 {
-    if (path == NULL || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
+    if (path == NULL || gs_ensure_init() != GS_MODE_ACTIVE) return;
     size_t size = 0;
     void *image = read_image(path, &size);
     if (image == NULL) return;
@@ -217,7 +217,7 @@ GS_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
 void gs_module_runtime_version(int cuda_version)
 {
     static _Atomic int noted;
-    if (atomic_load_explicit(&noted, memory_order_relaxed) || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
+    if (atomic_load_explicit(&noted, memory_order_relaxed) || gs_ensure_init() != GS_MODE_ACTIVE) return;
     int drv = driver_version();
     if (drv <= 0 || cuda_version / 1000 <= drv / 1000 || atomic_exchange(&noted, 1)) return;
     gs_software rec;
