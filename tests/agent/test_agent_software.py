@@ -32,7 +32,8 @@ def test_a_record_reaches_status_usage_until_a_later_image_loads_fine() -> None:
     )
     assert bad["software"] == {
         "reason": "NoKernelImageForGpu", "process": "python3", "pid": 7,
-        "imageArchitectures": ["sm_80", "compute_90"], "imageCount": 2, "cudaError": 209, "time": "2026-12-04T16:00:00Z", "gpuArchitecture": "sm_70",
+        "imageArchitectures": ["sm_80", "compute_90"], "imageCount": 2, "cudaError": 209,
+        "time": "2026-12-04T16:00:00Z", "gpuArchitecture": "sm_70",
         "driverCudaVersion": "12.2",
     }  # fmt: skip
     fixed = SoftwareState(record=RECORD, compatible_time=RECORD.time + 5, first_use_time=RECORD.time + 5)
