@@ -74,3 +74,15 @@ def test_an_unallocated_slice_has_neither_condition() -> None:
 
     st = slice_status(facts(claims=[unallocated_claim()], usage={"software": NO_VOLTA}), NOW)
     assert not {"SoftwareCompatible", "GpuIdle"} & {c.type for c in st.conditions}
+
+
+def test_a_warning_event_when_a_condition_turns_bad_and_none_while_it_stays() -> None:
+    from gpuslice.domain.software import warnings_raised
+
+    good = status_with({"firstGpuUseTime": NOW})["status"].model_dump(by_alias=True, mode="json")
+    bad = status_with({"software": NO_VOLTA})["status"].model_dump(by_alias=True, mode="json")
+    idle = status_with({"gpuIdleSince": NOW})["status"].model_dump(by_alias=True, mode="json")
+    assert [r for r, _ in warnings_raised(good, bad)] == ["NoKernelImageForGpu"]
+    assert warnings_raised(bad, bad) == [] and warnings_raised(bad, good) == []
+    assert [r for r, _ in warnings_raised(good, idle)] == ["NoGpuUse"]
+    assert [r for r, _ in warnings_raised({}, bad)] == ["NoKernelImageForGpu"]

@@ -98,3 +98,22 @@ def software_conditions(
             observedGeneration=generation,
         )
     return [compatible, idle]
+
+
+#: Conditions whose turn to this status is told to the tenant as a Warning Event (type -> status).
+_WARN_WHEN = {SOFTWARE_COMPATIBLE: "False", GPU_IDLE: "True"}
+
+
+def warnings_raised(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(event reason, message) for each software condition that turned bad between two statuses, or
+    changed its reason while bad (another kind of incompatibility)."""
+
+    def bad(status: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+        return {
+            c["type"]: (c.get("reason", ""), c.get("message", ""))
+            for c in status.get("conditions") or []
+            if _WARN_WHEN.get(c.get("type", "")) == c.get("status")
+        }
+
+    was, now = bad(before), bad(after)
+    return [now[t] for t in _WARN_WHEN if t in now and was.get(t, ("",))[0] != now[t][0]]
