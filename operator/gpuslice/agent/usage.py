@@ -201,6 +201,10 @@ class UsageReporter:
                 continue  # template claims: metrics only (several nodes may serve one GpuSlice)
             idle = idle_since(snapshot, state.held_since, time.time(), self.idle_after)
             usage = usage_status(snapshot, limit, now_iso, violations.get(record.uid), idle)
+            software = (usage.get("software") or {}).get("reason")
+            for reason in metrics.SOFTWARE_REASONS:
+                metrics.SLICE_SOFTWARE_INCOMPATIBLE.labels(*labels, reason).set(reason == software)
+            metrics.SLICE_GPU_IDLE.labels(*labels).set("gpuIdleSince" in usage)
             # a violation found or gone is written at once: a stopped process may be gone next tick
             news = usage.get("violation") != (state.last_usage or {}).get("violation")
             if news or should_write(state.last_usage, usage, state.last_write, now_s, self.interval):
