@@ -15,7 +15,7 @@
 
 #include "fake_cuda.h"
 #include "fake_module.h"
-#include "fatbin.h"
+#include "../src/fatbin.h"
 
 #define DEFAULT_DURATION_NS 10000ull
 #define DURATION_TAG "gpuslice-fake: duration_us="

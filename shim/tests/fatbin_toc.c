@@ -1,5 +1,5 @@
 /*
- * Prints a fatbin's table of contents with fake/fatbin.c (the parser the double uses):
+ * Prints a fatbin's table of contents with src/fatbin.c (the parser the double uses):
  *   fatbin_toc FILE   one line per entry: "<ptx|cubin> <arch> <raw|lz4|zstd> <stored> <raw size> <check>"
  * where check is, for entries it can decode, "elf-sm<arch>" (a cubin's own ELF header) or
  * "ptx-isa<version>-sm<target>", else "-". A file may hold several fatbins back to back.
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../fake/fatbin.h"
+#include "../src/fatbin.h"
 
 int main(int argc, char **argv)
 {

@@ -252,6 +252,8 @@ def test_condition_times_change_only_on_flips() -> None:
         "Allocated": "2026-01-01T00:09:00Z",
         "InUse": "2026-01-01T00:00:00Z",
         "MemoryIsolated": "2026-01-01T00:09:00Z",
+        "SoftwareCompatible": "2026-01-01T00:09:00Z",
+        "GpuIdle": "2026-01-01T00:09:00Z",
     }
 
 

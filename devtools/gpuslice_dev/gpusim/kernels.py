@@ -1,7 +1,7 @@
 """Real kernel images for tests, without nvcc: PTX assembled by NVIDIA's ptxas, packed into fatbins.
 
 `ptxas` comes from the `nvidia-cuda-nvcc-cu12` wheel (it runs on x86_64 Linux without a GPU); the
-fatbin container is written here in its public layout (shim/fake/fatbin.h describes it):
+fatbin container is written here in its public layout (shim/src/fatbin.h describes it):
 
     header  u32 magic 0xBA55ED50, u16 version 1, u16 header size 16, u64 size of the entries
     entry   u16 kind (1 PTX, 2 cubin), u16 version 0x0101, u32 header size 64, u64 payload size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field
 
@@ -59,6 +60,21 @@ class ProcessUsageStatus(CamelModel):
     refused_allocations: int | None = Field(default=None, alias="refusedAllocations")
 
 
+class SoftwareUsage(CamelModel):
+    """status.usage.software: what the slice's software could not do on its GPU (the shim's record)."""
+
+    reason: Literal["NoKernelImageForGpu", "PtxTooNewForDriver", "DriverTooOld"]
+    process: str | None = None
+    pid: int | None = None
+    image_architectures: list[str] = Field(default_factory=list, alias="imageArchitectures")
+    image_count: int | None = Field(default=None, alias="imageCount")
+    cuda_error: int | None = Field(default=None, alias="cudaError")
+    gpu_architecture: str | None = Field(default=None, alias="gpuArchitecture")
+    driver_cuda_version: str | None = Field(default=None, alias="driverCudaVersion")
+    runtime_cuda_version: str | None = Field(default=None, alias="runtimeCudaVersion")
+    time: str | None = None
+
+
 class SliceUsage(CamelModel):
     """status.usage: what the node agent read from the slice's usage region (it alone writes it)."""
 
@@ -71,6 +87,9 @@ class SliceUsage(CamelModel):
     processes: list[ProcessUsageStatus] = Field(default_factory=list)
     time: str | None = None
     violation: str | None = None
+    software: SoftwareUsage | None = None
+    first_gpu_use_time: str | None = Field(default=None, alias="firstGpuUseTime")
+    gpu_idle_since: str | None = Field(default=None, alias="gpuIdleSince")
 
 
 class GpuSliceStatus(CamelModel):

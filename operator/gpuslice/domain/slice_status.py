@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
@@ -17,6 +18,7 @@ from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QuotaUsage, 
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
 from gpuslice.domain.conditions import Health, health_conditions, stamp
+from gpuslice.domain.software import software_conditions
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
 
@@ -101,6 +103,8 @@ class SliceFacts:
     #: The slice the operator keeps for a pod that asks for the product in resources.limits: that
     #: pod's name (`pods` holds the pod while it exists, `claims` kube-scheduler's claim for it).
     pod: str | None = None
+    #: status.usage as the node agent wrote it (software compatibility, GPU use).
+    usage: Mapping[str, Any] | None = None
 
 
 def _pod_form(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
@@ -459,6 +463,7 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
                 facts.generation,
             )
         )
+        conditions.extend(software_conditions(facts.usage, facts.gpu_model, facts.generation))
     return GpuSliceStatus(
         phase=verdict.phase,
         reason=verdict.reason,

@@ -26,6 +26,7 @@ from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.package_status import capacity_behind, capacity_status
 from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, slice_status
+from gpuslice.domain.software import warnings_raised
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -102,6 +103,7 @@ def _facts(
         uuids=snapshot.uuids,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
+        usage=usage,
         uid=entry.uid,
         pod=entry.pod,
     )
@@ -217,6 +219,8 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         STATUS_UPDATES.labels("GpuSlice").inc()
         if (baseline.get("phase"), baseline.get("reason")) != (desired.get("phase"), desired.get("reason")):
             _announce(entry, baseline, desired)
+        for reason, message in warnings_raised(baseline, desired):
+            _warn(entry, reason, message)
 
 
 async def sync_package_capacity(state: OperatorState, package: str, live: Capacity, idx: Indexes) -> None:
@@ -241,6 +245,16 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
 #: Steps every slice passes through in a second or two: an Event for each would be two more writes per
 #: slice that tell a user nothing (status still shows them).
 QUIET_REASONS = frozenset({Reason.CREATING_CLAIM, Reason.SCHEDULING})
+
+
+def _warn(entry: SliceView, reason: str, message: str) -> None:
+    ref = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.SLICE_KIND,
+        "metadata": {"name": entry.name, "namespace": entry.namespace, "uid": entry.uid},
+    }
+    kopf.event(cast(kopf.Body, ref), type="Warning", reason=reason, message=message[:1000])
+    WRITES.labels("Event", "create").inc()
 
 
 def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any]) -> None:

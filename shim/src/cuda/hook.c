@@ -234,6 +234,7 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
                                        CUdriverProcAddressQueryResult *symbolStatus)
 {
     NEED_REAL(cuGetProcAddress_v2);
+    if (GS_UNLIKELY(cudaVersion >= 13000)) gs_module_runtime_version(cudaVersion);
     CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (rc == CUDA_SUCCESS && pfn != NULL) {
         void *got = *pfn;
@@ -246,6 +247,7 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
     NEED_REAL(cuGetProcAddress);
+    if (GS_UNLIKELY(cudaVersion >= 13000)) gs_module_runtime_version(cudaVersion);
     CUresult rc = real_cuGetProcAddress(symbol, pfn, cudaVersion, flags);
     if (rc == CUDA_SUCCESS && pfn != NULL) {
         void *got = *pfn;
