@@ -134,3 +134,21 @@ def test_a_slice_waiting_on_unhealthy_cards_says_they_are_out_of_service() -> No
     assert "unhealthy: 2 GPU(s) of the model are out of service" in text
     assert "the platform team resets or replaces the card" in text
     assert "unhealthy:" not in explain(_slice(WAITS_FOR_A_FULL_CARD), FULL_PACKAGE)
+
+
+def test_software_that_cannot_use_the_gpu_is_a_warning_with_what_to_do() -> None:
+    obj = {
+        "metadata": {"namespace": "team-a", "name": "llm"},
+        "spec": {"package": "v100-8g"},
+        "status": {
+            "phase": "InUse", "reason": "InUse",
+            "conditions": [
+                {"type": "SoftwareCompatible", "status": "False", "reason": "NoKernelImageForGpu",
+                 "message": "process ollama (pid 1) loaded kernels built for sm_75; use one with sm_70"},
+                {"type": "GpuIdle", "status": "False", "reason": "GpuUsed", "message": "first used at ..."},
+            ],
+        },
+    }  # fmt: skip
+    out = explain(obj, None)
+    assert "warning:  process ollama (pid 1) loaded kernels built for sm_75" in out
+    assert "first used" not in out
