@@ -203,6 +203,19 @@ GPU_MEMORY_TOTAL = Gauge(
     registry=AGENT_REGISTRY,
 )
 
+SLICE_SOFTWARE_INCOMPATIBLE = Gauge(
+    "gpuslice_slice_software_incompatible",
+    "1 while a slice's software cannot use its GPU, by reason (NoKernelImageForGpu, PtxTooNewForDriver, "
+    "DriverTooOld); see the slice's SoftwareCompatible condition",
+    (*SLICE_LABELS, "reason"),
+    registry=AGENT_REGISTRY,
+)
+SLICE_GPU_IDLE = Gauge(
+    "gpuslice_slice_gpu_idle",
+    "1 while a slice has been held past the agent's --idle-after without any process using its GPU",
+    SLICE_LABELS,
+    registry=AGENT_REGISTRY,
+)
 GPU_HEALTHY = Gauge(
     "gpuslice_gpu_healthy",
     "1 while a card is healthy, 0 while its devices carry a gpuslice.io/gpu-unhealthy taint",
@@ -215,8 +228,8 @@ GPU_XIDS = Counter(
     ("node", "gpu_uuid", "xid", "xid_class"),
     registry=AGENT_REGISTRY,
 )
-
-_SLICE_METRICS = (SLICE_MEMORY_USED, SLICE_MEMORY_LIMIT, SLICE_COMPUTE_UTILIZATION)
+SOFTWARE_REASONS = ("NoKernelImageForGpu", "PtxTooNewForDriver", "DriverTooOld")
+_SLICE_METRICS = (SLICE_MEMORY_USED, SLICE_MEMORY_LIMIT, SLICE_COMPUTE_UTILIZATION, SLICE_GPU_IDLE)
 _SLICE_COUNTERS = (SLICE_REFUSED_ALLOCATIONS, SLICE_THROTTLED)
 
 
@@ -264,6 +277,8 @@ def forget_slice(labels: tuple[str, ...], *totals: CounterFromTotal) -> None:
         metric.remove(*labels)
     for kind in ViolationKind:
         SLICE_VIOLATIONS.remove(*labels, kind.value)
+    for reason in SOFTWARE_REASONS:
+        SLICE_SOFTWARE_INCOMPATIBLE.remove(*labels, reason)
     for tracker in totals:
         tracker.forget(labels)
 

@@ -20,12 +20,13 @@ static fake_health_state *health;
 static pthread_once_t health_once = PTHREAD_ONCE_INIT;
 
 /* Readers map the file read-only: only the fault tool (the host) may change a card's health, so a
- * tenant cannot fail a card for the others. The first process that may create it does (empty). */
-static fake_health_state *map_health(const char *state_dir, int writer)
+ * tenant cannot fail a card for the others. With the host daemon the daemon creates it (only it
+ * adds state files); without one, the first process that may. */
+static fake_health_state *map_health(const char *state_dir, int writer, int may_create)
 {
     char path[4400];
     snprintf(path, sizeof(path), "%s/health.bin", state_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = may_create ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
     if (fd < 0 && !writer) fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
     flock(fd, LOCK_EX);
@@ -59,7 +60,7 @@ static fake_health_state *map_health(const char *state_dir, int writer)
 static void health_once_init(void)
 {
     fake_system *s = fake_system_get();
-    if (s) health = map_health(s->state_dir, 0);
+    if (s) health = map_health(s->state_dir, 0, !s->daemon_mode);
 }
 
 fake_health_state *fake_health(void)
@@ -124,7 +125,7 @@ int fake_health_any_lost(void)
 static fake_health_state *writer_state(fake_system *s, int slot, fake_gpu_health **g)
 {
     if (!s || slot < 0 || slot >= s->count) return NULL;
-    fake_health_state *h = map_health(s->state_dir, 1);
+    fake_health_state *h = map_health(s->state_dir, 1, 1);
     if (!h) return NULL;
     *g = &h->gpus[slot];
     snprintf((*g)->uuid, sizeof((*g)->uuid), "%s", s->gpus[slot].uuid);
@@ -140,6 +141,13 @@ static void update_faulty(fake_health_state *h)
                atomic_load(&g->remap_pending) | atomic_load(&g->remap_failed);
     }
     atomic_store_explicit(&h->faulty, any ? 1u : 0u, memory_order_release);
+}
+
+int fake_health_prepare(fake_system *s)
+{
+    fake_health_state *h = s ? map_health(s->state_dir, 1, 1) : NULL;
+    if (h) munmap(h, sizeof(*h));
+    return h ? 0 : -1;
 }
 
 int fake_health_raise_xid(fake_system *s, int slot, unsigned xid)

@@ -63,7 +63,9 @@ int fake_health_lost(int index);
 /* Nonzero when any GPU this process can see is lost (NVML's by-UUID and by-serial lookups fail). */
 int fake_health_any_lost(void);
 
-/* Writer side (gpuslice-fake-gpu-fault; `s` loaded for the daemon, so it sees every GPU). */
+/* Writer side (gpuslice-fake-gpu-fault; `s` loaded for the daemon, so it sees every GPU). The
+ * daemon prepares the (empty) file at start: clients of a daemon never create state files. */
+int fake_health_prepare(fake_system *s);
 int fake_health_raise_xid(fake_system *s, int slot, unsigned xid);
 int fake_health_set(fake_system *s, int slot, int lost, int remap_pending);
 int fake_health_clear(fake_system *s, int slot);

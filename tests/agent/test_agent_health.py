@@ -107,3 +107,16 @@ def test_xids_and_resets_become_device_taints(tmp_path: Path) -> None:
     assert "XID 79 (GPU has fallen off the bus)" in out["events"][0][2]
     assert out["xids"] == {"13": 1.0, "79": 1.0}
     assert out["healthy"] == 1.0
+
+
+def test_a_card_lost_before_a_restart_stays_published_from_memory(tmp_path: Path) -> None:
+    from gpuslice.agent.gpus import with_remembered
+    from support import gpu
+
+    both = [gpu(0), gpu(1)]
+    assert with_remembered(both, tmp_path) == both
+    # card 0 fell off the bus while the agent was down: NVML's discovery no longer lists it
+    assert with_remembered([both[1]], tmp_path) == both, "published (and then tainted) from memory"
+    assert json.loads((tmp_path / "gpus.json").read_text())[0]["uuid"] == both[0].uuid
+    (tmp_path / "gpus.json").write_text("not json")
+    assert with_remembered([both[1]], tmp_path) == [both[1]], "an unreadable memory is no card"

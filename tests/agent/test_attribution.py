@@ -417,3 +417,21 @@ def test_the_judge_agrees_with_a_brute_force_judge_on_any_overlap(
     if all(c.on_violation == OnViolation.STOP for c in claims):
         # what is left after the stops fits
         assert _brute_force_over({p: v for p, v in by_pid.items() if p not in stopped}, limits) == []
+
+
+def test_a_pod_asking_for_a_product_in_its_limits_is_attributed_to_the_schedulers_claim() -> None:
+    # `resources.limits: {gpuslice.io/v100-8g: 1}`: no spec.resourceClaims; kube-scheduler made the
+    # claim and named it in status.extendedResourceClaimStatus.
+    uids = {("team-a", "p-extended-resources-x1"): "c-ext"}
+    pod = _pod(UID_A, "p", [])
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "p-extended-resources-x1",
+        "requestMappings": [
+            {
+                "containerName": "main",
+                "resourceName": "gpuslice.io/v100-8g",
+                "requestName": "container-0-request-0",
+            }
+        ],
+    }
+    assert at.pod_claims(pod, uids) == PodClaims("team-a", "p", frozenset({"c-ext"}))

@@ -10,6 +10,7 @@ from domain.test_views_status import (  # the status tests' builders
     unallocated_claim,
     unschedulable,
 )
+from gpuslice.domain import drains
 from gpuslice.domain import health as h
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.health import HEALTHY, CardHealth, Condition, Probe, XidClass
@@ -146,3 +147,18 @@ def test_only_a_claim_on_a_noexecute_device_is_released() -> None:
     assert h.stranded_claims([on_0], pending) == [], "running work may finish on a card waiting for a reset"
     assert h.stranded_claims([on_0], {}) == []
     assert h.stranded_claims([unallocated_claim()], failed) == []
+
+
+def test_drain_rules_select_the_pool_or_each_device_of_the_card() -> None:
+    devices = [("gpu-0-a-0", "GPU-0"), ("gpu-0-a-1", "GPU-0"), ("gpu-1-a-0", "GPU-1")]
+    [node] = drains.drain_rules("n0", devices, None, evict=False)
+    assert node["kind"] == "DeviceTaintRule" and node["apiVersion"] == "resource.k8s.io/v1"
+    assert node["spec"] == {
+        "deviceSelector": {"driver": "gpuslice.io", "pool": "n0"},
+        "taint": {"key": "gpuslice.io/drain", "value": "maintenance", "effect": "NoSchedule"},
+    }
+    card = drains.drain_rules("n0", devices, "GPU-0", evict=True)
+    assert [r["spec"]["deviceSelector"]["device"] for r in card] == ["gpu-0-a-0", "gpu-0-a-1"]
+    assert {r["spec"]["taint"]["effect"] for r in card} == {"NoExecute"}
+    assert all(r["metadata"]["labels"][drains.LABEL_DRAIN_GPU] == "GPU-0" for r in card)
+    assert len({r["metadata"]["name"] for r in card}) == 2

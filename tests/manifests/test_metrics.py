@@ -33,6 +33,8 @@ AGENT = {
     "gpuslice_slice_refused_allocations": ("counter", SLICE),
     "gpuslice_slice_throttled_seconds": ("counter", SLICE),
     "gpuslice_slice_violations": ("counter", (*SLICE, "kind")),
+    "gpuslice_slice_software_incompatible": ("gauge", (*SLICE, "reason")),
+    "gpuslice_slice_gpu_idle": ("gauge", SLICE),
     "gpuslice_gpu_memory_allocated_bytes": ("gauge", GPU),
     "gpuslice_gpu_memory_total_bytes": ("gauge", GPU),
     "gpuslice_agent_published_devices": ("gauge", ("node",)),
@@ -42,6 +44,8 @@ AGENT = {
     "gpuslice_agent_prepared_claims": ("gauge", ("node",)),
     "gpuslice_agent_prepare_errors": ("counter", ("node",)),
     "gpuslice_agent_toolkit_unsafe": ("gauge", ("node",)),
+    "gpuslice_gpu_healthy": ("gauge", ("node", "gpu_uuid", "gpu_index")),
+    "gpuslice_gpu_xid": ("counter", ("node", "gpu_uuid", "xid", "xid_class")),
 }
 
 LABELS = ("team-a", "llm", "v100-8g", "node-1", "GPU-0")

@@ -4,6 +4,8 @@ replacement runs on the other card; an application XID changes nothing; a reset 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -159,3 +161,66 @@ def test_an_application_xid_changes_nothing(node_cluster: DevCluster, moving: st
     assert not any(card_taints(node_cluster, card))
     assert running_pod(node_cluster, moving)["metadata"]["name"] == pod["metadata"]["name"]
     assert capacity(node_cluster).get("gpus") == 2
+
+
+def test_drain_with_evict_moves_the_slice_and_uncordon_puts_the_card_back(
+    node_cluster: DevCluster, moving: str
+) -> None:
+    old = running_pod(node_cluster, moving)
+    card = card_of_claim(node_cluster, moving)
+    assert old is not None and card is not None
+    uuid = next(
+        d["attributes"]["uuid"]["string"]
+        for s in get_json(node_cluster, "resourceslices", "--field-selector", f"spec.nodeName={NODE}")[
+            "items"
+        ]
+        for d in s["spec"].get("devices") or []
+        if d["attributes"]["gpuIndex"]["int"] == card
+    )
+    drain = subprocess.run(
+        [sys.executable, "-m", "gpuslice", "drain", "--node", NODE, "--gpu", uuid, "--evict", "--wait",
+         "--timeout", "120", "--kubeconfig", str(node_cluster.kubeconfig)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert drain.returncode == 0, drain.stderr
+    assert f"drained card {uuid} of node {NODE}: 4 DeviceTaintRule(s)" in drain.stdout
+    assert "no slice is allocated there any more" in drain.stdout
+    rules = get_json(node_cluster, "devicetaintrules", "-l", f"gpuslice.io/drain-node={NODE}")["items"]
+    assert {r["spec"]["taint"]["effect"] for r in rules} == {"NoExecute"} and len(rules) == 4
+    new = wait_for(
+        lambda: running_pod(node_cluster, moving, not_named=old["metadata"]["name"]), 120, "the moved pod"
+    )
+    assert card_of_claim(node_cluster, moving) == 1 - card, new["metadata"]["name"]
+
+    uncordon = subprocess.run(
+        [sys.executable, "-m", "gpuslice", "uncordon", "--node", NODE,
+         "--kubeconfig", str(node_cluster.kubeconfig)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert uncordon.returncode == 0 and "4 DeviceTaintRule(s)" in uncordon.stdout, uncordon.stderr
+    assert not get_json(node_cluster, "devicetaintrules", "-l", f"gpuslice.io/drain-node={NODE}")["items"]
+
+
+def test_a_pending_remap_stops_sales_of_the_card_but_lets_the_pod_run(
+    node_cluster: DevCluster, moving: str
+) -> None:
+    config = fake_gpu_config(node_cluster, NODE)
+    pod = running_pod(node_cluster, moving)
+    card = card_of_claim(node_cluster, moving)
+    assert pod is not None and card is not None
+    faults.inject(config, str(card), pending_remap=True)
+    tainted = wait_for(lambda: (t := card_taints(node_cluster, card)) and all(t) and t, 30, "NoSchedule")
+    assert {(t[0]["value"], t[0]["effect"]) for t in tainted} == {("pending-remap", "NoSchedule")}
+
+    def device_status() -> list[dict[str, Any]]:
+        return list((get_json(node_cluster, "resourceclaim", moving, "-n", TENANT).get("status") or {}).get(
+            "devices") or [])  # fmt: skip
+
+    [status] = wait_for(lambda: (d := device_status()) and d, 30, "the claim's device status")
+    [cond] = status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("GpuHealthy", "False", "GpuPendingReset")
+    time.sleep(3)
+    assert running_pod(node_cluster, moving)["metadata"]["name"] == pod["metadata"]["name"], "it runs on"
+    faults.inject(config, str(card), clear=True)
+    wait_for(lambda: not any(card_taints(node_cluster, card)), 30, "untainted after the reset")
+    wait_for(lambda: device_status()[0]["conditions"][0]["status"] == "True", 30, "GpuHealthy=True")

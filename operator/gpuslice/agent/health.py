@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpuslice import logs, metrics
+from gpuslice import constants, logs, metrics
 from gpuslice.agent import nvml
 from gpuslice.agent.checkpoint import CheckpointStore
 from gpuslice.agent.events import slice_event
@@ -26,6 +26,7 @@ from gpuslice.agent.kube import Kube
 from gpuslice.agent.owners import lookup_owner
 from gpuslice.agent.prepare import NodePaths
 from gpuslice.domain import health as dh
+from gpuslice.kubehttp import ApiError
 
 log = logs.get(__name__)
 
@@ -63,6 +64,40 @@ def checkpoint_slices(paths: NodePaths, kube: Kube, node: str) -> SlicesOnCard:
     return on_card
 
 
+#: (namespace, name, pool, device) of each claim prepared on the card with this UUID
+ClaimsOnCard = Callable[[str], list[tuple[str, str, str, str]]]
+
+
+def checkpoint_claims(paths: NodePaths) -> ClaimsOnCard:
+    def on_card(uuid: str) -> list[tuple[str, str, str, str]]:
+        checkpoint = CheckpointStore(paths.state_dir / "checkpoint.json").load()
+        return [
+            (r.namespace, r.name, d.pool, d.device)
+            for r in checkpoint.claims.values()
+            for d in r.devices
+            if d.gpu_uuid == uuid
+        ]
+
+    return on_card
+
+
+def device_status(pool: str, device: str, h: dh.CardHealth, card: str, now: str) -> dict[str, object]:
+    """A claim's `status.devices` entry for a device of a card in health `h` (DRA device status)."""
+    if h.healthy:
+        reason, message = "Healthy", f"{card} is healthy"
+    else:
+        reason = (
+            dh.REASON_GPU_PENDING_RESET if h.condition is dh.Condition.PENDING_REMAP else dh.REASON_GPU_FAILED
+        )
+        message = f"{card}: {dh.describe(h)}"
+    return {
+        "driver": constants.DRIVER_NAME, "pool": pool, "device": device,
+        "conditions": [{"type": dh.SLICE_CONDITION, "status": "True" if h.healthy else "False",
+                        "reason": reason, "message": message[:1024],
+                        "lastTransitionTime": h.since or now}],
+    }  # fmt: skip
+
+
 @dataclass
 class HealthMonitor:
     node: str
@@ -70,7 +105,8 @@ class HealthMonitor:
     set_taints: Callable[[dict[str, list[dict[str, object]]]], None]
     node_event: NodeEvent
     slices_on_card: SlicesOnCard
-    kube: Kube | None = None  # for Events on GpuSlices
+    kube: Kube | None = None  # for Events on GpuSlices and the claims' device status
+    claims_on_card: ClaimsOnCard | None = None
     probe_interval: float = 5.0
     wait_ms: int = 2000
     health: dict[str, dh.CardHealth] = field(default_factory=dict)
@@ -98,12 +134,35 @@ class HealthMonitor:
                         queue.get(), timeout=max(0.0, next_probe - time.monotonic())
                     )
                 except TimeoutError:
-                    await self._probe(list(self._index))
+                    await self._guarded(self._probe(list(self._index)))
                     next_probe = time.monotonic() + self.probe_interval
                     continue
-                await self._on_xid(uuid, xid, at)
+                await self._guarded(self._on_xid(uuid, xid, at))
         finally:
             stop.set()
+
+    async def _claim_status(self, uuid: str, h: dh.CardHealth, card: str) -> None:
+        """The health condition of the card's devices in the status of each claim prepared there."""
+        if self.kube is None or self.claims_on_card is None:
+            return
+        now = now_iso()
+        for namespace, name, pool, device in self.claims_on_card(uuid):
+            try:
+                await self.kube.apply_claim_device_status(
+                    namespace, name, [device_status(pool, device, h, card, now)]
+                )
+            except ApiError as exc:  # e.g. RBAC without resourceclaims/driver: Events still tell
+                log.warning("could not write the claim's device status", claim=f"{namespace}/{name}",
+                            status=exc.status, message=exc.message[:300])  # fmt: skip
+
+    async def _guarded(self, work: Awaitable[None]) -> None:
+        """Health watching is the node's safety net: a failed Event or claim lookup must not end it
+        (nor the agent with it). Taints are set before anyone is told, so they stand; a lost
+        Event is not sent again."""
+        try:
+            await work
+        except Exception:
+            log.exception("health step failed; watching on")
 
     # --- the NVML side (its own thread) ------------------------------------------------------------
 
@@ -120,7 +179,10 @@ class HealthMonitor:
                 while not stop.is_set():
                     got = watch.wait(self.wait_ms)
                     if got is not None:
-                        loop.call_soon_threadsafe(queue.put_nowait, (*got, now_iso()))
+                        try:
+                            loop.call_soon_threadsafe(queue.put_nowait, (*got, now_iso()))
+                        except RuntimeError:  # the loop is closed: the agent is stopping
+                            return
                     if any(self.health.get(u, dh.HEALTHY).condition is not dh.Condition.LOST
                            for u in watch.unregistered):  # fmt: skip
                         break  # a card lost at registration answers again: register it too
@@ -173,6 +235,7 @@ class HealthMonitor:
             if h == before or (h.condition is before.condition and h.xid == before.xid):
                 continue
             card = f"GPU {index} ({uuid})"
+            await self._claim_status(uuid, h, card)
             if h.healthy:
                 log.info("card healthy again; devices untainted", gpu=index, uuid=uuid)
                 await self.node_event("Normal", REASON_HEALTHY, f"{card} is healthy again; devices untainted")

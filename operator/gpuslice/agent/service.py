@@ -11,7 +11,7 @@ from gpuslice import constants, logs, metrics, metrics_auth
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
 from gpuslice.agent.attribution import package_policy
-from gpuslice.agent.health import HealthMonitor, checkpoint_slices
+from gpuslice.agent.health import HealthMonitor, checkpoint_claims, checkpoint_slices
 from gpuslice.agent.kube import Kube, api_client
 from gpuslice.agent.prepare import NodePaths, Preparer
 from gpuslice.agent.publisher import Publisher
@@ -37,6 +37,7 @@ class AgentOptions:
     shim_library: Path | None
     metrics_port: int
     usage_interval: float = 10.0
+    idle_after: float = 600.0
     stop_violators: bool = False  # deprecated, ignored: GpuPackage spec.isolation.onViolation decides
     nvidia_toolkit_config: Path = toolkit.DEFAULT_CONFIG
 
@@ -114,12 +115,12 @@ async def run(opts: AgentOptions) -> int:
     enforcer = ViolationEnforcer(
         opts.node, kube, policy=lambda name: package_policy(publisher.packages, name)
     )
-    reporter = UsageReporter(opts.node, paths, kube, enforcer, opts.usage_interval)
+    reporter = UsageReporter(opts.node, paths, kube, enforcer, opts.usage_interval, opts.idle_after)
     feedback = UtilizationFeedback(paths)
     monitor = HealthMonitor(
         opts.node, gpus, publisher.set_taints,
         toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),
-        checkpoint_slices(paths, kube, opts.node), kube,
+        checkpoint_slices(paths, kube, opts.node), kube, checkpoint_claims(paths),
     )  # fmt: skip
     tasks = [
         asyncio.create_task(c)

@@ -27,6 +27,7 @@ from gpuslice.domain.conditions import same_status
 from gpuslice.domain.health import stranded_claims
 from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
 from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, own_claims, slice_status
+from gpuslice.domain.software import warnings_raised
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -34,6 +35,7 @@ from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, 
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, Ref, SliceView, ns_of
 from gpuslice.operator.kube import error_message
+from gpuslice.operator.pod_slices import ensure_pod_slices, pods_without_slice, product_pod_package
 from gpuslice.operator.state import OperatorState, now, one, values
 
 log = get(__name__)
@@ -67,7 +69,13 @@ def _facts(
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     claims: list[ClaimView]
-    if entry.template:
+    if entry.pod is not None:
+        pod = one(idx.product_pods, (ns, entry.pod))
+        pods = [pod] if pod is not None and pod.uid == entry.pod_uid else []
+        claim = one(idx.claims, (ns, pods[0].extended_claim)) if pods and pods[0].extended_claim else None
+        claims = [claim] if claim else []
+        workloads = []
+    elif entry.template:
         claims = [v for ref in values(idx.template_claims, entry.ref) if (v := one(idx.claims, ref))]
         pods = values(idx.template_pods, entry.ref)
         workloads = values(idx.template_workloads, entry.ref)
@@ -77,7 +85,9 @@ def _facts(
         pods = values(idx.claim_pods, entry.ref)
         workloads = values(idx.claim_workloads, entry.ref)
     need = [d for claim in claims if claim.allocated for d in claim.devices]
-    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, need)
+    snapshot = state.published(
+        idx.resource_slices, idx.pool_claims, idx.claims, need, rules=idx.device_taint_rules
+    )
     found = package is not None and (not package.deleting or bool(claims))
     return SliceFacts(
         namespace=ns,
@@ -97,7 +107,9 @@ def _facts(
         device_taints=snapshot.taints,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
+        usage=usage,
         uid=entry.uid,
+        pod=entry.pod,
     )
 
 
@@ -106,8 +118,8 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
     Returns the claim as the API server answered its create (direct form only)."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
-    if package is None or package.deleting or not entry.uid:
-        return None
+    if package is None or package.deleting or not entry.uid or entry.pod is not None:
+        return None  # a pod's slice: kube-scheduler makes its claim
     key = entry.ref
     if entry.template:
         if one(idx.templates, entry.ref) is not None:
@@ -190,7 +202,7 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             mine = None
         baseline: dict[str, Any] = mine[1] if mine is not None else shown
         facts = _facts(state, entry, idx, baseline, created, status.get("usage"))
-        if not facts.template:
+        if not facts.template and facts.pod is None:  # template and pod-form claims go with their pod
             await release_stranded_claims(state, facts)
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
@@ -213,6 +225,8 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         STATUS_UPDATES.labels("GpuSlice").inc()
         if (baseline.get("phase"), baseline.get("reason")) != (desired.get("phase"), desired.get("reason")):
             _announce(entry, baseline, desired)
+        for reason, message in warnings_raised(baseline, desired):
+            _warn(entry, reason, message)
 
 
 async def release_stranded_claims(state: OperatorState, facts: SliceFacts) -> None:
@@ -247,6 +261,16 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
 #: Steps every slice passes through in a second or two: an Event for each would be two more writes per
 #: slice that tell a user nothing (status still shows them).
 QUIET_REASONS = frozenset({Reason.CREATING_CLAIM, Reason.SCHEDULING})
+
+
+def _warn(entry: SliceView, reason: str, message: str) -> None:
+    ref = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.SLICE_KIND,
+        "metadata": {"name": entry.name, "namespace": entry.namespace, "uid": entry.uid},
+    }
+    kopf.event(cast(kopf.Body, ref), type="Warning", reason=reason, message=message[:1000])
+    WRITES.labels("Event", "create").inc()
 
 
 def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any]) -> None:
@@ -375,8 +399,11 @@ def mark_quota_waiters(state: OperatorState, namespace: str, idx: Indexes) -> No
 def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
     """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
     no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice.
-    Marks them for the package's daemon, which refreshes them with whatever events marked."""
+    Marks them for the package's daemon, which refreshes them with whatever events marked; and the
+    pods of the package that still lack their slice (its create was refused, or a predecessor of the
+    pod's name was still being deleted)."""
     state.changes.mark(due_for_recheck(state, package, idx), package)
+    state.changes.mark(pods_without_slice(idx, package), package)
 
 
 async def refresh_logged(state: OperatorState, targets: list[Ref], idx: Indexes, failed: str) -> None:
@@ -434,7 +461,8 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
 
     def package_of(ref: Ref) -> str | None:
         entry = one(idx.slices, ref)
-        return None if entry is None else entry.package
+        # No slice yet: a pod that asks for a product in resources.limits, whose slice is made here.
+        return product_pod_package(idx, ref) if entry is None else entry.package
 
     try:
         while not stopped:
@@ -444,6 +472,7 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
                 continue
             wakeup.clear()
             targets = state.changes.take(name, package_of)
+            await ensure_pod_slices(state, [t for t in targets if one(idx.slices, t) is None], idx)
             await refresh_logged(state, targets, idx, "slice refresh failed; the next recheck retries")
     finally:
         state.changes.unlisten(name)
@@ -460,3 +489,34 @@ async def namespace_quota_event(namespace: str | None, memo: kopf.Memo, **kw: An
         if entry and entry.phase in (None, Phase.PENDING.value, Phase.FAILED.value):
             targets.append(ref)
     await refresh_routed(memo.state, targets, idx)
+
+
+def _slices_in_pool(idx: Indexes, pool: str | None) -> list[Ref]:
+    """The slices with a claim allocated in `pool` (every pool: None)."""
+    out = []
+    for p in [pool] if pool else list(idx.pool_claims):
+        for ref in values(idx.pool_claims, p):
+            claim = one(idx.claims, ref)
+            if claim is not None and (target := _slice_of_claim(claim.labels, claim.namespace)):
+                out.append(target)
+    return out
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "devicetaintrules")
+async def device_taint_rule_event(spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    """A drain began or ended: the slices on the pool it selects say so (GpuHealthy), at once."""
+    memo.state.snapshot = None  # the next status must see the rule, not a snapshot from before it
+    idx = Indexes(kw, memo.state.workloads)
+    await refresh_routed(
+        memo.state, _slices_in_pool(idx, (spec.get("deviceSelector") or {}).get("pool")), idx
+    )
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceslices")
+async def resource_slice_event(spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    """A node republished (a card failed or recovered: device taints): its slices' status follows."""
+    if spec.get("driver") != c.DRIVER_NAME:
+        return
+    memo.state.snapshot = None
+    idx = Indexes(kw, memo.state.workloads)
+    await refresh_routed(memo.state, _slices_in_pool(idx, (spec.get("pool") or {}).get("name")), idx)

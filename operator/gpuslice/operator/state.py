@@ -13,6 +13,7 @@ import kopf
 
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
+from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
@@ -82,6 +83,9 @@ class OperatorState:
     #: package -> the status.capacity this process last wrote for it (the index may lag behind).
     package_capacity: dict[str, dict[str, int]] = field(default_factory=dict)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    #: The API server dropped a DeviceClass's extendedResourceName (DRAExtendedResource off, Kubernetes
+    #: 1.34/1.35): products are not requestable in resources.limits, and classes are compared without it.
+    extended_resource_dropped: bool = False
     #: Namespaces whose last tenancy write was refused: the package timers retry them.
     unsynced_namespaces: set[str] = field(default_factory=set)
     #: (kind, name) -> the admission policies and bindings this configuration wants (see policies).
@@ -115,6 +119,7 @@ class OperatorState:
         pool_claims: kopf.Index[str, tuple[str, str]],
         claims: kopf.Index[tuple[str, str], ClaimView],
         need: Iterable[tuple[str, str]] = (),
+        rules: kopf.Index[str, dict[str, Any]] | None = None,
     ) -> Snapshot:
         """The cached snapshot, unless it is old or does not know an allocated (pool, device) in
         `need`: a status computed from a snapshot older than the device's ResourceSlice would lack
@@ -130,6 +135,8 @@ class OperatorState:
         ):
             return cached
         slices: list[PublishedSlice] = [s for pool in resource_slices for s in resource_slices[pool]]
+        if rules:
+            slices = with_rule_taints(slices, [r for name in rules for r in rules[name]])
         allocated: set[tuple[str, str]] = set()
         for pool in pool_claims:
             for ref in pool_claims[pool]:

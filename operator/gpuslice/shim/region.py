@@ -24,6 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from gpuslice.shim.software import SoftwareState, parse_software
+
 REGION_FILE = "usage.bin"
 MAGIC = b"GPUSLICE"
 VERSION = 1
@@ -74,6 +76,8 @@ class UsageSnapshot(BaseModel):
     throttle_delay_ns: int
     #: times a process died holding the region lock and the next one recovered it
     lock_recoveries_total: int
+    #: what the slice's software could not do on the GPU, and when the GPU was first used
+    software: SoftwareState = SoftwareState(record=None, compatible_time=None, first_use_time=None)
 
 
 def _decode_utilization(word: int) -> tuple[float | None, float | None]:
@@ -231,6 +235,7 @@ def read_usage(usage_dir: Path | str) -> UsageSnapshot:
         shim_utilization_time=util_time,
         throttle_delay_ns=delay,
         lock_recoveries_total=recoveries,
+        software=parse_software(data),
     )
 
 
