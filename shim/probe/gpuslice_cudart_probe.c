@@ -9,9 +9,14 @@
  *   gpuslice-cudart-probe alloc SIZE_MIB...
  *                                     one cudaMalloc per size, one line each:
  *                                     "cudaMalloc(<bytes>) -> <code> <name>"; kept until exit
+ *   gpuslice-cudart-probe kernels FATBIN KERNEL
+ *                                     loads a kernel image as the runtime loads an application's
+ *                                     (cudaLibraryLoadData), launches KERNEL once and synchronizes:
+ *                                     "load <code> <name>", "launch <code> <name>"; the images in the
+ *                                     probe image: /usr/local/share/gpuslice/kernels-{sm70,no-volta}.fatbin
  *
- * Exit status: 0 ok (an allocation refused with cudaErrorMemoryAllocation is an answer), 1 a runtime
- * call failed unexpectedly, 2 usage.
+ * Exit status: 0 ok (an allocation refused with cudaErrorMemoryAllocation, or an image the GPU cannot
+ * run, is an answer), 1 a runtime call failed unexpectedly, 2 usage.
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -60,10 +65,53 @@ static int cmd_alloc(int n, char **sizes)
     return 0;
 }
 
+static void *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = n > 0 ? aligned_alloc(64, ((size_t)n + 63) & ~(size_t)63) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static int cmd_kernels(const char *path, const char *name)
+{
+    size_t len = 0;
+    void *image = read_file(path, &len);
+    if (!image) {
+        fprintf(stderr, "gpuslice-cudart-probe: cannot read %s\n", path);
+        return 2;
+    }
+    cudaLibrary_t lib = NULL;
+    cudaError_t rc = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+    printf("load %d %s\n", (int)rc, cudaGetErrorName(rc));
+    if (rc == cudaSuccess) {
+        cudaKernel_t k = NULL;
+        rc = cudaLibraryGetKernel(&k, lib, name);
+        if (rc == cudaSuccess) {
+            dim3 one = {1, 1, 1};
+            rc = cudaLaunchKernel((const void *)k, one, one, NULL, 0, NULL); /* a kernel without parameters */
+            if (rc == cudaSuccess) rc = cudaDeviceSynchronize();
+        }
+        printf("launch %d %s\n", (int)rc, cudaGetErrorName(rc));
+    }
+    fflush(stdout);
+    return rc == cudaSuccess || rc == cudaErrorNoKernelImageForDevice || rc == cudaErrorUnsupportedPtxVersion ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "kernels") == 0) return cmd_kernels(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "info") == 0) return cmd_info();
     if (argc >= 3 && strcmp(argv[1], "alloc") == 0) return cmd_alloc(argc - 2, argv + 2);
-    fprintf(stderr, "usage: gpuslice-cudart-probe info | alloc SIZE_MIB...\n");
+    fprintf(stderr, "usage: gpuslice-cudart-probe info | alloc SIZE_MIB... | kernels FATBIN KERNEL\n");
     return 2;
 }

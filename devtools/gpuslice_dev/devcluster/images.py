@@ -49,6 +49,10 @@ PROBE_IMAGE = "localhost/gpuslice/probe:dev"
 PROBE_PATH_IN_IMAGE = "/usr/local/bin/gpuslice-probe"
 #: The probe on NVIDIA's CUDA runtime (shim/probe/gpuslice_cudart_probe.c), beside it.
 CUDART_PROBE_PATH_IN_IMAGE = "/usr/local/bin/gpuslice-cudart-probe"
+#: Kernel images for `gpuslice-cudart-probe kernels`: what a CUDA 12 build for Volta carries (sm_70 code
+#: and compute_70 PTX) and what a build without Volta carries (sm_75/sm_90 code, compute_90 PTX, as
+#: CUDA 13 builds do), assembled by NVIDIA's ptxas; each has the kernels `empty` and `fill`.
+KERNEL_IMAGES_IN_IMAGE = "/usr/local/share/gpuslice"
 #: Bump when this module changes what it writes for the same inputs.
 BUILDER_VERSION = "1"
 BUSYBOX = Path("/bin/busybox")
@@ -135,6 +139,24 @@ def cudart_probe_binary(built: ShimPaths) -> Path:
         raise BuildError(f"building {out.name}: {exc}") from exc
     os.replace(staging, out)
     return out
+
+
+def kernel_images() -> dict[str, bytes]:
+    """name -> fatbin bytes of the probe image's kernel images (see KERNEL_IMAGES_IN_IMAGE)."""
+    from gpuslice_dev.gpusim import kernels
+
+    ptx70, ptx90 = kernels.kernels_ptx(70), kernels.kernels_ptx(90, isa="8.0")
+    return {
+        "kernels-sm70.fatbin": kernels.fatbin(
+            [kernels.Entry(kernels.KIND_CUBIN, 70, kernels.assemble(ptx70, "sm_70")),
+             kernels.Entry(kernels.KIND_PTX, 70, ptx70)]
+        ),
+        "kernels-no-volta.fatbin": kernels.fatbin(
+            [kernels.Entry(kernels.KIND_CUBIN, 75, kernels.assemble(ptx70, "sm_75")),
+             kernels.Entry(kernels.KIND_CUBIN, 90, kernels.assemble(ptx90, "sm_90")),
+             kernels.Entry(kernels.KIND_PTX, 90, ptx90)]
+        ),
+    }  # fmt: skip
 
 
 def multiarch_triplet() -> str:
@@ -280,6 +302,10 @@ def probe_spec(built: ShimPaths, busybox: Path = BUSYBOX) -> ImageSpec:
     entries: list[Entry] = [
         Entry(PROBE_PATH_IN_IMAGE.lstrip("/"), "file", 0o755, source=probe),
         Entry(CUDART_PROBE_PATH_IN_IMAGE.lstrip("/"), "file", 0o755, source=cudart_probe),
+        *(
+            Entry(f"{KERNEL_IMAGES_IN_IMAGE.lstrip('/')}/{name}", "file", 0o644, data=data)
+            for name, data in kernel_images().items()
+        ),
         Entry("etc/passwd", "file", 0o644, data=_PASSWD),
         Entry("etc/group", "file", 0o644, data=_GROUP),
         Entry("tmp", "dir", 0o1777),
