@@ -446,6 +446,10 @@ def test_slice_pods_get_the_runtime_default_seccomp_profile(iso: Iso) -> None:
     doc["spec"]["securityContext"] = {"runAsUser": 1000}
     out = accepted(iso, doc)
     assert out["spec"]["securityContext"] == {"runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+    # a pod asking for the product in resources.limits gets its slice through kube-scheduler's claim
+    product = plain_pod("p", iso.tenant)
+    _ct(product)["resources"]["limits"][f"gpuslice.io/{iso.pkg}"] = "1"
+    assert accepted(iso, product)["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     # A profile the pod names itself is kept (Pod Security refuses Unconfined: POD_SECURITY_CASES).
     doc["spec"]["securityContext"] = {"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}}
     assert accepted(iso, doc)["spec"]["securityContext"]["seccompProfile"]["type"] == "Localhost"

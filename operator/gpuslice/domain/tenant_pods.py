@@ -6,9 +6,10 @@ which priority classes a tenant may use, and a seccomp profile for the container
   A higher class lets kube-scheduler preempt (evict) other tenants' pods, GPU pods included, and
   hand their slices to the attacker's next pod. The Priority admission plugin runs first, so a
   cluster's globalDefault class shows here by name: offer it too if the cluster has one.
-- slice-seccomp (MutatingAdmissionPolicy, tenant namespaces): a pod that holds claims and sets no
-  pod-level seccomp profile gets `RuntimeDefault`. Under baseline an absent profile means the
-  runtime's default, which for containerd and CRI-O is Unconfined: the container's root may then
+- slice-seccomp (MutatingAdmissionPolicy, tenant namespaces): a pod that will hold a slice (claims,
+  or a product in resources.limits) and sets no pod-level seccomp profile gets `RuntimeDefault`.
+  Under baseline an absent profile means the runtime's default, which for containerd and CRI-O is
+  Unconfined: the container's root may then
   make a user and mount namespace and bind-mount over the read-only `/etc/ld.so.preload`, and its
   next process runs without the shim. The runtime's default profile refuses `unshare`/`clone` of
   namespaces without CAP_SYS_ADMIN, which baseline never grants. `Unconfined` itself, at pod or
@@ -21,11 +22,11 @@ import json
 from typing import Any
 
 from gpuslice import constants as c
+from gpuslice.domain.admission import HOLDS_SLICE
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 PRIORITY_POLICY = f"{c.POLICY_PREFIX}priority-classes"
 SECCOMP_POLICY = f"{c.POLICY_PREFIX}slice-seccomp"
-_HOLDS_CLAIMS = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
 
 
 def _meta(name: str) -> dict[str, Any]:
@@ -80,8 +81,8 @@ def slice_seccomp_mutation() -> dict[str, Any]:
             "matchConstraints": _pods(["CREATE"]),
             "matchConditions": [
                 {
-                    "name": "holds-claims-without-a-pod-seccomp-profile",
-                    "expression": f"{_HOLDS_CLAIMS} && !(has(object.spec.securityContext) && "
+                    "name": "holds-a-slice-without-a-pod-seccomp-profile",
+                    "expression": f"{HOLDS_SLICE} && !(has(object.spec.securityContext) && "
                     "has(object.spec.securityContext.seccompProfile))",
                 }
             ],
