@@ -98,12 +98,19 @@ def package_spec(fraction: int, model: str = V100, **kw: Any) -> GpuPackageSpec:
 
 
 def published(
-    node: str, gpus: int, packages: Mapping[str, int] | None = None, generation: int = 1, model: str = V100
+    node: str,
+    gpus: int,
+    packages: Mapping[str, int] | None = None,
+    generation: int = 1,
+    model: str = V100,
+    taints: Mapping[int, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices the node agent publishes for `gpus` cards (the agent's own builder)."""
+    """The ResourceSlices the node agent publishes for `gpus` cards (the agent's own builder);
+    `taints`: the device taints of unhealthy cards, by card index."""
     pk = [Package(n, package_spec(f, model)) for n, f in (packages or V100_PACKAGES).items()]
     cards = [gpu(i, node=node, model=model) for i in range(gpus)]
-    return with_generation(node, build_specs(node, cards, pk), generation)
+    by_uuid = {cards[i].uuid: t for i, t in (taints or {}).items()}
+    return with_generation(node, build_specs(node, cards, pk, by_uuid), generation)
 
 
 # --- gpuslice objects -------------------------------------------------------------------------------

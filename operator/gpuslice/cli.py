@@ -20,8 +20,10 @@ SUBCOMMANDS: dict[str, str] = {
     "agent": "gpuslice.agent.cli",
     "explain": "gpuslice.explain",
     "check": "gpuslice.check",
+    "drain": "gpuslice.drain",
+    "uncordon": "gpuslice.drain",
 }
-SUBCOMMAND_MODULES: tuple[str, ...] = tuple(SUBCOMMANDS.values())
+SUBCOMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(SUBCOMMANDS.values()))
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -35,6 +35,11 @@ ADVICE: Mapping[str, tuple[str, ...]] = {
         "(quota is an entitlement, not a reservation)",
         "or use a smaller product that still fits: kubectl get gpupackages",
     ),
+    Reason.GPUS_UNHEALTHY: (
+        "nothing you can do: the platform team resets or replaces the card; "
+        "the pod starts by itself once a GPU of the model is healthy again",
+        "or pick a product of another model: kubectl get gpupackages -o wide",
+    ),
     Reason.NO_MATCHING_GPU: (
         "no node offers this GPU model now; ask the platform team, or pick a product of another model: "
         "kubectl get gpupackages -o wide",
@@ -84,6 +89,17 @@ def capacity_lines(pkg_name: str, status: Mapping[str, Any], package: Mapping[st
     seen = status.get("capacity") or {}
     pkg_cap = ((package or {}).get("status") or {}).get("capacity") or {}
     reason = status.get("reason")
+    unhealthy = (
+        [f"  unhealthy: {n} GPU(s) of the model are out of service (failed, lost or waiting for a reset)"]
+        if (n := pkg_cap.get("unhealthyGpus"))
+        else []
+    )
+    return _capacity_lines(pkg_name, seen, pkg_cap, reason) + unhealthy
+
+
+def _capacity_lines(
+    pkg_name: str, seen: Mapping[str, Any], pkg_cap: Mapping[str, Any], reason: Any
+) -> list[str]:
     if not seen:
         if not pkg_cap:
             return []

@@ -216,6 +216,18 @@ SLICE_GPU_IDLE = Gauge(
     SLICE_LABELS,
     registry=AGENT_REGISTRY,
 )
+GPU_HEALTHY = Gauge(
+    "gpuslice_gpu_healthy",
+    "1 while a card is healthy, 0 while its devices carry a gpuslice.io/gpu-unhealthy taint",
+    ("node", "gpu_uuid", "gpu_index"),
+    registry=AGENT_REGISTRY,
+)
+GPU_XIDS = Counter(
+    "gpuslice_gpu_xid",
+    "XID events NVML delivered for a card, by XID and class (fatal, pending, application, unclassified)",
+    ("node", "gpu_uuid", "xid", "xid_class"),
+    registry=AGENT_REGISTRY,
+)
 SOFTWARE_REASONS = ("NoKernelImageForGpu", "PtxTooNewForDriver", "DriverTooOld")
 _SLICE_METRICS = (SLICE_MEMORY_USED, SLICE_MEMORY_LIMIT, SLICE_COMPUTE_UTILIZATION, SLICE_GPU_IDLE)
 _SLICE_COUNTERS = (SLICE_REFUSED_ALLOCATIONS, SLICE_THROTTLED)

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "fake_cuda.h"
+#include "fake_health.h"
 #include "fake_module.h"
 #include "../src/fatbin.h"
 
@@ -562,6 +563,7 @@ FAKE_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfun
 
 CUresult occupy(CUdevice dev, uint64_t duration_ns)
 {
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     uint64_t end = fake_record_busy(sys()->state[dev], duration_ns);
     uint64_t now = fake_now_ns();
     if (end > now + QUEUE_AHEAD_NS) { /* the launch queue is full: block like the driver */

@@ -21,6 +21,7 @@
 
 #include "fake_cuda.h"
 #include "fake_module.h"
+#include "fake_health.h"
 
 _Atomic int initialized;
 __thread struct CUctx_st *current_ctx;
@@ -52,6 +53,7 @@ int valid_dev(CUdevice d)
 /* The card's accounting is the double's (fake_common): through the host daemon when it serves. */
 CUresult charge(int dev, uint64_t size)
 {
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     return fake_charge(sys()->state[dev], size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -395,6 +397,7 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
     CHECK_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     struct CUctx_st *c = calloc(1, sizeof(*c));
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1, {0}};
@@ -586,6 +589,7 @@ FAKE_EXPORT CUresult cuCtxSynchronize(void)
     CUdevice dev;
     CUresult rc = current_dev(&dev);
     if (rc != CUDA_SUCCESS) return rc;
+    if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     wait_device_idle(dev);
     pools_release(dev);
     return CUDA_SUCCESS;

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "fake_common.h"
+#include "fake_health.h"
 
 #define MAX_CLIENTS 4096
 
@@ -282,6 +283,7 @@ int main(int argc, char **argv)
     fake_system *s = fake_system_load_for_daemon(config);
     if (!s) return 1; /* the loader said why */
     reclaim_orphans(s);
+    if (fake_health_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no card health file\n");
 
     int dirfd = open(s->state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0) {

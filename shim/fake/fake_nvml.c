@@ -10,8 +10,11 @@
 #include <unistd.h>
 
 #include "fake_common.h"
+#include "fake_health.h"
 
 static _Atomic int init_count;
+
+int fake_nvml_initialized(void) { return atomic_load(&init_count) > 0; } /* for fake_nvml_health.c */
 
 #define CHECK_INIT()                                                                                     \
     do {                                                                                                 \
@@ -36,7 +39,8 @@ static int index_of(const fake_gpu *g)
 #define GET_GPU(dev, g)                                                                                  \
     CHECK_INIT();                                                                                        \
     fake_gpu *g = gpu_of(dev);                                                                           \
-    if (!g) return NVML_ERROR_INVALID_ARGUMENT
+    if (!g) return NVML_ERROR_INVALID_ARGUMENT;                                                          \
+    if (fake_health_lost(index_of(g))) return NVML_ERROR_GPU_IS_LOST
 
 FAKE_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
@@ -75,6 +79,8 @@ FAKE_EXPORT const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
     default: return "Unknown Error";
     }
 }
@@ -133,6 +139,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlD
 {
     CHECK_INIT();
     if (!device || index >= (unsigned int)fake_system_get()->count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (fake_health_lost((int)index)) return NVML_ERROR_GPU_IS_LOST;
     *device = (nvmlDevice_t)(void *)&fake_system_get()->gpus[index];
     return NVML_SUCCESS;
 }
@@ -146,6 +153,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
 {
     CHECK_INIT();
     if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    if (fake_health_any_lost()) return NVML_ERROR_GPU_IS_LOST; /* as documented: "if any GPU" is lost */
     fake_system *s = fake_system_get();
     for (int i = 0; i < s->count; i++)
         if (strcasecmp(s->gpus[i].uuid, uuid) == 0) {
@@ -705,10 +713,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t dev, nvmlPageRet
     return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, nvmlEnableState_t *pending)
-{
-    return feature(dev, pending, NULL, NVML_FEATURE_DISABLED);
-}
+/* nvmlDeviceGetRetiredPagesPendingStatus: fake_nvml_health.c (a card's pending retirements). */
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, nvmlComputeMode_t *mode)
 {

@@ -236,3 +236,21 @@ def test_a_node_without_gpus_deletes_what_it_had_published() -> None:
     plan = plan_publish("n", [], existing=before)
     assert plan.apply == []
     assert plan.delete == sorted(s["metadata"]["name"] for s in before)
+
+
+def test_an_unhealthy_cards_devices_carry_its_taint_and_a_change_republishes() -> None:
+    packages = [pkg("v100-8g", 25)]
+    cards = [gpu(0), gpu(1)]
+    taint = {"key": "gpuslice.io/gpu-unhealthy", "value": "xid-79", "effect": "NoExecute",
+             "timeAdded": "2026-12-05T00:00:00Z"}  # fmt: skip
+    healthy = build_specs("node-a", cards, packages)
+    tainted = build_specs("node-a", cards, packages, {cards[0].uuid: [taint]})
+    by_card = defaultdict(list)
+    for d in all_devices(tainted):
+        by_card[d["attributes"]["gpuIndex"]["int"]].append(d.get("taints"))
+    assert by_card[0] == [[taint]] * 4
+    assert by_card[1] == [None] * 4
+    assert all_counter_sets(tainted) == all_counter_sets(healthy), "the card's counters stay published"
+    published = with_generation("node-a", healthy, 1)
+    assert not plan_publish("node-a", tainted, published).empty, "a taint is a republish"
+    assert plan_publish("node-a", healthy, published).empty

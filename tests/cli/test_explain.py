@@ -117,6 +117,25 @@ def test_an_old_status_without_its_count_names_the_package_count_for_what_it_is(
     assert "2 of 2 v100-16g slices free on 1 GPU(s) in the cluster (the package's count, newer" in text
 
 
+def test_a_slice_waiting_on_unhealthy_cards_says_they_are_out_of_service() -> None:
+    sick = {
+        "metadata": {"name": "v100-16g"},
+        "spec": {"gpuModel": "Tesla V100-PCIE-32GB", "fraction": 50},
+        "status": {"capacity": {"gpus": 0, "slicesTotal": 0, "slicesFree": 0, "unhealthyGpus": 2}},
+    }
+    waits = {
+        "phase": "Pending",
+        "reason": "GpusUnhealthy",
+        "message": "pod p waits: the only GPU(s) of model 'Tesla V100-PCIE-32GB' (2) are unhealthy",
+        "capacity": {"gpus": 0, "slicesTotal": 0, "slicesFree": 0},
+    }
+    text = explain(_slice(waits), sick)
+    assert "state:    Pending (GpusUnhealthy)" in text
+    assert "unhealthy: 2 GPU(s) of the model are out of service" in text
+    assert "the platform team resets or replaces the card" in text
+    assert "unhealthy:" not in explain(_slice(WAITS_FOR_A_FULL_CARD), FULL_PACKAGE)
+
+
 def test_software_that_cannot_use_the_gpu_is_a_warning_with_what_to_do() -> None:
     obj = {
         "metadata": {"namespace": "team-a", "name": "llm"},

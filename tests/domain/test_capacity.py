@@ -119,3 +119,15 @@ def test_free_is_exactly_how_many_more_fit(gpus: int, picks: list[tuple[str, int
         placed += 1
     assert placed == before.free
     assert package_capacity(package, slices, taken).free == 0
+
+
+def test_an_unhealthy_card_is_not_sold_whatever_its_taint() -> None:
+    for effect in ("NoExecute", "NoSchedule"):
+        taint = {"key": "gpuslice.io/gpu-unhealthy", "value": "xid-79", "effect": effect}
+        slices = [s for s in map(summarize_resource_slice, published("n0", 2, taints={0: [taint]})) if s]
+        cap = package_capacity("v100-8g", slices, [])
+        assert (cap.gpus, cap.total, cap.free, cap.unhealthy_gpus) == (1, 4, 4, 1), effect
+    informational = {"key": "example.com/note", "value": "x", "effect": "None"}
+    slices = [s for s in map(summarize_resource_slice, published("n0", 2, taints={0: [informational]})) if s]
+    cap = package_capacity("v100-8g", slices, [])
+    assert (cap.gpus, cap.free, cap.unhealthy_gpus) == (2, 8, 0), "an effect None taint places as before"

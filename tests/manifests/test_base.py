@@ -182,7 +182,17 @@ def _grants(rules: list[Doc]) -> set[tuple[str, str, str]]:
 def test_dev_cluster_agents_get_the_deployed_role_and_policy(base):
     # The dev cluster applies manifests/base/agent/ as it is, and binds its client-certificate agents
     # to the same role: they must be the agents the own-node policy confines.
-    (dev,) = [d for d in yaml.safe_load_all((REPO / DEV_AGENT_BINDING).read_text()) if d]
+    docs = [d for d in yaml.safe_load_all((REPO / DEV_AGENT_BINDING).read_text()) if d]
+    (dev,) = [
+        d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "gpuslice-agent"
+    ]
+    # beside it only the arbitrary-node verb for a claim's status.devices of driver gpuslice.io
+    # (client-certificate users are no node-bound service account)
+    extra = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert [r for d in extra for r in d["rules"]] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+         "resourceNames": ["gpuslice.io"], "verbs": ["arbitrary-node:patch"]}
+    ]  # fmt: skip
     role = one(base, "ClusterRole", dev["roleRef"]["name"])
     assert role["rules"], "the dev agents' role grants nothing"
     (condition,) = one(base, "ValidatingAdmissionPolicy", "gpuslice-agent-own-node-slices")["spec"][

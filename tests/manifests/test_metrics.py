@@ -44,6 +44,8 @@ AGENT = {
     "gpuslice_agent_prepared_claims": ("gauge", ("node",)),
     "gpuslice_agent_prepare_errors": ("counter", ("node",)),
     "gpuslice_agent_toolkit_unsafe": ("gauge", ("node",)),
+    "gpuslice_gpu_healthy": ("gauge", ("node", "gpu_uuid", "gpu_index")),
+    "gpuslice_gpu_xid": ("counter", ("node", "gpu_uuid", "xid", "xid_class")),
 }
 
 LABELS = ("team-a", "llm", "v100-8g", "node-1", "GPU-0")

@@ -97,6 +97,7 @@ def kw_of(**bodies: list[dict[str, Any]]) -> tuple[dict[str, Any], Workloads]:
         "gs_claim_templates": "templates",
         "gs_quotas": "quotas",
         "gs_resource_slices": "resource_slices",
+        "gs_device_taint_rules": "device_taint_rules",
         "gs_namespaces": "namespaces",
         "gs_device_classes": "device_classes",
         "gs_admission_policies": "policies",
@@ -621,3 +622,28 @@ async def test_a_burst_of_marked_slices_is_refreshed_a_bounded_number_at_a_time(
     daemon.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await daemon
+
+
+def test_a_drained_card_is_not_sold_and_its_slices_say_draining() -> None:
+    node = "node-a"
+    rs = published(node, 2, {"v100-8g": 25})
+    card0 = [d["name"] for s in rs for d in s["spec"].get("devices", []) if d["name"].startswith("gpu-0-")]
+    rules = [
+        {"metadata": {"name": f"drain-{d}"},
+         "spec": {"deviceSelector": {"driver": "gpuslice.io", "pool": node, "device": d},
+                  "taint": {"key": "gpuslice.io/drain", "value": "maintenance", "effect": "NoSchedule"}}}
+        for d in card0
+    ]  # fmt: skip
+    other_driver = {"metadata": {"name": "other"}, "spec": {"deviceSelector": {"driver": "example.com"},
+                    "taint": {"key": "x", "effect": "NoExecute"}}}  # fmt: skip
+    idx = idx_of(resource_slices=rs, device_taint_rules=[*rules, other_driver])
+    snap = _state().published(*_snapshot_inputs(idx), rules=idx.device_taint_rules)
+    cap = snap.capacity("v100-8g")
+    assert (cap.gpus, cap.total, cap.free, cap.unhealthy_gpus) == (1, 4, 4, 1)
+    assert snap.taints[(node, card0[0])] == ({"key": "gpuslice.io/drain", "value": "maintenance",
+                                              "effect": "NoSchedule"},)  # fmt: skip
+    node_rule = {"metadata": {"name": "node"}, "spec": {"deviceSelector": {"pool": node},
+                 "taint": {"key": "gpuslice.io/drain", "effect": "NoExecute"}}}  # fmt: skip
+    whole = idx_of(resource_slices=rs, device_taint_rules=[node_rule])
+    cap = _state().published(*_snapshot_inputs(whole), rules=whole.device_taint_rules).capacity("v100-8g")
+    assert (cap.gpus, cap.free, cap.unhealthy_gpus) == (0, 0, 2), "a rule without a device drains the pool"

@@ -179,7 +179,8 @@ def test_any_uid_gets_its_slice_and_cannot_change_the_doubles_state(shared_slice
     s = shared_slice
     conf = s.workdir / "fake-gpus.conf"
     state = Path(f"{conf}.state")
-    assert {p.name: oct(p.stat().st_mode & 0o777) for p in state.glob("*.bin")} == {"gpu0.bin": "0o644"}
+    files = {p.name: oct(p.stat().st_mode & 0o777) for p in state.glob("*.bin")}
+    assert files == {"gpu0.bin": "0o644", "health.bin": "0o644"}
     assert oct(state.stat().st_mode & 0o777) == "0o755", "only the daemon adds or replaces state files"
 
     holder = subprocess.Popen(
@@ -198,9 +199,10 @@ def test_any_uid_gets_its_slice_and_cannot_change_the_doubles_state(shared_slice
             env=env_of(s, shim=False), capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert attack.returncode == 0, attack.stderr
-        said = dict(line.split(" ", 1) for line in attack.stdout.splitlines())
+        lines = [line.split(" ", 1) for line in attack.stdout.splitlines()]
+        assert [n for k, n in lines if k == "refused"] == sorted(files), "every state file refused"
+        said = dict(kv for kv in lines if kv[0] != "refused")
         assert said == {
-            "refused": "gpu0.bin",
             "uncharge": "0",  # accepted, and frees nothing: it held nothing
             "charge": "2",  # out of memory
             "contexts": "1",

@@ -1,4 +1,4 @@
-"""`gpuslice-dev devcluster up|down|status|load-image|build`: the local control plane, by command."""
+"""`gpuslice-dev devcluster up|down|status|load-image|build|gpu-fault`: the local control plane."""
 
 from __future__ import annotations
 
@@ -68,6 +68,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also the real nodes' binaries (kubelet, containerd, runc, CNI, crictl, crane) and images",
     )
     build.set_defaults(func=_build)
+
+    from gpuslice_dev.devcluster import gpu_fault
+
+    gpu_fault.register(cmds, with_dir)
 
 
 def _up(args: argparse.Namespace) -> int:

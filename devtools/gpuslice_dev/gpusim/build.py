@@ -23,6 +23,7 @@ class ShimPaths:
     tests_dir: Path
     bench: Path
     driverd: Path  # the double's host-side part: gpuslice-fake-driverd --config <fake-gpus.conf>
+    fault_tool: Path  # gpuslice-fake-gpu-fault: a card fails or recovers (gpusim.faults)
 
 
 class ShimBuildError(RuntimeError):
@@ -39,6 +40,7 @@ def paths(build_dir: Path = BUILD_DIR) -> ShimPaths:
         tests_dir=build_dir / "tests",
         bench=build_dir / "shim_bench",
         driverd=fake / "gpuslice-fake-driverd",
+        fault_tool=fake / "gpuslice-fake-gpu-fault",
     )
 
 

@@ -7,12 +7,15 @@ NVML's init binds to it and nothing in the agent knows the difference.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from gpuslice import logs
 from gpuslice.agent import nvml
+from gpuslice.files import atomic_write
 
 log = logs.get(__name__)
 
@@ -67,6 +70,28 @@ def discover() -> list[GpuInfo]:
         )
         for d in facts
     ]
+
+
+def with_remembered(found: list[GpuInfo], state_dir: Path) -> list[GpuInfo]:
+    """The cards NVML lists now plus those it listed at an earlier start but cannot reach now (a lost
+    card keeps its devices published, tainted, so the pods on it are evicted), remembered in
+    `<state_dir>/gpus.json`."""
+    path = state_dir / "gpus.json"
+    try:
+        before = [GpuInfo.model_validate(g) for g in json.loads(path.read_text())]
+    except (OSError, ValueError) as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("ignoring unreadable GPU memory", path=str(path), error=str(exc))
+        before = []
+    uuids, indexes = {g.uuid for g in found}, {g.index for g in found}
+    missing = [g for g in before if g.uuid not in uuids and g.index not in indexes]
+    for g in missing:
+        log.warning("GPU known from an earlier start does not answer; publishing it as lost", gpu=g.index,
+                    uuid=g.uuid)  # fmt: skip
+    merged = sorted([*found, *missing], key=lambda g: g.index)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps([g.model_dump() for g in merged]))
+    return merged
 
 
 _NUMBER = re.compile(r"\d+")

@@ -65,6 +65,20 @@ class Kube:
         url = kubehttp.path(*GPUSLICE, constants.SLICE_PLURAL, name, namespace)
         await self.api.json_patch(f"{url}/status", ops)
 
+    async def apply_claim_device_status(
+        self, namespace: str, name: str, devices: list[dict[str, Any]]
+    ) -> None:
+        """Server-side apply of `status.devices` entries of a claim (DRA device status: the health
+        condition of each allocated device, for the pod that uses it)."""
+        url = kubehttp.path(*DRA, "resourceclaims", name, namespace) + "/status"
+        body = {
+            "apiVersion": f"{DRA[0]}/{DRA[1]}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"devices": devices},
+        }
+        await self.api.apply(url, body, constants.FIELD_MANAGER)
+
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         await self.api.create(kubehttp.path("", "v1", "events", namespace=namespace), body)
 

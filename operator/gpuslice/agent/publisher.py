@@ -19,7 +19,7 @@ from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.slices import Package, build_specs, plan_publish
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.api.resourceslice import dropped_fields, dropped_message
+from gpuslice.api.resourceslice import dropped_fields, dropped_message, dropped_taints
 from gpuslice.kubehttp import ApiError
 
 log = logs.get(__name__)
@@ -54,6 +54,8 @@ class Publisher:
         self.published = asyncio.Event()  # set after the first successful publish
         # why this node's GPUs must not be published now (agent.toolkit); None: they may
         self.blocked: str | None = None
+        # DRA device taints of unhealthy cards, by UUID (agent.health)
+        self.taints: dict[str, list[dict[str, Any]]] = {}
 
     # --- inputs ------------------------------------------------------------------------------------
 
@@ -86,11 +88,17 @@ class Publisher:
         self.blocked = reason
         self._dirty.set()
 
+    def set_taints(self, taints: dict[str, list[dict[str, Any]]]) -> None:
+        """Every device of card `uuid` carries `taints[uuid]` from the next publish on."""
+        if taints != self.taints:
+            self.taints = taints
+            self._dirty.set()
+
     # --- output ------------------------------------------------------------------------------------
 
     async def sync(self) -> None:
         publish = self.node_present and self.blocked is None
-        desired = build_specs(self.node, self.gpus, self.packages.values()) if publish else []
+        desired = build_specs(self.node, self.gpus, self.packages.values(), self.taints) if publish else []
         existing = await self.kube.list_pool_slices(self.node)
         plan = plan_publish(self.node, desired, existing, self.node_uid)
         for body in plan.apply:
@@ -99,6 +107,12 @@ class Publisher:
             if dropped:
                 # Refuse to run rather than offer slices kube-scheduler can never place.
                 raise FieldsDropped(dropped_message(dropped))
+            if untainted := dropped_taints(body["spec"], (stored or {}).get("spec") or {}):
+                log.error(
+                    "the API server dropped the device taints of an unhealthy card: it stays on sale; "
+                    "turn on the feature gate DRADeviceTaints (kube-apiserver, kube-scheduler, "
+                    "kube-controller-manager)", devices=untainted[:5],
+                )  # fmt: skip
         for name in plan.delete:
             await self.kube.delete_slice(name)
         devices = sum(len(s.get("devices", [])) for _, s in desired)

@@ -11,6 +11,7 @@ from gpuslice import constants, logs, metrics
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
 from gpuslice.agent.attribution import package_policy
+from gpuslice.agent.health import HealthMonitor, checkpoint_claims, checkpoint_slices
 from gpuslice.agent.kube import Kube, api_client
 from gpuslice.agent.prepare import NodePaths, Preparer
 from gpuslice.agent.publisher import Publisher
@@ -65,7 +66,7 @@ def check_socket_paths(opts: AgentOptions) -> None:
 
 async def run(opts: AgentOptions) -> int:
     check_socket_paths(opts)
-    gpus = gpus_mod.discover()
+    gpus = gpus_mod.with_remembered(gpus_mod.discover(), opts.state_dir)
     log.info(
         "GPUs discovered", node=opts.node, count=len(gpus),
         gpus=[f"{g.index}:{g.product_name}:{g.uuid}:cc{g.cuda_compute_capability}" for g in gpus],
@@ -114,10 +115,16 @@ async def run(opts: AgentOptions) -> int:
     )
     reporter = UsageReporter(opts.node, paths, kube, enforcer, opts.usage_interval, opts.idle_after)
     feedback = UtilizationFeedback(paths)
+    monitor = HealthMonitor(
+        opts.node, gpus, publisher.set_taints,
+        toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),
+        checkpoint_slices(paths, kube, opts.node), kube, checkpoint_claims(paths),
+    )  # fmt: skip
     tasks = [
         asyncio.create_task(c)
         for c in (
-            follow_packages(), follow_node(), publisher.run(), reporter.run(), feedback.run(), guard.run()
+            follow_packages(), follow_node(), publisher.run(), reporter.run(), feedback.run(), guard.run(),
+            monitor.run(),
         )
     ]  # fmt: skip
     stopper = asyncio.create_task(stop.wait())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -79,7 +79,7 @@ def matching_packages(gpu: GpuInfo, packages: Iterable[Package]) -> list[Package
     return sorted((p for p in packages if p.spec.gpu_model == gpu.product_name), key=lambda p: p.name)
 
 
-def _device(gpu: GpuInfo, package: Package, k: int) -> dict[str, Any]:
+def _device(gpu: GpuInfo, package: Package, k: int, taints: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     memory = package.spec.memory_bytes(gpu.memory_bytes)
     return {
         "name": device_name(gpu, package.name, k),
@@ -104,17 +104,21 @@ def _device(gpu: GpuInfo, package: Package, k: int) -> dict[str, Any]:
                 },
             }
         ],
+        **({"taints": [dict(t) for t in taints]} if taints else {}),
     }
 
 
-def devices_for(gpu: GpuInfo, packages: Iterable[Package]) -> list[dict[str, Any]]:
-    """The partition devices one card offers. A package whose slice would have no memory on this
-    card (a tiny card and a tiny fraction) offers nothing rather than a zero-sized device."""
+def devices_for(
+    gpu: GpuInfo, packages: Iterable[Package], taints: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """The partition devices one card offers, each with the card's DRA device `taints` (an unhealthy
+    card). A package whose slice would have no memory on this card (a tiny card and a tiny
+    fraction) offers nothing rather than a zero-sized device."""
     out: list[dict[str, Any]] = []
     for package in matching_packages(gpu, packages):
         if package.spec.memory_bytes(gpu.memory_bytes) <= 0:
             continue
-        out.extend(_device(gpu, package, k) for k in range(package.spec.slices_per_card()))
+        out.extend(_device(gpu, package, k, taints) for k in range(package.spec.slices_per_card()))
     return out
 
 
@@ -133,9 +137,13 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
 
 
 def build_specs(
-    node: str, gpus: Sequence[GpuInfo], packages: Iterable[Package]
+    node: str,
+    gpus: Sequence[GpuInfo],
+    packages: Iterable[Package],
+    taints: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """(name, spec) of every slice of the node's pool, with pool generation 0 (set by `with_generation`).
+    `taints`: the DRA device taints of each card (by UUID) that every device of the card carries.
 
     A node whose GPUs match no package still publishes its counter sets: that keeps the GPU facts
     visible and makes the pool exist, so adding a package later is a plain republish.
@@ -143,7 +151,7 @@ def build_specs(
     packages = list(packages)
     ordered = sorted(gpus, key=lambda g: g.index)
     counter_chunks = _chunks([_counter_set(g) for g in ordered], MAX_COUNTER_SETS_PER_SLICE)
-    devices = [d for g in ordered for d in devices_for(g, packages)]
+    devices = [d for g in ordered for d in devices_for(g, packages, (taints or {}).get(g.uuid, ()))]
     device_chunks = _chunks(devices, MAX_DEVICES_PER_SLICE)
     count = len(counter_chunks) + len(device_chunks)
     pool = {"name": node, "generation": 0, "resourceSliceCount": count}

@@ -97,6 +97,9 @@ class UtilizationFeedback:
                 target = create_utilization_file(
                     utilization_file_for(self.paths.claim_dir(record.uid) / "slice.conf")
                 )
-                write_slice_utilization(meter, region, target)
+                try:
+                    write_slice_utilization(meter, region, target)
+                except nvml.Error as exc:  # this card failed (agent.health says so); the others go on
+                    log.debug("no utilization for the slice's card", claim=record.uid, error=str(exc))
         for uid in set(self._meters) - {r.uid for r in records}:
             del self._meters[uid]

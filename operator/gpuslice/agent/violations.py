@@ -8,18 +8,17 @@ stopped.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuslice import constants, logs, metrics
+from gpuslice import logs, metrics
 from gpuslice.agent import attribution, nvml
 from gpuslice.agent.checkpoint import ClaimRecord
+from gpuslice.agent.events import slice_event
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.owners import ClaimOwner
 from gpuslice.api.package import OnViolation
 from gpuslice.domain.gpu_processes import Finding, SliceClaim
-from gpuslice.kubehttp import ApiError
 
 log = logs.get(__name__)
 
@@ -91,24 +90,4 @@ class ViolationEnforcer:
             del self._reported[uid]
 
     async def _event(self, key: str, message: str) -> None:
-        namespace, name = key.split("/", 1)
-        now = dt.datetime.now(dt.UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": constants.GROUP_VERSION, "kind": constants.SLICE_KIND,
-                "name": name, "namespace": namespace,
-            },
-            "reason": "SliceMemoryViolation",
-            "message": message,
-            "type": "Warning",
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "source": {"component": "gpuslice-agent", "host": self.node},
-        }  # fmt: skip
-        try:
-            await self.kube.create_event(namespace, body)
-        except ApiError as exc:
-            log.warning("could not record event", slice=key, status=exc.status)
+        await slice_event(self.kube, self.node, key, "Warning", "SliceMemoryViolation", message)

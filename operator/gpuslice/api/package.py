@@ -93,6 +93,8 @@ class PackageCapacity(CamelModel):
     slices_total: int = Field(default=0, alias="slicesTotal")
     slices_allocated: int = Field(default=0, alias="slicesAllocated")
     slices_free: int = Field(default=0, alias="slicesFree")
+    #: cards whose devices are tainted (domain.health): not in gpus, slicesTotal or slicesFree
+    unhealthy_gpus: int | None = Field(default=None, alias="unhealthyGpus")  # None: none
 
 
 class Guarantees(CamelModel):

@@ -44,6 +44,8 @@ class PublishedDevice:
     compute_share: int | None
     counter_set: str | None
     consumes: Mapping[str, int] = field(default_factory=dict)
+    #: DRA device taints (resource.k8s.io/v1 DeviceTaint: key, value, effect, timeAdded)
+    taints: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         compute_share=int(share) if share is not None else None,
         counter_set=consumption.get("counterSet"),
         consumes=_counters(consumption.get("counters")),
+        taints=tuple(dev.get("taints") or ()),
     )
 
 
@@ -167,3 +170,14 @@ def dropped_message(paths: Iterable[str]) -> str:
         f"the API server dropped {shown} from the ResourceSlices it stored: feature gate(s) "
         f"{', '.join(gates)} off, so kube-scheduler would never allocate a slice; {gates_fix(gates)}"
     )
+
+
+def dropped_taints(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """Devices sent with taints that the API server stored without (DRADeviceTaints off: before 1.37
+    it is beta, and off where turned off): an unhealthy card would stay on sale."""
+    kept = {d.get("name"): d for d in stored.get("devices") or []}
+    return [
+        str(d.get("name"))
+        for d in sent.get("devices") or []
+        if d.get("taints") and not kept.get(d.get("name"), {}).get("taints")
+    ]

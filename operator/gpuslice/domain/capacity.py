@@ -3,6 +3,8 @@
 Devices of all packages on one GPU draw from that GPU's shared counters (`memory`, `compute`), so a
 slice of package A can be unavailable although no A device is allocated: a 32 GiB slice of another
 package may hold the whole card. "Free" therefore counts what kube-scheduler could still place.
+A card whose devices carry a NoSchedule or NoExecute taint (an unhealthy card, `domain.health`)
+places nothing: it counts in `unhealthy_gpus` only, not in GPUs, total, allocated or free.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuslice.api.resourceslice import PublishedDevice, PublishedSlice, newest_generation
+from gpuslice.domain.health import tainted_effect
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,7 @@ class Capacity:
     allocated: int
     free: int
     memory_per_slice_bytes: int | None
+    unhealthy_gpus: int = 0
 
 
 def package_capacity(
@@ -51,7 +55,10 @@ def package_capacity(
                 if d.memory_bytes is not None:
                     memory = d.memory_bytes if memory is None else min(memory, d.memory_bytes)
     total = allocated_n = free = 0
+    unhealthy = {card for card, ds in mine.items() if any(tainted_effect(d.taints) for d in ds)}
     for (pool, cs), devices in mine.items():
+        if (pool, cs) in unhealthy:
+            continue
         total += len(devices)
         taken_here = sum(1 for d in devices if (d.pool, d.name) in taken)
         allocated_n += taken_here
@@ -71,9 +78,10 @@ def package_capacity(
         )
         free += max(0, min(len(open_devices), fits))
     return Capacity(
-        gpus=len({(pool, cs) for (pool, cs) in mine}),
+        gpus=len(set(mine) - unhealthy),
         total=total,
         allocated=allocated_n,
         free=free,
         memory_per_slice_bytes=memory,
+        unhealthy_gpus=len(unhealthy),
     )

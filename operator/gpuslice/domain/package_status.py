@@ -33,7 +33,14 @@ def capacity_status(capacity: Capacity) -> PackageCapacity:
         slicesTotal=capacity.total,
         slicesAllocated=capacity.allocated,
         slicesFree=capacity.free,
+        unhealthyGpus=capacity.unhealthy_gpus or None,
     )
+
+
+def capacity_patch(capacity: Mapping[str, int]) -> dict[str, int | None]:
+    """status.capacity as a merge patch: a field the count no longer has (no unhealthy GPU left) is
+    written as null, which removes it."""
+    return {"unhealthyGpus": None, **capacity}
 
 
 def capacity_behind(
@@ -43,7 +50,7 @@ def capacity_behind(
     slice's verdict is made on must already be what `kubectl get gpupackages` prints. What this process
     last wrote stands in for what the object shows until the watch delivers it."""
     current = last_written if last_written is not None else shown
-    return dict(current or {}) != capacity_status(live).model_dump(by_alias=True)
+    return dict(current or {}) != capacity_status(live).model_dump(by_alias=True, exclude_none=True)
 
 
 def deletion_condition(blocking: Sequence[str]) -> Condition:

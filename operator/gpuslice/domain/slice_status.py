@@ -18,6 +18,7 @@ from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QuotaUsage, 
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
 from gpuslice.domain.conditions import Health, health_conditions, stamp
+from gpuslice.domain.health import SLICE_CONDITION, slice_gpu_condition
 from gpuslice.domain.software import software_conditions
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
@@ -33,6 +34,7 @@ class Reason(StrEnum):
     WAITING_FOR_POD = "WaitingForPod"
     NO_MATCHING_GPU = "NoMatchingGpu"
     GPUS_FULL = "AllGpusFull"
+    GPUS_UNHEALTHY = "GpusUnhealthy"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULING = "Scheduling"
     POD_BLOCKED_BY_QUOTA = "PodBlockedByQuota"
@@ -57,6 +59,7 @@ HEALTH: Mapping[str, Health] = {
     Reason.QUOTA_EXCEEDED: Health.STALLED,
     Reason.NOT_ENTITLED: Health.STALLED,
     Reason.NO_MATCHING_GPU: Health.STALLED,
+    Reason.GPUS_UNHEALTHY: Health.STALLED,
     Reason.UNSCHEDULABLE: Health.STALLED,
     Reason.POD_BLOCKED_BY_QUOTA: Health.STALLED,
     Reason.POD_CREATE_FAILED: Health.STALLED,
@@ -66,7 +69,9 @@ HEALTH: Mapping[str, Health] = {
 
 
 #: Reasons decided on the package's capacity: the slice's status records the numbers it saw.
-CAPACITY_REASONS: frozenset[str] = frozenset({Reason.GPUS_FULL, Reason.NO_MATCHING_GPU})
+CAPACITY_REASONS: frozenset[str] = frozenset(
+    {Reason.GPUS_FULL, Reason.NO_MATCHING_GPU, Reason.GPUS_UNHEALTHY}
+)
 
 
 def slice_health(phase: Phase, reason: str) -> Health:
@@ -100,6 +105,8 @@ class SliceFacts:
     memory_violation: str | None = None
     #: The slice's own uid: a claim whose owner reference names another GpuSlice uid is not its claim.
     uid: str | None = None
+    #: Taints of tainted published devices by (pool, device): an unhealthy or drained card's.
+    device_taints: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]] = field(default_factory=dict)
     #: The slice the operator keeps for a pod that asks for the product in resources.limits: that
     #: pod's name (`pods` holds the pod while it exists, `claims` kube-scheduler's claim for it).
     pod: str | None = None
@@ -203,6 +210,14 @@ def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | No
 def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
     cap = facts.capacity
     model = facts.gpu_model or "?"
+    if cap is not None and cap.total == 0 and cap.unhealthy_gpus:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.GPUS_UNHEALTHY,
+            f"pod {pod.name} waits: the only GPU(s) of model {model!r} for package {facts.package} "
+            f"({cap.unhealthy_gpus}) are unhealthy (failed, lost or waiting for a reset: their devices "
+            "carry the taint gpuslice.io/gpu-unhealthy); it starts once one is healthy again",
+        )
     if cap is not None and cap.total == 0:
         return _Verdict(
             Phase.PENDING,
@@ -217,8 +232,10 @@ def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
             f"pod {pod.name} waits: all {cap.total} {facts.package} slices on {cap.gpus} GPU(s) of "
             f"model {model!r} are taken ({cap.allocated} allocated to this package, the rest used by "
             "other packages on the same cards); quota is an entitlement, not a reservation, so the pod "
-            "starts when a slice frees",
-        )
+            "starts when a slice frees"
+            + (f" ({cap.unhealthy_gpus} more GPU(s) of the model are unhealthy and sell nothing)"
+               if cap.unhealthy_gpus else ""),
+        )  # fmt: skip
     return _Verdict(
         Phase.PENDING,
         Reason.UNSCHEDULABLE,
@@ -464,6 +481,11 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
             )
         )
         conditions.extend(software_conditions(facts.usage, facts.gpu_model, facts.generation))
+    gpu = slice_gpu_condition(
+        ((a.pool, a.device, a.node, a.gpu_uuid) for a in allocations), facts.device_taints
+    )
+    if gpu is not None:
+        conditions.append(_condition(SLICE_CONDITION, False, gpu[0], gpu[1], facts.generation))
     return GpuSliceStatus(
         phase=verdict.phase,
         reason=verdict.reason,

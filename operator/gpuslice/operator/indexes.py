@@ -116,6 +116,8 @@ class Indexes:
         self.product_pods: Lookup[Ref, PodView] = workloads.pods.by_product
         self.quotas: kopf.Index[str, QuotaView] = kw["gs_quotas"]
         self.resource_slices: kopf.Index[str, PublishedSlice] = kw["gs_resource_slices"]
+        #: DeviceTaintRule name -> its spec (drains: `gpuslice drain`, or the platform's own rules)
+        self.device_taint_rules: kopf.Index[str, dict[str, Any]] = kw["gs_device_taint_rules"]
         self.namespaces: kopf.Index[str, NamespaceView] = kw["gs_namespaces"]
         #: DeviceClass name -> what gpuslice sets of it (`deviceclass.fingerprint`: to tell a changed
         #: one from ours).
@@ -274,3 +276,8 @@ async def gs_claim_templates(namespace: str | None, name: str, **_: Any) -> dict
 async def gs_resource_slices(body: kopf.Body, **_: Any) -> dict[str, PublishedSlice] | None:
     summary = parse_resource_slice(body)
     return {summary.pool: summary} if summary else None
+
+
+@kopf.index(c.DRA_GROUP, c.DRA_VERSION, "devicetaintrules")
+async def gs_device_taint_rules(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: dict(spec)}

@@ -17,7 +17,7 @@ from gpuslice.api.slice import Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.deviceclass import desired_fingerprint, device_class
-from gpuslice.domain.package_status import deletion_condition, package_status
+from gpuslice.domain.package_status import capacity_patch, deletion_condition, package_status
 from gpuslice.domain.pod_slices import resource_of
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.logs import get
@@ -162,7 +162,7 @@ def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = No
 async def _write_status(
     state: OperatorState, name: str, spec: GpuPackageSpec, body: kopf.Body, idx: Indexes
 ) -> None:
-    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims)
+    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, rules=idx.device_taint_rules)
     _export(name, snapshot.capacity(name), idx)
     entitled = 0
     for ns in idx.namespaces:
@@ -187,7 +187,8 @@ async def _write_status(
     if same_status(current, desired):
         state.package_capacity[name] = desired["capacity"]
         return
-    await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, name, None, desired)
+    patch = {**desired, "capacity": capacity_patch(desired.get("capacity") or {})}
+    await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, name, None, patch)
     state.package_capacity[name] = desired["capacity"]
     STATUS_UPDATES.labels("GpuPackage").inc()
 

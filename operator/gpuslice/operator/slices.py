@@ -24,8 +24,9 @@ from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
-from gpuslice.domain.package_status import capacity_behind, capacity_status
-from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, slice_status
+from gpuslice.domain.health import stranded_claims
+from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
+from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, own_claims, slice_status
 from gpuslice.domain.software import warnings_raised
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
@@ -84,7 +85,9 @@ def _facts(
         pods = values(idx.claim_pods, entry.ref)
         workloads = values(idx.claim_workloads, entry.ref)
     need = [d for claim in claims if claim.allocated for d in claim.devices]
-    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, need)
+    snapshot = state.published(
+        idx.resource_slices, idx.pool_claims, idx.claims, need, rules=idx.device_taint_rules
+    )
     found = package is not None and (not package.deleting or bool(claims))
     return SliceFacts(
         namespace=ns,
@@ -101,6 +104,7 @@ def _facts(
         capacity=snapshot.capacity(pkg) if package else None,
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
+        device_taints=snapshot.taints,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
         usage=usage,
@@ -198,6 +202,8 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             mine = None
         baseline: dict[str, Any] = mine[1] if mine is not None else shown
         facts = _facts(state, entry, idx, baseline, created, status.get("usage"))
+        if not facts.template and facts.pod is None:  # template and pod-form claims go with their pod
+            await release_stranded_claims(state, facts)
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -223,6 +229,15 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             _warn(entry, reason, message)
 
 
+async def release_stranded_claims(state: OperatorState, facts: SliceFacts) -> None:
+    """Delete the slice's claim when it is allocated on a failed card (`domain.health.stranded_claims`);
+    the claim waits for its evicted pods to go (kube-controller-manager evicts them, not this), and
+    the operator then creates it again, unallocated."""
+    for name in stranded_claims(own_claims(facts), facts.device_taints):
+        log.warning("claim allocated on a failed GPU: releasing it", namespace=facts.namespace, claim=name)
+        await state.kube.delete("resource.k8s.io/v1", "ResourceClaim", name, facts.namespace)
+
+
 async def sync_package_capacity(state: OperatorState, package: str, live: Capacity, idx: Indexes) -> None:
     """Write the package's status.capacity first when it lags the count this slice is decided on, so
     `kubectl get gpupackages` never shows free slices under a slice that waits for one."""
@@ -231,9 +246,10 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
         return
     if not capacity_behind(view.capacity, state.package_capacity.get(package), live):
         return
-    desired = capacity_status(live).model_dump(by_alias=True)
+    desired = capacity_status(live).model_dump(by_alias=True, exclude_none=True)
     try:
-        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, {"capacity": desired})
+        patch = {"capacity": capacity_patch(desired)}
+        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, patch)
     except ApiError as exc:
         if exc.status == 404:
             return
@@ -453,3 +469,34 @@ async def namespace_quota_event(namespace: str | None, memo: kopf.Memo, **kw: An
         if entry and entry.phase in (None, Phase.PENDING.value, Phase.FAILED.value):
             targets.append(ref)
     await refresh_routed(memo.state, targets, idx)
+
+
+def _slices_in_pool(idx: Indexes, pool: str | None) -> list[Ref]:
+    """The slices with a claim allocated in `pool` (every pool: None)."""
+    out = []
+    for p in [pool] if pool else list(idx.pool_claims):
+        for ref in values(idx.pool_claims, p):
+            claim = one(idx.claims, ref)
+            if claim is not None and (target := _slice_of_claim(claim.labels, claim.namespace)):
+                out.append(target)
+    return out
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "devicetaintrules")
+async def device_taint_rule_event(spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    """A drain began or ended: the slices on the pool it selects say so (GpuHealthy), at once."""
+    memo.state.snapshot = None  # the next status must see the rule, not a snapshot from before it
+    idx = Indexes(kw, memo.state.workloads)
+    await refresh_routed(
+        memo.state, _slices_in_pool(idx, (spec.get("deviceSelector") or {}).get("pool")), idx
+    )
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceslices")
+async def resource_slice_event(spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    """A node republished (a card failed or recovered: device taints): its slices' status follows."""
+    if spec.get("driver") != c.DRIVER_NAME:
+        return
+    memo.state.snapshot = None
+    idx = Indexes(kw, memo.state.workloads)
+    await refresh_routed(memo.state, _slices_in_pool(idx, (spec.get("pool") or {}).get("name")), idx)

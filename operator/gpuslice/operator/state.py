@@ -13,6 +13,7 @@ import kopf
 
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
+from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
@@ -51,6 +52,8 @@ class Snapshot:
     slices: list[PublishedSlice]
     allocated: list[tuple[str, str]]
     uuids: dict[tuple[str, str], str]
+    #: the taints of tainted devices (an unhealthy card's), by (pool, device)
+    taints: dict[tuple[str, str], tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     _capacity: dict[str, Capacity] = field(default_factory=dict)
 
     def capacity(self, package: str) -> Capacity:
@@ -116,6 +119,7 @@ class OperatorState:
         pool_claims: kopf.Index[str, tuple[str, str]],
         claims: kopf.Index[tuple[str, str], ClaimView],
         need: Iterable[tuple[str, str]] = (),
+        rules: kopf.Index[str, dict[str, Any]] | None = None,
     ) -> Snapshot:
         """The cached snapshot, unless it is old or does not know an allocated (pool, device) in
         `need`: a status computed from a snapshot older than the device's ResourceSlice would lack
@@ -131,6 +135,8 @@ class OperatorState:
         ):
             return cached
         slices: list[PublishedSlice] = [s for pool in resource_slices for s in resource_slices[pool]]
+        if rules:
+            slices = with_rule_taints(slices, [r for name in rules for r in rules[name]])
         allocated: set[tuple[str, str]] = set()
         for pool in pool_claims:
             for ref in pool_claims[pool]:
@@ -138,7 +144,8 @@ class OperatorState:
                 if view is not None and view.allocated:
                     allocated.update(view.devices)
         uuids = {(d.pool, d.name): d.uuid for s in slices for d in s.devices if d.uuid}
-        self.snapshot = Snapshot(now, slices, sorted(allocated), uuids)
+        taints = {(d.pool, d.name): d.taints for s in slices for d in s.devices if d.taints}
+        self.snapshot = Snapshot(now, slices, sorted(allocated), uuids, taints)
         return self.snapshot
 
 

@@ -1,0 +1,122 @@
+"""The agent watches card health through NVML events on the driver double, exactly as on a real
+driver: a fatal XID taints the card's devices NoExecute at once, a pending remap NoSchedule, an
+application XID changes nothing, and a reset takes the taint away."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuslice.domain.health import TAINT_KEY
+
+SPEC = "2x Tesla V100-PCIE-32GB, 1x NVIDIA A100-SXM4-40GB"
+
+SCENARIO = """
+import asyncio, json, sys, time
+from pathlib import Path
+from gpuslice import logs, metrics
+from gpuslice.agent import gpus, health, nvml
+from gpuslice_dev.gpusim import faults, simulate
+
+logs.configure("ERROR")
+config = simulate.write_node_config(sys.argv[1], "health-node", Path(sys.argv[2]))
+simulate.use_fake_driver(config)
+found = gpus.discover()
+uuids = [g.uuid for g in found]
+
+
+async def main():
+    changes = asyncio.Queue()
+    last = [None]
+
+    def set_taints(taints):
+        view = {str(uuids.index(u)): t for u, t in taints.items()}
+        if view != last[0]:
+            last[0] = view
+            changes.put_nowait((time.monotonic(), view))
+
+    events = []
+
+    async def node_event(type_, reason, message):
+        events.append([type_, reason, message])
+
+    async def no_slices(uuid):
+        return []
+
+    monitor = health.HealthMonitor(
+        "health-node", found, set_taints, node_event, no_slices, probe_interval=0.5
+    )
+    task = asyncio.create_task(monitor.run())
+    await monitor.ready.wait()
+    await changes.get()  # the first publish: nothing tainted
+
+    async def step(gpu, **fault):
+        t0 = time.monotonic()
+        await asyncio.to_thread(faults.inject, config, gpu, **fault)
+        try:
+            at, view = await asyncio.wait_for(changes.get(), 3.0)
+            return {"taints": view, "seconds": at - t0}
+        except TimeoutError:
+            return {"taints": last[0], "seconds": None}
+
+    out = {"app_xid": await step("0", xid=13)}
+    out["lost"] = await step("0", xid=79)
+    with nvml.session():  # another card of the node still answers NVML while one is lost
+        out["other_card_while_lost"] = [nvml.probe(uuids[1]).lost, len(nvml.compute_processes([uuids[1]]))]
+    out["reset"] = await step("0", clear=True)
+    out["pending"] = await step("2", xid=63)
+    out["pending_reset"] = await step("2", clear=True)
+    out["events"] = events
+    out["xids"] = {k: metrics.GPU_XIDS.labels("health-node", uuids[0], k, c)._value.get()
+                   for k, c in (("13", "application"), ("79", "fatal"))}
+    out["healthy"] = metrics.GPU_HEALTHY.labels("health-node", uuids[0], "0")._value.get()
+    task.cancel()
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+"""
+
+
+def test_xids_and_resets_become_device_taints(tmp_path: Path) -> None:
+    # one process, as the agent: the double is loaded into it like the real driver
+    proc = subprocess.run(
+        [sys.executable, "-c", SCENARIO, SPEC, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["app_xid"] == {"taints": {}, "seconds": None}, "an application XID changes nothing"
+
+    lost = out["lost"]
+    [taint] = lost["taints"]["0"]
+    assert (taint["key"], taint["value"], taint["effect"]) == (TAINT_KEY, "xid-79", "NoExecute")
+    assert taint["timeAdded"].endswith("Z")
+    assert set(lost["taints"]) == {"0"}, "only the failed card"
+    assert lost["seconds"] < 1.0, f"tainted {lost['seconds']:.2f} s after the XID"
+    assert out["other_card_while_lost"] == [False, 0]
+
+    assert out["reset"]["taints"] == {}, "a reset card is healthy again"
+    [pending] = out["pending"]["taints"]["2"]
+    assert (pending["value"], pending["effect"]) == ("xid-63", "NoSchedule")
+    assert out["pending_reset"]["taints"] == {}
+
+    reasons = [(t, r) for t, r, _ in out["events"]]
+    assert reasons == [("Warning", "GpuUnhealthy"), ("Normal", "GpuHealthy")] * 2
+    assert "XID 79 (GPU has fallen off the bus)" in out["events"][0][2]
+    assert out["xids"] == {"13": 1.0, "79": 1.0}
+    assert out["healthy"] == 1.0
+
+
+def test_a_card_lost_before_a_restart_stays_published_from_memory(tmp_path: Path) -> None:
+    from gpuslice.agent.gpus import with_remembered
+    from support import gpu
+
+    both = [gpu(0), gpu(1)]
+    assert with_remembered(both, tmp_path) == both
+    # card 0 fell off the bus while the agent was down: NVML's discovery no longer lists it
+    assert with_remembered([both[1]], tmp_path) == both, "published (and then tainted) from memory"
+    assert json.loads((tmp_path / "gpus.json").read_text())[0]["uuid"] == both[0].uuid
+    (tmp_path / "gpus.json").write_text("not json")
+    assert with_remembered([both[1]], tmp_path) == [both[1]], "an unreadable memory is no card"
