@@ -4,6 +4,7 @@ argument, so a month's end is a value here, not a wait."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -374,7 +375,7 @@ def test_whenever_the_operator_looks_every_second_held_is_billed_once(
                 assert month_start(led.month) <= iv.start < led.end
                 assert iv.end is None or iv.end <= led.end
         ordered = sorted(ivs, key=lambda iv: iv.start)
-        for x, y in zip(ordered, ordered[1:], strict=False):
+        for x, y in itertools.pairwise(ordered):
             assert x.end is not None and x.end <= y.start
     for led in books.values():
         if led.end + FINAL_GRACE <= last:

@@ -255,7 +255,7 @@ def _carry(ledgers: dict[str, Ledger], namespace: str, interval: Interval, until
         if ledger is None:
             ledger = ledgers[month] = Ledger(namespace, month)
         if ledger.final or any(
-            iv.claim_uid == interval.claim_uid and iv.start >= start for iv in ledger.intervals
+            iv.claim_uid == interval.claim_uid and start <= iv.start < until for iv in ledger.intervals
         ):
             continue
         follow = dataclasses.replace(
