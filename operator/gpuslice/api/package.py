@@ -6,6 +6,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuslice.api.usage import Price
+
 
 class _CamelModel(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
@@ -52,6 +54,8 @@ class GpuPackageSpec(_CamelModel):
     compute_share: int | None = Field(default=None, alias="computeShare", ge=1, le=100)
     entitlements: list[Entitlement] = Field(default_factory=list)
     isolation: Isolation = Field(default_factory=Isolation)
+    #: What a slice costs per hour held; the metering ledger records it per interval.
+    price: Price | None = None
 
     @property
     def effective_compute_share(self) -> int:

@@ -196,7 +196,7 @@ def reconcile(
     for intervals that open now (a change of price for open ones is `reprice`'s).
     """
     changed: set[str] = set()
-    held = list(holdings)
+    held = [_continuing(ledgers, h) for h in holdings]
     by_uid: dict[str, list[Holding]] = {}
     for h in held:
         by_uid.setdefault(h.claim_uid, []).append(h)
@@ -241,6 +241,20 @@ def reconcile(
             ledger.final = True
             changed.add(month)
     return changed
+
+
+def _continuing(ledgers: Mapping[str, Ledger], holding: Holding) -> Holding:
+    """The holding as its open interval began, if it has one that began earlier: kube-scheduler's
+    status write (whose time is the allocation's) moves on when it reserves a shared claim for
+    another pod, and that must not cut the interval in two."""
+    starts = [
+        iv.start
+        for ledger in ledgers.values()
+        if not ledger.final
+        for iv in ledger.open_intervals()
+        if iv.claim_uid == holding.claim_uid and iv.start < holding.allocated_at
+    ]
+    return dataclasses.replace(holding, allocated_at=min(starts)) if starts else holding
 
 
 def _carry(ledgers: dict[str, Ledger], namespace: str, interval: Interval, until: datetime) -> set[str]:

@@ -94,6 +94,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="re-read of what no event announces (capacity for Pending slices and package status) and "
         "retry delay of a refused write (default 5)",
     )
+    p.add_argument(
+        "--ledger-checkpoint-seconds",
+        type=float,
+        default=300.0,
+        help="how often the metering ledger records that its open intervals are still held; a claim "
+        "deleted outright while no operator runs is billed until the last such record (default 300)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
 
@@ -117,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
             gpu_node_label=args.gpu_node_label,
             resync_seconds=args.resync_seconds,
             recheck_seconds=args.recheck_seconds,
+            ledger_checkpoint_seconds=args.ledger_checkpoint_seconds,
             liveness_endpoint=args.liveness,
             metrics_port=args.metrics_port,
             standalone=not args.peering,

@@ -34,6 +34,9 @@ class OperatorConfig(BaseModel):
     #: Seconds a replica's peering record counts as alive without a keep-alive: how long a standby
     #: waits for a replica that died without saying goodbye (Kopf's default is 60).
     peering_lifetime: int = Field(default=10, ge=2)
+    #: How often the metering ledger records that its open intervals are still held (`confirmedAt`):
+    #: a claim deleted outright while no operator runs is billed until then.
+    ledger_checkpoint_seconds: float = Field(default=300.0, gt=0)
     liveness_endpoint: str | None = None
     standalone: bool = True
     priority: int = 0

@@ -33,6 +33,7 @@ PLURALS: dict[str, str] = {
     "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
     c.SLICE_KIND: c.SLICE_PLURAL,
     c.PACKAGE_KIND: c.PACKAGE_PLURAL,
+    c.USAGE_KIND: c.USAGE_PLURAL,
 }
 
 

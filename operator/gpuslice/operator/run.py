@@ -78,7 +78,7 @@ def _in_cluster(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
 
 
 def _register_startup(state: OperatorState) -> None:
-    from gpuslice.operator import packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
+    from gpuslice.operator import ledger, packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
     # Timers take their intervals from the configuration, so they are registered now, not at import.
     slices.register(state.config)

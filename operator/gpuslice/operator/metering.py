@@ -1,0 +1,41 @@
+"""What the metering ledger keeps between handler calls (part of the operator's memo)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gpuslice.api.usage import Price
+from gpuslice.domain.ledger import Ledger, Reading
+
+
+@dataclass
+class Metering:
+    #: namespace -> month -> its ledger, as this process last wrote it (loaded from the API once).
+    books: dict[str, dict[str, Ledger]] = field(default_factory=dict)
+    #: (namespace, object name) -> the body last written (or read): only a difference is written.
+    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: Namespaces whose claims changed since their last reconcile.
+    dirty: set[str] = field(default_factory=set)
+    #: (namespace, month) whose usage numbers changed: written with the next write or checkpoint.
+    stats_dirty: set[tuple[str, str]] = field(default_factory=set)
+    #: claim uid -> when a deleted claim stopped counting (its deletionTimestamp, or when its
+    #: deletion was seen), until the interval it closes is written.
+    released: dict[str, datetime] = field(default_factory=dict)
+    #: (namespace, slice) -> the node agent's readings not folded into the ledger yet, and the last one.
+    pending: dict[tuple[str, str], list[Reading]] = field(default_factory=dict)
+    last_reading: dict[tuple[str, str], Reading] = field(default_factory=dict)
+    #: package -> the price this process last saw (a change splits open intervals).
+    prices: dict[str, Price | None] = field(default_factory=dict)
+    #: namespace -> label values of its gpuslice_slice_allocated series.
+    exported: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
+    #: monotonic time of the last checkpoint (confirmedAt of every open month); None: none yet.
+    checkpointed: float | None = None
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def mark(self, namespace: str) -> None:
+        if namespace not in self.dirty:
+            self.dirty.add(namespace)
+            self.wakeup.set()
