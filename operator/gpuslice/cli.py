@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "agent": "gpuslice.agent.cli",
     "explain": "gpuslice.explain",
     "check": "gpuslice.check",
+    "usage": "gpuslice.usage",
 }
 SUBCOMMAND_MODULES: tuple[str, ...] = tuple(SUBCOMMANDS.values())
 

@@ -8,14 +8,179 @@ object limit whatever the names in it (see `domain.ledger`). The first object of
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 #: Intervals per object. An interval encodes in at most ~1,700 bytes whatever its names (Kubernetes
 #: caps object and node names at 253 characters), so 700 keep an object under ~1.2 MB, below etcd's
 #: default 1.5 MiB request limit; with the usual names an object of 700 intervals is ~250 KB.
 SHARD_MAX_INTERVALS = 700
+#: A price per hour: a decimal string, at most 9 digits before the point and 6 after.
+PER_HOUR_PATTERN = r"^(0|[1-9][0-9]{0,8})(\.[0-9]{1,6})?$"
 #: An object's encoded size is checked against this before every write (and refused loudly past it).
 MAX_OBJECT_BYTES = 1_400_000
+
+
+#: ISO 4217 codes of circulating currencies (no funds, metals or test codes): what a price may be in.
+CURRENCIES: frozenset[str] = frozenset(
+    {
+        "AED",
+        "AFN",
+        "ALL",
+        "AMD",
+        "AOA",
+        "ARS",
+        "AUD",
+        "AWG",
+        "AZN",
+        "BAM",
+        "BBD",
+        "BDT",
+        "BGN",
+        "BHD",
+        "BIF",
+        "BMD",
+        "BND",
+        "BOB",
+        "BRL",
+        "BSD",
+        "BTN",
+        "BWP",
+        "BYN",
+        "BZD",
+        "CAD",
+        "CDF",
+        "CHF",
+        "CLP",
+        "CNY",
+        "COP",
+        "CRC",
+        "CUP",
+        "CVE",
+        "CZK",
+        "DJF",
+        "DKK",
+        "DOP",
+        "DZD",
+        "EGP",
+        "ERN",
+        "ETB",
+        "EUR",
+        "FJD",
+        "FKP",
+        "GBP",
+        "GEL",
+        "GHS",
+        "GIP",
+        "GMD",
+        "GNF",
+        "GTQ",
+        "GYD",
+        "HKD",
+        "HNL",
+        "HTG",
+        "HUF",
+        "IDR",
+        "ILS",
+        "INR",
+        "IQD",
+        "IRR",
+        "ISK",
+        "JMD",
+        "JOD",
+        "JPY",
+        "KES",
+        "KGS",
+        "KHR",
+        "KMF",
+        "KPW",
+        "KRW",
+        "KWD",
+        "KYD",
+        "KZT",
+        "LAK",
+        "LBP",
+        "LKR",
+        "LRD",
+        "LSL",
+        "LYD",
+        "MAD",
+        "MDL",
+        "MGA",
+        "MKD",
+        "MMK",
+        "MNT",
+        "MOP",
+        "MRU",
+        "MUR",
+        "MVR",
+        "MWK",
+        "MXN",
+        "MYR",
+        "MZN",
+        "NAD",
+        "NGN",
+        "NIO",
+        "NOK",
+        "NPR",
+        "NZD",
+        "OMR",
+        "PAB",
+        "PEN",
+        "PGK",
+        "PHP",
+        "PKR",
+        "PLN",
+        "PYG",
+        "QAR",
+        "RON",
+        "RSD",
+        "RUB",
+        "RWF",
+        "SAR",
+        "SBD",
+        "SCR",
+        "SDG",
+        "SEK",
+        "SGD",
+        "SHP",
+        "SLE",
+        "SOS",
+        "SRD",
+        "SSP",
+        "STN",
+        "SVC",
+        "SYP",
+        "SZL",
+        "THB",
+        "TJS",
+        "TMT",
+        "TND",
+        "TOP",
+        "TRY",
+        "TTD",
+        "TWD",
+        "TZS",
+        "UAH",
+        "UGX",
+        "USD",
+        "UYU",
+        "UZS",
+        "VED",
+        "VES",
+        "VND",
+        "VUV",
+        "WST",
+        "XAF",
+        "XCD",
+        "XCG",
+        "XOF",
+        "XPF",
+        "YER",
+        "ZAR",
+        "ZMW",
+        "ZWG",
+    }
+)
 
 
 class _CamelModel(BaseModel):
@@ -26,9 +191,16 @@ class Price(_CamelModel):
     """`spec.price` of a GpuPackage: what one slice costs per hour held."""
 
     #: A decimal string ("0.45"), never a float: money is counted exactly.
-    per_hour: str = Field(alias="perHour", pattern=r"^[0-9]{1,9}(\.[0-9]{1,6})?$")
+    per_hour: str = Field(alias="perHour", pattern=PER_HOUR_PATTERN)
     #: ISO 4217 code, e.g. EUR, USD.
-    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    currency: str
+
+    @field_validator("currency")
+    @classmethod
+    def _iso_4217(cls, v: str) -> str:
+        if v not in CURRENCIES:
+            raise ValueError(f"currency {v!r} is not an ISO 4217 code of a currency, like EUR or USD")
+        return v
 
 
 class UsageInterval(_CamelModel):
