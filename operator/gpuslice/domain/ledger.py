@@ -186,13 +186,15 @@ def reconcile(
     released: Mapping[str, datetime],
     prices: Mapping[str, Price | None],
     now: datetime,
+    seen_until: datetime | None = None,
 ) -> set[str]:
     """Bring a namespace's months in line with what the API shows at `now`; returns the months changed.
 
     `holdings`: the namespace's allocated claims. `released`: claim uid -> when its slice stopped
-    counting (deallocated, deleted) for claims no longer allocated, as far as anyone saw it; an open
-    interval whose claim is in neither is closed at its month's `confirmed_at` (the last time an
-    operator saw it held), which is all the API can still tell. `prices`: each package's price now,
+    counting (deleted) for claims no longer allocated, as far as anyone saw it. An open interval whose
+    claim is in neither was released while no operator watched, and a deallocated claim keeps no
+    time: it is closed at the last moment an operator saw it held, its month's `confirmed_at` or
+    `seen_until` (the operator's heartbeat), whichever is later. `prices`: each package's price now,
     for intervals that open now (a change of price for open ones is `reprice`'s).
     """
     changed: set[str] = set()
@@ -232,7 +234,8 @@ def reconcile(
                 continue
             # Not held any more (or held again by a later allocation, which has its own interval).
             later = [h.allocated_at for h in by_uid.get(iv.claim_uid, ()) if h.allocated_at > iv.start]
-            at = released.get(iv.claim_uid) or (min(later) if later else None) or ledger.confirmed_at
+            seen = max((x for x in (ledger.confirmed_at, seen_until) if x is not None), default=None)
+            at = released.get(iv.claim_uid) or (min(later) if later else None) or seen
             _close(iv, at or iv.start, ledger)
             changed.add(month)
             if at is not None and at > ledger.end:

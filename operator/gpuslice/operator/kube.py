@@ -27,6 +27,7 @@ PLURALS: dict[str, str] = {
     "ResourceQuota": "resourcequotas",
     "Namespace": "namespaces",
     "Node": "nodes",
+    "Lease": "leases",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
     "MutatingAdmissionPolicy": "mutatingadmissionpolicies",

@@ -163,10 +163,14 @@ async def ledger_claim_event(
     if not uses_gpuslice(body):
         return
     metering = _metering(memo)
+    meta = body.get("metadata") or {}
+    uid = str(meta.get("uid", ""))
+    now = datetime.now(UTC).replace(microsecond=0)
     if type == "DELETED":
-        meta = body.get("metadata") or {}
-        gone = _time(meta.get("deletionTimestamp")) or datetime.now(UTC).replace(microsecond=0)
-        metering.released[str(meta.get("uid", ""))] = gone
+        metering.released[uid] = _time(meta.get("deletionTimestamp")) or now
+    elif uid in metering.seen_allocated and not (body.get("status") or {}).get("allocation"):
+        # Deallocated as we watch: now is when (a deallocated claim keeps no time of it).
+        metering.released.setdefault(uid, now)
     metering.mark(ns_of(namespace))
 
 
@@ -257,15 +261,73 @@ async def ledger_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
             continue
         if not leading:
             # Taking over (start-up, or the previous leader's package went): every namespace with
-            # claims or open months is reconciled once, which is what a restart needs.
+            # claims or open months is reconciled once, which is what a restart needs (written only
+            # where that changes something; the checkpoint comes at its own time).
             leading = True
-            metering.checkpointed = None
+            metering.checkpointed = time.monotonic()
+            metering.heartbeat_at = await _read_heartbeat(state)
             for namespace in {*claims, *usages}:
                 metering.mark(namespace)
         metering.wakeup.clear()
         if metering.dirty or _checkpoint_due(state):
             await flush(state, claims, usages, kw)
             await asyncio.sleep(FLUSH_SECONDS)  # what comes meanwhile is one batch
+        elif _heartbeat_due(state):
+            await _heartbeat(state)
+
+
+HEARTBEAT_LEASE = "gpuslice-ledger"
+
+
+async def _read_heartbeat(state: OperatorState) -> datetime | None:
+    try:
+        lease = await state.kube.get(
+            "coordination.k8s.io/v1", "Lease", HEARTBEAT_LEASE, state.config.ledger_namespace
+        )
+    except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
+        log.warning("ledger heartbeat unreadable", error=str(exc))
+        return None
+    renewed = str(((lease or {}).get("spec") or {}).get("renewTime") or "")
+    try:
+        return datetime.strptime(renewed, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def _heartbeat_due(state: OperatorState) -> bool:
+    """Only while something is held (nothing to confirm otherwise: no write at rest), and only with
+    every mark reconciled (the time it records must be one at which every open interval was true)."""
+    metering = state.metering
+    if metering.dirty or not any(
+        ledger.open_intervals() for months in metering.books.values() for ledger in months.values()
+    ):
+        return False
+    last = metering.heartbeat_sent
+    return last is None or time.monotonic() - last >= state.config.ledger_heartbeat_seconds
+
+
+async def _heartbeat(state: OperatorState) -> None:
+    state.metering.heartbeat_sent = time.monotonic()
+    now = datetime.now(UTC)
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": HEARTBEAT_LEASE,
+            "namespace": state.config.ledger_namespace,
+            "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE},
+        },
+        "spec": {
+            "holderIdentity": "gpuslice-operator",
+            "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "leaseDurationSeconds": max(1, int(state.config.ledger_heartbeat_seconds * 3)),
+        },
+    }
+    try:
+        await state.kube.apply(body)
+    except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
+        LEDGER_WRITE_ERRORS.labels("refused").inc()
+        log.warning("ledger heartbeat refused; retried", error=str(exc))
 
 
 def _checkpoint_due(state: OperatorState) -> bool:
@@ -289,6 +351,14 @@ async def flush(
     _export_prices(metering, _prices(kw["gs_packages"]))
     uuids = state.published(kw["gs_resource_slices"], kw["gs_pool_claims"], kw["gs_claims"]).uuids
     for namespace in sorted(targets):
+        seen = one(kw["gs_namespaces"], namespace)
+        if seen is None or seen.terminating:
+            # Its GpuUsage objects go with it (and nothing can be written there any more).
+            metering.books.pop(namespace, None)
+            for key in [k for k in metering.written if k[0] == namespace]:
+                del metering.written[key]
+            _export(metering, namespace, [])
+            continue
         try:
             await _flush_namespace(state, namespace, values(claims, namespace), usages, uuids, checkpoint)
         except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
@@ -310,15 +380,11 @@ def _ledgers(metering: Metering, namespace: str, usages: kopf.Index[str, GpuUsag
     return months
 
 
-def holdings(
-    claims: Iterable[MeteredClaim], prices: Mapping[str, Price | None], uuids: Mapping[tuple[str, str], str]
-) -> tuple[list[Holding], dict[str, datetime]]:
-    """The namespace's allocated claims, and when the others stopped counting."""
-    held, released = [], {}
+def holdings(claims: Iterable[MeteredClaim], uuids: Mapping[tuple[str, str], str]) -> list[Holding]:
+    """The namespace's allocated claims as the ledger counts them."""
+    held = []
     for claim in claims:
         if claim.allocated_at is None:
-            if claim.status_at is not None:
-                released[claim.uid] = claim.status_at
             continue
         held.append(
             Holding(
@@ -335,7 +401,7 @@ def holdings(
                 template=claim.template,
             )
         )
-    return held, released
+    return held
 
 
 async def _flush_namespace(
@@ -348,15 +414,16 @@ async def _flush_namespace(
 ) -> None:
     metering = state.metering
     months = _ledgers(metering, namespace, usages)
-    held, released = holdings(claims, metering.prices, uuids)
-    released = {**metering.released, **released}
+    held = holdings(claims, uuids)
+    released = dict(metering.released)
+    metering.seen_allocated.update(h.claim_uid for h in held)
     now = datetime.now(UTC).replace(microsecond=0)
     _fold_readings(metering, namespace, months)
     changed: set[str] = set()
     for package, price in metering.prices.items():
         # A price that changed (or changed while no operator ran) from here on.
         changed |= reprice(months, package, price, now)
-    changed |= reconcile(months, namespace, held, released, metering.prices, now)
+    changed |= reconcile(months, namespace, held, released, metering.prices, now, metering.heartbeat_at)
     _export(metering, namespace, held)
     stats = {m for ns, m in metering.stats_dirty if ns == namespace}
     write = changed | (stats if checkpoint or changed else set())
@@ -374,8 +441,11 @@ async def _flush_namespace(
     # A deletion seen is kept until the interval it closes is written.
     still_open = {iv.claim_uid for ledger in months.values() for iv in ledger.open_intervals()}
     present = {claim.uid for claim in claims}
-    for uid in [u for u in metering.released if u not in still_open and u not in present]:
+    allocated = {h.claim_uid for h in held}
+    for uid in [u for u in metering.released if u not in still_open and u not in allocated]:
         del metering.released[uid]
+    for uid in [u for u in metering.seen_allocated if u not in present]:
+        metering.seen_allocated.discard(uid)
 
 
 def _fold_readings(metering: Metering, namespace: str, months: Mapping[str, Ledger]) -> None:

@@ -24,6 +24,9 @@ class Metering:
     #: claim uid -> when a deleted claim stopped counting (its deletionTimestamp, or when its
     #: deletion was seen), until the interval it closes is written.
     released: dict[str, datetime] = field(default_factory=dict)
+    #: claim uids this process reconciled as allocated: when one shows no allocation any more, this
+    #: process saw the deallocation happen (the claim itself keeps no time of it).
+    seen_allocated: set[str] = field(default_factory=set)
     #: (namespace, slice) -> the node agent's readings not folded into the ledger yet, and the last one.
     pending: dict[tuple[str, str], list[Reading]] = field(default_factory=dict)
     last_reading: dict[tuple[str, str], Reading] = field(default_factory=dict)
@@ -33,6 +36,11 @@ class Metering:
     exported: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
     #: monotonic time of the last checkpoint (confirmedAt of every open month); None: none yet.
     checkpointed: float | None = None
+    #: The heartbeat Lease's renewTime as this process found it when it took over: until then a
+    #: previous operator saw every open interval held.
+    heartbeat_at: datetime | None = None
+    #: monotonic time this process last renewed the heartbeat.
+    heartbeat_sent: float | None = None
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def mark(self, namespace: str) -> None:

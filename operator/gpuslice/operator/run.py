@@ -61,7 +61,11 @@ async def _prepare(config: OperatorConfig) -> OperatorState:
     me = await kube.whoami()
     identities = tuple(dict.fromkeys([me, *config.operator_identities]))
     exempt = tuple(dict.fromkeys([*config.exempt_namespaces, *own_namespace(me)]))
-    update = {"operator_identities": identities, "exempt_namespaces": exempt}
+    update = {
+        "operator_identities": identities,
+        "exempt_namespaces": exempt,
+        "ledger_namespace": (own_namespace(me) or [config.ledger_namespace])[0],
+    }
     state = OperatorState(config=config.model_copy(update=update), kube=kube)
     return state
 
