@@ -50,6 +50,7 @@ def test_every_crd_file_is_in_the_crds_kustomization_and_in_the_base(base):
     assert crds == {
         f"{constants.PACKAGE_PLURAL}.{constants.API_GROUP}",
         f"{constants.SLICE_PLURAL}.{constants.API_GROUP}",
+        f"{constants.USAGE_PLURAL}.{constants.API_GROUP}",
         "clusterkopfpeerings.kopf.dev",
     }
 

@@ -265,7 +265,7 @@ async def ledger_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
             # where that changes something; the checkpoint comes at its own time).
             leading = True
             metering.checkpointed = time.monotonic()
-            metering.heartbeat_at = await _read_heartbeat(state)
+            metering.heartbeat_read = False
             for namespace in {*claims, *usages}:
                 metering.mark(namespace)
         metering.wakeup.clear()
@@ -414,6 +414,10 @@ async def _flush_namespace(
 ) -> None:
     metering = state.metering
     months = _ledgers(metering, namespace, usages)
+    if not metering.heartbeat_read and any(ledger.open_intervals() for ledger in months.values()):
+        # Read once per takeover, and only where an interval may need it (none: no read at all).
+        metering.heartbeat_at = await _read_heartbeat(state)
+        metering.heartbeat_read = True
     held = holdings(claims, uuids)
     released = dict(metering.released)
     metering.seen_allocated.update(h.claim_uid for h in held)

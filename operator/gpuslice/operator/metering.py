@@ -39,6 +39,7 @@ class Metering:
     #: The heartbeat Lease's renewTime as this process found it when it took over: until then a
     #: previous operator saw every open interval held.
     heartbeat_at: datetime | None = None
+    heartbeat_read: bool = False
     #: monotonic time this process last renewed the heartbeat.
     heartbeat_sent: float | None = None
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
