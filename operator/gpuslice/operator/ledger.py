@@ -142,10 +142,15 @@ async def gs_ledger_claims(
 
 
 @kopf.index(c.API_GROUP, c.API_VERSION, c.USAGE_PLURAL)
-async def gs_usages(namespace: str | None, body: kopf.Body, **_: Any) -> dict[str, GpuUsage] | None:
-    """Namespace -> its GpuUsage objects of months not final yet (read once, at the start)."""
-    usage = GpuUsage.model_validate(dict(body))
-    return None if usage.final else {ns_of(namespace): usage}
+async def gs_usages(
+    namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> dict[str, GpuUsage] | None:
+    """Namespace -> its GpuUsage objects of months not final yet, until the ledger has loaded the
+    namespace (then its book is the record, and a second decoded copy would only cost memory)."""
+    namespace = ns_of(namespace)
+    if namespace in _metering(memo).books or body.get("final"):
+        return None
+    return {namespace: GpuUsage.model_validate(dict(body))}
 
 
 # --- marks ------------------------------------------------------------------------------------------
@@ -351,6 +356,9 @@ async def flush(
     _export_prices(metering, _prices(kw["gs_packages"]))
     uuids = state.published(kw["gs_resource_slices"], kw["gs_pool_claims"], kw["gs_claims"]).uuids
     for namespace in sorted(targets):
+        if time.monotonic() < metering.retry_at.get(namespace, 0.0):
+            metering.dirty.add(namespace)  # refused a moment ago: not again every second
+            continue
         seen = one(kw["gs_namespaces"], namespace)
         if seen is None or seen.terminating:
             # Its GpuUsage objects go with it (and nothing can be written there any more).
@@ -364,7 +372,10 @@ async def flush(
         except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
             LEDGER_WRITE_ERRORS.labels("refused").inc()
             log.warning("ledger write refused; retried", namespace=namespace, error=str(exc))
-            metering.mark(namespace)
+            metering.retry_at[namespace] = time.monotonic() + state.config.recheck_seconds
+            metering.dirty.add(namespace)
+        else:
+            metering.retry_at.pop(namespace, None)
 
 
 def _ledgers(metering: Metering, namespace: str, usages: kopf.Index[str, GpuUsage]) -> dict[str, Ledger]:

@@ -42,6 +42,8 @@ class Metering:
     heartbeat_read: bool = False
     #: monotonic time this process last renewed the heartbeat.
     heartbeat_sent: float | None = None
+    #: namespace -> monotonic time before which a refused write is not tried again.
+    retry_at: dict[str, float] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def mark(self, namespace: str) -> None:
