@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -387,7 +389,7 @@ def _ledgers(metering: Metering, namespace: str, usages: kopf.Index[str, GpuUsag
         months = metering.books[namespace] = {m: load(namespace, shards) for m, shards in by_month.items()}
         for m, shards in by_month.items():
             for shard in shards:
-                metering.written[(namespace, object_name(m, shard.shard))] = _fields(shard)
+                metering.written[(namespace, object_name(m, shard.shard))] = _digest(_fields(shard))
     return months
 
 
@@ -482,6 +484,11 @@ def _fields(usage: GpuUsage) -> dict[str, Any]:
     return usage.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def _digest(fields: dict[str, Any]) -> str:
+    """What is compared with the last write: a hash, not a second copy of every interval."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 async def _write(state: OperatorState, ledger: Ledger, now: datetime) -> None:
     metering = state.metering
     try:
@@ -495,7 +502,8 @@ async def _write(state: OperatorState, ledger: Ledger, now: datetime) -> None:
     for shard, usage in sorted(shards.items()):
         name = object_name(ledger.month, shard)
         fields = _fields(usage)
-        if metering.written.get((ledger.namespace, name)) == fields:
+        digest = _digest(fields)
+        if metering.written.get((ledger.namespace, name)) == digest:
             continue
         body = {
             "apiVersion": c.GROUP_VERSION,
@@ -508,7 +516,7 @@ async def _write(state: OperatorState, ledger: Ledger, now: datetime) -> None:
             **fields,
         }
         await state.kube.apply(body)
-        metering.written[(ledger.namespace, name)] = fields
+        metering.written[(ledger.namespace, name)] = digest
 
 
 def _export(metering: Metering, namespace: str, held: list[Holding]) -> None:

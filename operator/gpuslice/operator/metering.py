@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from gpuslice.api.usage import Price
 from gpuslice.domain.ledger import Ledger, Reading
@@ -15,8 +14,8 @@ from gpuslice.domain.ledger import Ledger, Reading
 class Metering:
     #: namespace -> month -> its ledger, as this process last wrote it (loaded from the API once).
     books: dict[str, dict[str, Ledger]] = field(default_factory=dict)
-    #: (namespace, object name) -> the body last written (or read): only a difference is written.
-    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: (namespace, object name) -> digest of the fields last written (or read): only a difference is.
+    written: dict[tuple[str, str], str] = field(default_factory=dict)
     #: Namespaces whose claims changed since their last reconcile.
     dirty: set[str] = field(default_factory=set)
     #: (namespace, month) whose usage numbers changed: written with the next write or checkpoint.
