@@ -13,6 +13,7 @@ final once it has ended and every interval in it is closed: a final month is nev
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -38,25 +39,36 @@ class LedgerFull(Exception):
 
 
 def parse_time(value: str) -> datetime:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    """RFC 3339 with a `Z` (what the API writes) or an offset, as an aware UTC datetime."""
+    if not value.endswith("Z") and "+" not in value[10:]:
+        raise ValueError(f"time {value!r} has no zone; write it like 2026-12-05T10:00:00Z")
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
 
 
 def format_time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    t = value.astimezone(UTC) if value.tzinfo is not UTC else value
+    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"
 
 
 def month_of(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m")
+    if t.tzinfo is not UTC:
+        t = t.astimezone(UTC)
+    return f"{t.year:04d}-{t.month:02d}"
 
 
+@functools.lru_cache(maxsize=256)
 def month_start(month: str) -> datetime:
-    return datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    year, _, mon = month.partition("-")
+    if len(year) != 4 or len(mon) != 2 or not (year + mon).isdigit():
+        raise ValueError(f"month {month!r} is not YYYY-MM")
+    return datetime(int(year), int(mon), 1, tzinfo=UTC)
 
 
+@functools.lru_cache(maxsize=256)
 def month_end(month: str) -> datetime:
     """The first instant of the next month."""
     start = month_start(month)
-    return (start + timedelta(days=32)).replace(day=1)
+    return datetime(start.year + start.month // 12, start.month % 12 + 1, 1, tzinfo=UTC)
 
 
 def months_between(first: datetime, last: datetime) -> list[str]:
@@ -148,8 +160,9 @@ class Ledger:
         return [iv for iv in self.intervals if iv.end is None]
 
     def append(self, interval: Interval) -> None:
+        # Shards fill in order, each to SHARD_MAX_INTERVALS before the next begins.
         last = self.intervals[-1].shard if self.intervals else 0
-        count = sum(1 for iv in self.intervals if iv.shard == last)
+        count = len(self.intervals) - last * SHARD_MAX_INTERVALS
         interval.shard = last + 1 if count >= SHARD_MAX_INTERVALS else last
         self.intervals.append(interval)
 
@@ -198,7 +211,16 @@ def reconcile(
     for intervals that open now (a change of price for open ones is `reprice`'s).
     """
     changed: set[str] = set()
-    held = [_continuing(ledgers, h) for h in holdings]
+    # By claim uid, per month: a burst of thousands of holdings must not scan every interval each.
+    claims: dict[str, dict[str, list[Interval]]] = {}
+    open_starts: dict[str, list[datetime]] = {}
+    for month, book in ledgers.items():
+        index = claims.setdefault(month, {})
+        for iv in book.intervals:
+            index.setdefault(iv.claim_uid, []).append(iv)
+            if iv.end is None and not book.final:
+                open_starts.setdefault(iv.claim_uid, []).append(iv.start)
+    held = [_continuing(open_starts, h) for h in holdings]
     by_uid: dict[str, list[Holding]] = {}
     for h in held:
         by_uid.setdefault(h.claim_uid, []).append(h)
@@ -213,10 +235,12 @@ def reconcile(
                 ledger = ledgers[month] = Ledger(namespace, month)
             if ledger.final:
                 continue  # never rewritten
-            mine = [iv for iv in ledger.intervals if iv.claim_uid == h.claim_uid and iv.start >= start]
+            index = claims.setdefault(month, {})
+            mine = [iv for iv in index.get(h.claim_uid, ()) if iv.start >= start]
             if not mine:
                 ledger.append(_open(h, start, prices.get(h.package)))
                 mine = [ledger.intervals[-1]]
+                index.setdefault(h.claim_uid, []).append(mine[0])
                 changed.add(month)
             stop = h.ended_at if h.ended_at is not None else None
             if ledger.end <= now and (stop is None or stop > ledger.end):
@@ -246,17 +270,11 @@ def reconcile(
     return changed
 
 
-def _continuing(ledgers: Mapping[str, Ledger], holding: Holding) -> Holding:
+def _continuing(open_starts: Mapping[str, list[datetime]], holding: Holding) -> Holding:
     """The holding as its open interval began, if it has one that began earlier: kube-scheduler's
     status write (whose time is the allocation's) moves on when it reserves a shared claim for
     another pod, and that must not cut the interval in two."""
-    starts = [
-        iv.start
-        for ledger in ledgers.values()
-        if not ledger.final
-        for iv in ledger.open_intervals()
-        if iv.claim_uid == holding.claim_uid and iv.start < holding.allocated_at
-    ]
+    starts = [t for t in open_starts.get(holding.claim_uid, ()) if t < holding.allocated_at]
     return dataclasses.replace(holding, allocated_at=min(starts)) if starts else holding
 
 
@@ -360,7 +378,8 @@ def peak_concurrent(intervals: Iterable[Interval], until: datetime) -> int:
             events.append((iv.start, 1))
             events.append((end, -1))
     peak = current = 0
-    for _t, delta in sorted(events, key=lambda e: (e[0], e[1])):
+    events.sort()  # at one instant an end (-1) sorts before a start (+1)
+    for _t, delta in events:
         current += delta
         peak = max(peak, current)
     return peak
@@ -378,7 +397,10 @@ class Total:
 
 
 def clip(interval: Interval, since: datetime | None, until: datetime) -> Interval | None:
-    """The part of an interval inside [since, until), or None."""
+    """The part of an interval inside [since, until), or None (the interval itself when all of it is
+    inside: an open one then counts up to `until` wherever it is read)."""
+    if (since is None or interval.start >= since) and (interval.end is None or interval.end <= until):
+        return interval if interval.start < until else None
     end = interval.end if interval.end is not None and interval.end < until else until
     start = interval.start if since is None or interval.start > since else since
     if end <= start:

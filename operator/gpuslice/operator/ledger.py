@@ -277,8 +277,11 @@ async def ledger_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
                 metering.mark(namespace)
         metering.wakeup.clear()
         if metering.dirty or _checkpoint_due(state):
+            began = time.monotonic()
             await flush(state, claims, usages, kw)
-            await asyncio.sleep(FLUSH_SECONDS)  # what comes meanwhile is one batch
+            # What comes meanwhile is one batch; a flush that took long (a month of thousands of
+            # intervals, a slow API server) waits as long again, so it never takes the whole CPU.
+            await asyncio.sleep(max(FLUSH_SECONDS, time.monotonic() - began))
         elif _heartbeat_due(state):
             await _heartbeat(state)
 
