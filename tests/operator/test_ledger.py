@@ -23,9 +23,11 @@ from gpuslice.domain.ledger import (
     LedgerFull,
     Product,
     Reading,
+    accumulator,
     advise,
     encode,
     load,
+    merge,
     month_end,
     month_start,
     observe,
@@ -261,6 +263,30 @@ def test_usage_readings_fold_into_peak_mean_and_refusals() -> None:
     # 30 s at 80 % then 60 s at 20 %: 40 % over 90 s.
     assert (iv.peak_memory_bytes, iv.mean_utilization_percent, iv.observed_seconds) == (3 * 2**30, 40.0, 90)
     assert iv.refused_allocations == 1
+
+
+def test_readings_summed_before_the_interval_is_at_hand_fold_in_the_same() -> None:
+    """The operator sums a slice's readings as they come and folds the sum in at its next flush."""
+    readings = [
+        Reading(t("2026-12-05 10:00:10"), 2 * 2**30, 16 * 2**30, 80.0, 0),
+        Reading(t("2026-12-05 10:00:40"), 3 * 2**30, 16 * 2**30, 20.0, 1),
+        Reading(t("2026-12-05 10:01:40"), 1 * 2**30, 16 * 2**30, 0.0, 1),
+    ]
+    direct = Interval("v100-16g", "llm", "llm", "u1", "p", "n", "g", t("2026-12-05 10:00:00"))
+    later = Interval("v100-16g", "llm", "llm", "u1", "p", "n", "g", t("2026-12-05 10:00:00"))
+    acc, previous = accumulator(), None
+    for r in readings:
+        observe(direct, r, previous)
+        observe(acc, r, previous)
+        previous = r
+    assert merge(later, acc)
+    assert (later.peak_memory_bytes, later.mean_utilization_percent, later.observed_seconds) == (
+        direct.peak_memory_bytes,
+        direct.mean_utilization_percent,
+        direct.observed_seconds,
+    )
+    assert later.refused_allocations == direct.refused_allocations == 1
+    assert not merge(later, accumulator())
 
 
 V100 = [

@@ -365,6 +365,28 @@ def observe(interval: Interval, reading: Reading, previous: Reading | None) -> b
     return before != after
 
 
+def accumulator() -> Interval:
+    """An interval-shaped sum of readings not folded into the ledger yet (see `merge`)."""
+    return Interval("", "", "", "", "", "", "", datetime.min.replace(tzinfo=UTC))
+
+
+def merge(interval: Interval, acc: Interval) -> bool:
+    """Fold an accumulator's readings into an open interval; True when a recorded number changed."""
+    before = (interval.peak_memory_bytes, interval.memory_limit_bytes, interval.refused_allocations)
+    before_seconds = interval.observed_seconds
+    interval.peak_memory_bytes = max(interval.peak_memory_bytes, acc.peak_memory_bytes)
+    interval.memory_limit_bytes = acc.memory_limit_bytes or interval.memory_limit_bytes
+    interval.refused_allocations = max(interval.refused_allocations, acc.refused_allocations)
+    if acc.observed_seconds:
+        total = interval.observed_seconds + acc.observed_seconds
+        weighted = interval.mean_utilization_percent * interval.observed_seconds
+        weighted += acc.mean_utilization_percent * acc.observed_seconds
+        interval.mean_utilization_percent = round(weighted / total, 1)
+        interval.observed_seconds = total
+    after = (interval.peak_memory_bytes, interval.memory_limit_bytes, interval.refused_allocations)
+    return before != after or before_seconds != interval.observed_seconds
+
+
 # --- totals ----------------------------------------------------------------------------------------
 
 

@@ -33,12 +33,14 @@ from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.usage import GpuUsage, Price, object_name
 from gpuslice.domain.ledger import (
     Holding,
+    Interval,
     Ledger,
     LedgerFull,
     Reading,
+    accumulator,
     encode,
     load,
-    month_of,
+    merge,
     observe,
     parse_time,
     reconcile,
@@ -183,29 +185,35 @@ async def ledger_claim_event(
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
 async def ledger_usage_event(
-    namespace: str | None, name: str, status: kopf.Status, spec: kopf.Spec, memo: kopf.Memo, **_: Any
+    namespace: str | None,
+    name: str,
+    type: str | None,
+    status: kopf.Status,
+    spec: kopf.Spec,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    """The node agent's status.usage of a (direct) slice: a reading for its open interval."""
-    usage = status.get("usage") or {}
-    at = _time(usage.get("time"))
-    if at is None or spec.get("template"):
-        return
+    """The node agent's status.usage of a (direct) slice: summed for its open interval."""
     key = (ns_of(namespace), name)
     metering = _metering(memo)
-    queued = metering.pending.setdefault(key, [])
-    last = queued[-1] if queued else metering.last_reading.get(key)
-    if last is not None and last.at >= at:
+    if type == "DELETED":
+        metering.last_reading.pop(key, None)
+        return
+    usage = status.get("usage") or {}
+    at = _time(usage.get("time"))
+    previous = metering.last_reading.get(key)
+    if at is None or spec.get("template") or (previous is not None and previous.at >= at):
         return
     util = usage.get("computeUtilizationPercent")
-    queued.append(
-        Reading(
-            at=at,
-            memory_used_bytes=int(usage.get("memoryUsedBytes") or 0),
-            memory_limit_bytes=int(usage.get("memoryLimitBytes") or 0),
-            utilization_percent=float(util) if util is not None else None,
-            refused_allocations=int(usage.get("refusedAllocations") or 0),
-        )
+    reading = Reading(
+        at=at,
+        memory_used_bytes=int(usage.get("memoryUsedBytes") or 0),
+        memory_limit_bytes=int(usage.get("memoryLimitBytes") or 0),
+        utilization_percent=float(util) if util is not None else None,
+        refused_allocations=int(usage.get("refusedAllocations") or 0),
     )
+    observe(metering.pending.setdefault(key, accumulator()), reading, previous)
+    metering.last_reading[key] = reading
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
@@ -469,18 +477,20 @@ async def _flush_namespace(
 
 
 def _fold_readings(metering: Metering, namespace: str, months: Mapping[str, Ledger]) -> None:
-    for key in [k for k in metering.pending if k[0] == namespace]:
-        readings = metering.pending.pop(key)
-        for reading in readings:
-            ledger = months.get(month_of(reading.at))
-            if ledger is None or ledger.final:
-                continue
-            previous = metering.last_reading.get(key)
+    keys = [k for k in metering.pending if k[0] == namespace]
+    if not keys:
+        return
+    by_slice: dict[str, list[tuple[Ledger, Interval]]] = {}
+    for ledger in months.values():
+        if not ledger.final:
             for iv in ledger.open_intervals():
-                mine = iv.slice == key[1] and not iv.template and iv.start <= reading.at
-                if mine and observe(iv, reading, previous):
-                    metering.stats_dirty.add((namespace, ledger.month))
-            metering.last_reading[key] = reading
+                if not iv.template:
+                    by_slice.setdefault(iv.slice, []).append((ledger, iv))
+    for key in keys:
+        acc = metering.pending.pop(key)
+        for ledger, iv in by_slice.get(key[1], ()):
+            if merge(iv, acc):
+                metering.stats_dirty.add((namespace, ledger.month))
 
 
 def _fields(usage: GpuUsage) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpuslice.api.usage import Price
-from gpuslice.domain.ledger import Ledger, Reading
+from gpuslice.domain.ledger import Interval, Ledger, Reading
 
 
 @dataclass
@@ -26,8 +26,10 @@ class Metering:
     #: claim uids this process reconciled as allocated: when one shows no allocation any more, this
     #: process saw the deallocation happen (the claim itself keeps no time of it).
     seen_allocated: set[str] = field(default_factory=set)
-    #: (namespace, slice) -> the node agent's readings not folded into the ledger yet, and the last one.
-    pending: dict[tuple[str, str], list[Reading]] = field(default_factory=dict)
+    #: (namespace, slice) -> the node agent's readings not folded into the ledger yet, summed into
+    #: one interval-shaped accumulator (`domain.ledger.merge`), and the last reading (the mean
+    #: utilization is weighted by the time until the next one).
+    pending: dict[tuple[str, str], Interval] = field(default_factory=dict)
     last_reading: dict[tuple[str, str], Reading] = field(default_factory=dict)
     #: package -> the price this process last saw (a change splits open intervals).
     prices: dict[str, Price | None] = field(default_factory=dict)
