@@ -29,6 +29,7 @@ NAMESPACE = "gpuslice-system"
 CRDS = (
     f"{c.PACKAGE_PLURAL}.{c.API_GROUP}",
     f"{c.SLICE_PLURAL}.{c.API_GROUP}",
+    f"{c.USAGE_PLURAL}.{c.API_GROUP}",
     "clusterkopfpeerings.kopf.dev",
 )
 PROBE_DRIVER = "probe.check.gpuslice.io"

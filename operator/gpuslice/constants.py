@@ -49,6 +49,8 @@ LABEL_SLICE_TEMPLATE: Final = "gpuslice.io/slice-template"
 LABEL_NODE: Final = "gpuslice.io/node"
 #: The UTC month (YYYY-MM) a GpuUsage object records.
 LABEL_MONTH: Final = "gpuslice.io/month"
+#: "true" on a GpuUsage object whose month is final (the operator never reads or writes it again).
+LABEL_FINAL: Final = "gpuslice.io/final"
 ANNOTATION_PREFIX: Final = "gpuslice.io/"
 FINALIZER: Final = "gpuslice.io/finalizer"
 #: Kopf's progress and diff-base storage live under gpuslice's own prefix, not kopf.zalando.org.

@@ -59,9 +59,8 @@ def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
         op.stop()
         cluster.kubectl("delete", "resourceslices", "-l", TEST_LABEL, check=False)
         if BILLING_ERRORS:
-            print(
-                f"\n[ledger] billing error, max over {len(BILLING_ERRORS)} intervals: {max(BILLING_ERRORS):.2f} s"
-            )
+            worst = max(BILLING_ERRORS)
+            print(f"\n[ledger] billing error, max over {len(BILLING_ERRORS)} intervals: {worst:.2f} s")
         print(op.tail(), flush=True)
 
 
@@ -363,9 +362,9 @@ def test_a_tenant_reads_its_own_ledger_and_no_other(world: World, cluster: DevCl
         # A ledger object in the other namespace, as the operator would write one there.
         cluster.kubectl(
             "apply", "--server-side", "-f", "-",
-            input=json.dumps({"apiVersion": c.GROUP_VERSION, "kind": c.USAGE_KIND,
-                              "metadata": {"name": month, "namespace": other, "labels": {c.LABEL_MONTH: month}},
-                              "month": month}),
+            input=json.dumps({"apiVersion": c.GROUP_VERSION, "kind": c.USAGE_KIND, "month": month,
+                              "metadata": {"name": month, "namespace": other,
+                                           "labels": {c.LABEL_MONTH: month}}}),
         )  # fmt: skip
         with tenant_rbac(cluster, w.namespace, f"bob-{w.token}") as bob:
             own = cluster.kubectl("get", "gpuusages", "-n", w.namespace, kubeconfig=bob, check=False)
@@ -389,3 +388,60 @@ def test_a_tenant_reads_its_own_ledger_and_no_other(world: World, cluster: DevCl
             assert delete.returncode != 0 and "forbidden" in delete.stderr.lower()
     finally:
         cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def _usage(used_gib: float, limit_gib: int, util: float, refused: int, at: datetime) -> str:
+    """status.usage as the node agent writes it (agent/usage.py: usage_status), as a JSON patch."""
+    usage = {
+        "memoryUsedBytes": int(used_gib * 2**30),
+        "memoryLimitBytes": limit_gib * 2**30,
+        "computeShare": 50,
+        "refusedAllocations": refused,
+        "throttledSeconds": 0.0,
+        "processes": [{"pid": 4242, "memoryUsedBytes": int(used_gib * 2**30), "refusedAllocations": refused}],
+        "time": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "computeUtilizationPercent": util,
+    }
+    return json.dumps([{"op": "add", "path": "/status/usage", "value": usage}])
+
+
+def test_real_usage_goes_into_the_interval_and_the_advice_names_a_package(world: World) -> None:
+    w = world
+    small, big = f"lg{w.token}-8g", f"lg{w.token}-16g"
+    apply(
+        w.cluster,
+        [package_doc(small, 25, {NS_LABEL: w.token}, 2), package_doc(big, 50, {NS_LABEL: w.token}, 2)],
+    )
+    publish_gpus(w.cluster, w.token, w.cluster.nodes[1], 1, {small: 25, big: 50})
+
+    def hard() -> dict[str, str]:
+        quota = get(w.cluster, "resourcequota", c.QUOTA_NAME, "-n", w.namespace) or {}
+        return dict((quota.get("spec") or {}).get("hard") or {})
+
+    wait_for(lambda: len(hard()) == 2, 60, "quota for both packages")
+    apply(w.cluster, [slice_doc("llm", w.namespace, big)])
+    wait_for(lambda: w.claim("llm"), 30, "claim")
+    apply(w.cluster, [pod_doc("p", w.namespace, "llm")])
+    _allocated(w, "llm")
+    _interval(w, "llm", closed=False)
+    # Two readings of the agent 20 s apart: 3 GiB of the 16 GiB slice at most, 60 % then 20 %.
+    t0 = datetime.now(UTC).replace(microsecond=0)
+    for used, util, dt in ((2.0, 60.0, 0), (3.0, 20.0, 20)):
+        patch = _usage(used, 16, util, 0, datetime.fromtimestamp(t0.timestamp() + dt, UTC))
+        w.cluster.kubectl(
+            "patch", "gpuslices.gpuslice.io", "llm", "-n", w.namespace, "--subresource=status",
+            "--type=json", "-p", patch,
+        )  # fmt: skip
+        time.sleep(1)
+    _kill_pod(w, "p")
+    _released(w, "llm")
+    iv = _interval(w, "llm")
+    assert (iv["peakMemoryBytes"], iv["memoryLimitBytes"]) == (3 * 2**30, 16 * 2**30)
+    assert (iv["meanUtilizationPercent"], iv["observedSeconds"]) == (60.0, 20)
+    proc = gpuslice_usage(w.cluster, "-n", w.namespace, "--advice", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    (advice,) = json.loads(proc.stdout)["advice"]
+    assert (advice["slice"], advice["advice"], advice["suggest"]) == ("llm", "smaller", small)
+    assert "peak 3.0 GiB of 16.0 GiB" in advice["reason"]
+    table = gpuslice_usage(w.cluster, "-n", w.namespace, "--advice").stdout
+    assert f"{w.namespace}/llm ({big}): use a smaller package {small}" in table

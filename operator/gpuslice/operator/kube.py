@@ -87,6 +87,12 @@ class Kube:
             raise
         return out
 
+    async def list_all(self, api_version: str, kind: str, **params: str) -> list[dict[str, Any]]:
+        """Every object of a kind in all namespaces; only for start-up reads (see `get`)."""
+        group, _, version = api_version.rpartition("/")
+        answer: dict[str, Any] = await self.api.get(kubehttp.path(group, version, PLURALS[kind]), **params)
+        return list(answer.get("items") or [])
+
     async def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """False when it was already gone."""
         async with self._slots:

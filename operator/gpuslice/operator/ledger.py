@@ -145,18 +145,6 @@ async def gs_ledger_claims(
     return {ns_of(namespace): metered_claim(body)} if uses_gpuslice(body) else None
 
 
-@kopf.index(c.API_GROUP, c.API_VERSION, c.USAGE_PLURAL)
-async def gs_usages(
-    namespace: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> dict[str, GpuUsage] | None:
-    """Namespace -> its GpuUsage objects of months not final yet, until the ledger has loaded the
-    namespace (then its book is the record, and a second decoded copy would only cost memory)."""
-    namespace = ns_of(namespace)
-    if namespace in _metering(memo).books or body.get("final"):
-        return None
-    return {namespace: GpuUsage.model_validate(dict(body))}
-
-
 # --- marks ------------------------------------------------------------------------------------------
 
 
@@ -266,7 +254,6 @@ async def ledger_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
     state: OperatorState = memo.state
     metering = state.metering
     claims: kopf.Index[str, MeteredClaim] = kw["gs_ledger_claims"]
-    usages: kopf.Index[str, GpuUsage] = kw["gs_usages"]
     leading = False
     while not stopped:
         with contextlib.suppress(TimeoutError):
@@ -278,15 +265,17 @@ async def ledger_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
             # Taking over (start-up, or the previous leader's package went): every namespace with
             # claims or open months is reconciled once, which is what a restart needs (written only
             # where that changes something; the checkpoint comes at its own time).
+            if metering.preloaded is None and not await _preload(state):
+                continue  # the API refused: tried again next second, and nothing is written meanwhile
             leading = True
             metering.checkpointed = time.monotonic()
             metering.heartbeat_read = False
-            for namespace in {*claims, *usages}:
+            for namespace in {*claims, *(metering.preloaded or {}), *metering.books}:
                 metering.mark(namespace)
         metering.wakeup.clear()
         if metering.dirty or _checkpoint_due(state):
             began = time.monotonic()
-            await flush(state, claims, usages, kw)
+            await flush(state, claims, kw)
             # What comes meanwhile is one batch; a flush that took long (a month of thousands of
             # intervals, a slow API server) waits as long again, so it never takes the whole CPU.
             await asyncio.sleep(max(FLUSH_SECONDS, time.monotonic() - began))
@@ -295,6 +284,25 @@ async def ledger_daemon(name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo,
 
 
 HEARTBEAT_LEASE = "gpuslice-ledger"
+
+
+async def _preload(state: OperatorState) -> bool:
+    """The GpuUsage objects of months not final, read once when this process takes over (the
+    operator does not watch them: every write would come back as a copy of the whole object)."""
+    try:
+        items = await state.kube.list_all(
+            c.GROUP_VERSION, c.USAGE_KIND, labelSelector=f"{c.LABEL_FINAL}!=true"
+        )
+    except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
+        log.warning("ledger objects unreadable; retried", error=str(exc))
+        return False
+    preloaded: dict[str, list[GpuUsage]] = {}
+    for item in items:
+        usage = GpuUsage.model_validate(item)
+        if not usage.final:
+            preloaded.setdefault(str((item.get("metadata") or {}).get("namespace", "")), []).append(usage)
+    state.metering.preloaded = preloaded
+    return True
 
 
 async def _read_heartbeat(state: OperatorState) -> datetime | None:
@@ -353,12 +361,7 @@ def _checkpoint_due(state: OperatorState) -> bool:
     return last is None or time.monotonic() - last >= state.config.ledger_checkpoint_seconds
 
 
-async def flush(
-    state: OperatorState,
-    claims: kopf.Index[str, MeteredClaim],
-    usages: kopf.Index[str, GpuUsage],
-    kw: Mapping[str, Any],
-) -> None:
+async def flush(state: OperatorState, claims: kopf.Index[str, MeteredClaim], kw: Mapping[str, Any]) -> None:
     metering = state.metering
     checkpoint = _checkpoint_due(state)
     if checkpoint:
@@ -381,7 +384,7 @@ async def flush(
             _export(metering, namespace, [])
             continue
         try:
-            await _flush_namespace(state, namespace, values(claims, namespace), usages, uuids, checkpoint)
+            await _flush_namespace(state, namespace, values(claims, namespace), uuids, checkpoint)
         except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
             LEDGER_WRITE_ERRORS.labels("refused").inc()
             log.warning("ledger write refused; retried", namespace=namespace, error=str(exc))
@@ -391,11 +394,11 @@ async def flush(
             metering.retry_at.pop(namespace, None)
 
 
-def _ledgers(metering: Metering, namespace: str, usages: kopf.Index[str, GpuUsage]) -> dict[str, Ledger]:
+def _ledgers(metering: Metering, namespace: str) -> dict[str, Ledger]:
     months = metering.books.get(namespace)
     if months is None:
         by_month: dict[str, list[GpuUsage]] = {}
-        for usage in values(usages, namespace):
+        for usage in (metering.preloaded or {}).pop(namespace, []):
             by_month.setdefault(usage.month, []).append(usage)
         months = metering.books[namespace] = {m: load(namespace, shards) for m, shards in by_month.items()}
         for m, shards in by_month.items():
@@ -432,12 +435,11 @@ async def _flush_namespace(
     state: OperatorState,
     namespace: str,
     claims: list[MeteredClaim],
-    usages: kopf.Index[str, GpuUsage],
     uuids: Mapping[tuple[str, str], str],
     checkpoint: bool,
 ) -> None:
     metering = state.metering
-    months = _ledgers(metering, namespace, usages)
+    months = _ledgers(metering, namespace)
     if not metering.heartbeat_read and any(ledger.open_intervals() for ledger in months.values()):
         # Read once per takeover, and only where an interval may need it (none: no read at all).
         metering.heartbeat_at = await _read_heartbeat(state)
@@ -524,7 +526,11 @@ async def _write(state: OperatorState, ledger: Ledger, now: datetime) -> None:
             "metadata": {
                 "name": name,
                 "namespace": ledger.namespace,
-                "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE, c.LABEL_MONTH: ledger.month},
+                "labels": {
+                    c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE,
+                    c.LABEL_MONTH: ledger.month,
+                    c.LABEL_FINAL: "true" if ledger.final else "false",
+                },
             },
             **fields,
         }

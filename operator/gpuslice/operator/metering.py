@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpuslice.api.usage import Price
+from gpuslice.api.usage import GpuUsage, Price
 from gpuslice.domain.ledger import Interval, Ledger, Reading
 
 
@@ -14,6 +14,9 @@ from gpuslice.domain.ledger import Interval, Ledger, Reading
 class Metering:
     #: namespace -> month -> its ledger, as this process last wrote it (loaded from the API once).
     books: dict[str, dict[str, Ledger]] = field(default_factory=dict)
+    #: namespace -> its GpuUsage objects of months not final, as read when this process took over,
+    #: until the namespace is loaded into `books`; None: not read yet.
+    preloaded: dict[str, list[GpuUsage]] | None = None
     #: (namespace, object name) -> digest of the fields last written (or read): only a difference is.
     written: dict[tuple[str, str], str] = field(default_factory=dict)
     #: Namespaces whose claims changed since their last reconcile.
