@@ -29,6 +29,7 @@ import aiohttp
 import kopf
 
 from gpuslice import constants as c
+from gpuslice import kubehttp
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.usage import GpuUsage, Price, object_name
 from gpuslice.domain.ledger import (
@@ -41,6 +42,8 @@ from gpuslice.domain.ledger import (
     encode,
     load,
     merge,
+    month_end,
+    months_between,
     observe,
     parse_time,
     reconcile,
@@ -448,6 +451,7 @@ async def _flush_namespace(
     released = dict(metering.released)
     metering.seen_allocated.update(h.claim_uid for h in held)
     now = datetime.now(UTC).replace(microsecond=0)
+    await _ended_months(state, namespace, months, held, now)
     _fold_readings(metering, namespace, months)
     changed: set[str] = set()
     for package, price in metering.prices.items():
@@ -465,9 +469,9 @@ async def _flush_namespace(
             ledger.confirmed_at = min(now, ledger.end)
         await _write(state, ledger, now)
         metering.stats_dirty.discard((namespace, month))
-    # What is written final is never looked at again.
-    for month in [m for m, ledger in months.items() if ledger.final and m in write]:
-        del months[month]
+    # What is written final is never looked at again: only the fact that it is final stays.
+    for month in [m for m, ledger in months.items() if ledger.final and ledger.intervals]:
+        months[month] = Ledger(namespace, month, final=True)
     # A deletion seen is kept until the interval it closes is written.
     still_open = {iv.claim_uid for ledger in months.values() for iv in ledger.open_intervals()}
     present = {claim.uid for claim in claims}
@@ -476,6 +480,30 @@ async def _flush_namespace(
         del metering.released[uid]
     for uid in [u for u in metering.seen_allocated if u not in present]:
         metering.seen_allocated.discard(uid)
+
+
+async def _ended_months(
+    state: OperatorState, namespace: str, months: dict[str, Ledger], held: list[Holding], now: datetime
+) -> None:
+    """Ended months a holding reaches into that this process has no book of (it started after
+    they ended, and final objects are not read at takeover): read them, so that a final one is
+    known as such and never written over, and an open one is continued."""
+    wanted = {
+        m
+        for h in held
+        for m in months_between(h.allocated_at, min(h.ended_at or now, now))
+        if m not in months and month_end(m) <= now
+    }
+    for month in sorted(wanted):
+        url = kubehttp.path(c.API_GROUP, c.API_VERSION, c.USAGE_PLURAL, namespace=namespace)
+        answer = await state.kube.api.get(url, labelSelector=f"{c.LABEL_MONTH}={month}")
+        shards = [GpuUsage.model_validate(item) for item in answer.get("items") or []]
+        if any(s.final for s in shards):
+            months[month] = Ledger(namespace, month, final=True)
+        elif shards:
+            months[month] = load(namespace, shards)
+            for shard in shards:
+                state.metering.written[(namespace, object_name(month, shard.shard))] = _digest(_fields(shard))
 
 
 def _fold_readings(metering: Metering, namespace: str, months: Mapping[str, Ledger]) -> None:
