@@ -3,28 +3,27 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from gpuslice.api.camel import CamelModel
 
 from gpuslice.api.usage import Price
 
 
-class _CamelModel(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-
-class LabelSelectorRequirement(_CamelModel):
+class LabelSelectorRequirement(CamelModel):
     key: str
-    operator: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[str] = Field(default_factory=list)
 
 
-class LabelSelector(_CamelModel):
+class LabelSelector(CamelModel):
     match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, alias="matchExpressions")
 
 
-class Entitlement(_CamelModel):
+class Entitlement(CamelModel):
     """How many slices of this package each namespace the selector matches may hold: per namespace, not
     shared by the selector (every selected namespace gets its own ResourceQuota of `slices`)."""
 
@@ -41,13 +40,13 @@ class OnViolation(StrEnum):
     STOP = "Stop"
 
 
-class Isolation(_CamelModel):
+class Isolation(CamelModel):
     """How the node agent treats processes that bypass the shim on GPUs of this package."""
 
     on_violation: OnViolation = Field(default=OnViolation.STOP, alias="onViolation")
 
 
-class GpuPackageSpec(_CamelModel):
+class GpuPackageSpec(CamelModel):
     display_name: str | None = Field(default=None, alias="displayName")
     gpu_model: str = Field(alias="gpuModel", min_length=1)
     fraction: int = Field(ge=1, le=100, description="percent of one card")
@@ -70,18 +69,18 @@ class GpuPackageSpec(_CamelModel):
         return 100 // self.fraction
 
 
-class Condition(_CamelModel):
+class Condition(CamelModel):
     """A Kubernetes-style condition (metav1.Condition fields)."""
 
     type: str
-    status: str
+    status: Literal["True", "False", "Unknown"]
     reason: str
     message: str = ""
     last_transition_time: str | None = Field(default=None, alias="lastTransitionTime")
     observed_generation: int | None = Field(default=None, alias="observedGeneration")
 
 
-class PackageCapacity(_CamelModel):
+class PackageCapacity(CamelModel):
     """Capacity of a package right now, counted from ResourceSlices and allocated ResourceClaims."""
 
     gpus: int = 0
@@ -90,14 +89,14 @@ class PackageCapacity(_CamelModel):
     slices_free: int = Field(default=0, alias="slicesFree")
 
 
-class Guarantees(_CamelModel):
+class Guarantees(CamelModel):
     memory: str = "Enforced"
     compute: str = "Cooperative"
     quota: str = "Entitlement"
     summary: str = ""
 
 
-class GpuPackageStatus(_CamelModel):
+class GpuPackageStatus(CamelModel):
     device_class_name: str | None = Field(default=None, alias="deviceClassName")
     quota_key: str | None = Field(default=None, alias="quotaKey")
     memory_per_slice: str | None = Field(default=None, alias="memoryPerSlice")

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from gpuslice.api.camel import CamelModel
 from gpuslice.api.package import Condition
 
 
-class _CamelModel(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-
-class GpuSliceSpec(_CamelModel):
+class GpuSliceSpec(CamelModel):
     package: str = Field(min_length=1)
     #: False: one ResourceClaim named like the slice. True: a ResourceClaimTemplate named like the slice,
     #: so every pod (every Deployment replica) that references it gets its own slice.
@@ -28,7 +25,7 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
-class SliceAllocation(_CamelModel):
+class SliceAllocation(CamelModel):
     """Where kube-scheduler put one claim of the slice, read from the claim's status.allocation."""
 
     claim: str
@@ -39,13 +36,13 @@ class SliceAllocation(_CamelModel):
     pod: str | None = None
 
 
-class QuotaUsage(_CamelModel):
+class QuotaUsage(CamelModel):
     used: int
     hard: int
     quota: str
 
 
-class CapacitySeen(_CamelModel):
+class CapacitySeen(CamelModel):
     """The package's capacity a waiting slice's verdict was made on (AllGpusFull, NoMatchingGpu)."""
 
     gpus: int
@@ -53,7 +50,27 @@ class CapacitySeen(_CamelModel):
     slices_free: int = Field(alias="slicesFree")
 
 
-class GpuSliceStatus(_CamelModel):
+class ProcessUsageStatus(CamelModel):
+    pid: int | None = None
+    memory_used_bytes: int | None = Field(default=None, alias="memoryUsedBytes")
+    refused_allocations: int | None = Field(default=None, alias="refusedAllocations")
+
+
+class SliceUsage(CamelModel):
+    """status.usage: what the node agent read from the slice's usage region (it alone writes it)."""
+
+    memory_used_bytes: int | None = Field(default=None, alias="memoryUsedBytes")
+    memory_limit_bytes: int | None = Field(default=None, alias="memoryLimitBytes")
+    compute_share: int | None = Field(default=None, alias="computeShare")
+    compute_utilization_percent: float | None = Field(default=None, alias="computeUtilizationPercent")
+    refused_allocations: int | None = Field(default=None, alias="refusedAllocations")
+    throttled_seconds: float | None = Field(default=None, alias="throttledSeconds")
+    processes: list[ProcessUsageStatus] = Field(default_factory=list)
+    time: str | None = None
+    violation: str | None = None
+
+
+class GpuSliceStatus(CamelModel):
     phase: Phase = Phase.PENDING
     reason: str = ""
     message: str = ""
@@ -67,3 +84,4 @@ class GpuSliceStatus(_CamelModel):
     capacity: CapacitySeen | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    usage: SliceUsage | None = None
