@@ -8,7 +8,6 @@ from typing import Literal
 from pydantic import Field
 
 from gpuslice.api.camel import CamelModel
-
 from gpuslice.api.usage import Price
 
 

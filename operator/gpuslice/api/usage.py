@@ -8,7 +8,9 @@ object limit whatever the names in it (see `domain.ledger`). The first object of
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from gpuslice.api.camel import CamelModel
 
 #: Intervals per object. An interval encodes in at most ~1,700 bytes whatever its names (Kubernetes
 #: caps object and node names at 253 characters), so 700 keep an object under ~1.2 MB, below etcd's
@@ -183,11 +185,7 @@ CURRENCIES: frozenset[str] = frozenset(
 )
 
 
-class _CamelModel(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-
-class Price(_CamelModel):
+class Price(CamelModel):
     """`spec.price` of a GpuPackage: what one slice costs per hour held."""
 
     #: A decimal string ("0.45"), never a float: money is counted exactly.
@@ -203,7 +201,7 @@ class Price(_CamelModel):
         return v
 
 
-class UsageInterval(_CamelModel):
+class UsageInterval(CamelModel):
     """One slice held without a break in one month at one price: from its claim's allocation (or the
     month's start, or a price change) to its deallocation or deletion (or the month's end)."""
 
@@ -232,7 +230,7 @@ class UsageInterval(_CamelModel):
     refused_allocations: int = Field(default=0, alias="refusedAllocations")
 
 
-class PackageTotals(_CamelModel):
+class PackageTotals(CamelModel):
     package: str
     slice_seconds: int = Field(alias="sliceSeconds")
     peak_slices: int = Field(alias="peakSlices")
@@ -241,7 +239,7 @@ class PackageTotals(_CamelModel):
     cost: dict[str, str] = Field(default_factory=dict)
 
 
-class GpuUsage(_CamelModel):
+class GpuUsage(CamelModel):
     """The object's own fields (top level, like an Event's: a record, not desired state)."""
 
     month: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}$")
