@@ -110,7 +110,7 @@ class Reading:
     refused_allocations: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Interval:
     package: str
     slice: str
@@ -264,7 +264,9 @@ def reconcile(
             changed.add(month)
             if at is not None and at > ledger.end:
                 changed |= _carry(ledgers, namespace, iv, at)
-        if ledger.end + FINAL_GRACE <= now and not ledger.open_intervals():
+    # (After the closing: a continuation `_carry` made in a later month is looked at too.)
+    for month, ledger in ledgers.items():
+        if not ledger.final and ledger.end + FINAL_GRACE <= now and not ledger.open_intervals():
             ledger.final = True
             changed.add(month)
     return changed

@@ -65,7 +65,7 @@ log = get(__name__)
 FLUSH_SECONDS = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MeteredClaim:
     """What the ledger needs of a gpuslice ResourceClaim."""
 
