@@ -93,8 +93,9 @@ def context_namespace(kubeconfig: str | None) -> str:
 
 async def fetch(
     kubeconfig: str | None, namespace: str | None, months: Sequence[str]
-) -> tuple[list[GpuUsage], list[tuple[str, GpuUsage]], list[Product] | None]:
-    """The GpuUsage objects of `months` ((namespace, object)), and the products (None if unreadable)."""
+) -> tuple[list[tuple[str, GpuUsage]], list[Product] | None, dict[str, set[str]] | None]:
+    """The GpuUsage objects of `months` ((namespace, object)), the products and, per namespace, the
+    packages its gpuslice quota entitles it to (each None when unreadable with these credentials)."""
     client = kubehttp.Client(kubehttp.load(kubeconfig), connections=4)
     try:
         url = kubehttp.path(c.API_GROUP, c.API_VERSION, c.USAGE_PLURAL, namespace=namespace)
@@ -108,6 +109,24 @@ async def fetch(
             ((item.get("metadata") or {}).get("namespace", ""), GpuUsage.model_validate(item))
             for item in listing.get("items") or []
         ]
+        entitled: dict[str, set[str]] | None = None
+        try:
+            quotas = await client.get(
+                kubehttp.path("", "v1", "resourcequotas", namespace=namespace),
+                fieldSelector=f"metadata.name={c.QUOTA_NAME}",
+            )
+        except kubehttp.ApiError:
+            pass  # not readable: every package of the model may be advised
+        else:
+            entitled = {}
+            for item in quotas.get("items") or []:
+                ns = (item.get("metadata") or {}).get("namespace", "")
+                hard = (item.get("spec") or {}).get("hard") or {}
+                entitled.setdefault(ns, set()).update(
+                    k.removesuffix(c.QUOTA_DEVICES_SUFFIX).removesuffix(c.DEVICE_CLASS_SUFFIX)
+                    for k, v in hard.items()
+                    if k.endswith(c.QUOTA_DEVICES_SUFFIX) and str(v) not in ("0", "")
+                )
         try:
             packages = await client.get(kubehttp.path(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL))
         except kubehttp.ApiError:
@@ -118,7 +137,7 @@ async def fetch(
                 spec = GpuPackageSpec.model_validate(item.get("spec") or {})
                 name = (item.get("metadata") or {}).get("name", "")
                 products.append(Product(name, spec.gpu_model, spec.fraction, spec.price))
-        return [u for _, u in found], found, products
+        return found, products, entitled
     finally:
         await client.close()
 
@@ -309,7 +328,7 @@ def run(args: argparse.Namespace, now: datetime | None = None) -> str:
     since, until = period(args, now)
     namespace = None if args.all_namespaces else (args.namespace or context_namespace(args.kubeconfig))
     months = months_between(since, until - timedelta(seconds=1))  # until is exclusive
-    _, found, products = asyncio.run(fetch(args.kubeconfig, namespace, months))
+    found, products, entitled = asyncio.run(fetch(args.kubeconfig, namespace, months))
     rows = intervals_of(found)
     usage = usage_rows(totals(rows, until, since))
     intervals = interval_rows(rows, since, until) if args.intervals else None
@@ -317,7 +336,7 @@ def run(args: argparse.Namespace, now: datetime | None = None) -> str:
     note = None
     if args.advice:
         inside = [(ns, part) for ns, iv in rows if (part := clip(iv, since, until)) is not None]
-        advice = advice_rows(advise(inside, products or [], until))
+        advice = advice_rows(advise(inside, products or [], until, entitled))
         if products is None:
             note = (
                 "(GpuPackages not readable with these credentials: no package to suggest, idle slices only)"

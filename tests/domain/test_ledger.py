@@ -421,3 +421,14 @@ def test_peak_is_the_most_held_at_one_instant(spans: list[tuple[int, int]]) -> N
     rows = [(NS, iv) for iv in ivs]
     got = totals(rows, BASE + timedelta(days=1))
     assert (got[0].peak_slices if got else 0) == brute
+
+
+def test_advice_names_only_packages_the_namespace_is_entitled_to() -> None:
+    rows = [(NS, _used("v100-16g", "small", 3.0, 16))]
+    other = Product("a-v100-8g-other", "Tesla V100-PCIE-32GB", 25)
+    until = t("2026-12-06 00:00:00")
+    (anywhere,) = advise(rows, [*V100, other], until)
+    assert anywhere.suggest == "a-v100-8g-other"  # first by name among the 25 % ones
+    (mine,) = advise(rows, [*V100, other], until, {NS: {"v100-8g", "v100-16g"}})
+    assert mine.suggest == "v100-8g"
+    assert advise(rows, [*V100, other], until, {NS: {"v100-16g"}}) == []  # nothing smaller it may hold

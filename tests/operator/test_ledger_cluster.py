@@ -418,7 +418,8 @@ def test_real_usage_goes_into_the_interval_and_the_advice_names_a_package(world:
         quota = get(w.cluster, "resourcequota", c.QUOTA_NAME, "-n", w.namespace) or {}
         return dict((quota.get("spec") or {}).get("hard") or {})
 
-    wait_for(lambda: len(hard()) == 2, 60, "quota for both packages")
+    keys = {c.quota_key(small), c.quota_key(big)}
+    wait_for(lambda: keys <= hard().keys() or None, 60, f"quota for both packages ({keys})")
     apply(w.cluster, [slice_doc("llm", w.namespace, big)])
     wait_for(lambda: w.claim("llm"), 30, "claim")
     apply(w.cluster, [pod_doc("p", w.namespace, "llm")])

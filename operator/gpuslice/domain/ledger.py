@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -623,11 +623,15 @@ def _gib(n: int) -> str:
 
 
 def advise(
-    rows: Iterable[tuple[str, Interval]], products: Sequence[Product], until: datetime
+    rows: Iterable[tuple[str, Interval]],
+    products: Sequence[Product],
+    until: datetime,
+    entitled: Mapping[str, Collection[str]] | None = None,
 ) -> list[Advice]:
     """Per slice over the intervals given: a larger package when allocations keep being refused at its
     edge, idle when held long with no process on the GPU, a smaller package when its peak memory fits
-    one with `FIT_MARGIN` to spare."""
+    one with `FIT_MARGIN` to spare. `entitled`: namespace -> the packages it may hold (its quota);
+    a namespace in it is only advised those."""
     by_name = {p.name: p for p in products}
     groups: dict[tuple[str, str, str], list[Interval]] = {}
     for namespace, iv in rows:
@@ -649,9 +653,17 @@ def advise(
             else 0.0
         )
         current = by_name.get(package)
+        allowed = entitled.get(namespace) if entitled is not None else None
         same_model = sorted(
-            (p for p in products if current and p.gpu_model == current.gpu_model and p.name != package),
-            key=lambda p: p.fraction,
+            (
+                p
+                for p in products
+                if current
+                and p.gpu_model == current.gpu_model
+                and p.name != package
+                and (allowed is None or p.name in allowed)
+            ),
+            key=lambda p: (p.fraction, p.name),
         )
         card = limit * 100 // current.fraction if current and limit else 0
         if refused >= EDGE_REFUSALS:
