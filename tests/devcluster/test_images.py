@@ -119,6 +119,9 @@ def test_layers_are_reproducible_tarballs(probe: Archive, pause: Archive) -> Non
 def test_probe_image_holds_the_probe_busybox_and_the_glibc_runtime(probe: Archive) -> None:
     m = probe.members
     assert m["usr/local/bin/gpuslice-probe"].isfile() and m["usr/local/bin/gpuslice-probe"].mode == 0o755
+    # the same view through NVIDIA's runtime, which the image carries as CUDA application images do
+    assert m["usr/local/bin/gpuslice-cudart-probe"].isfile()
+    assert m["lib/x86_64-linux-gnu/libcudart.so.12"].isfile()
     assert m["bin/busybox"].isfile()
     applets = ("sh", "cat", "awk", "ls", "ps", "echo", "sleep", "id", "touch", "rm", "mount", "grep", "env")
     for applet in applets:
@@ -359,6 +362,14 @@ def test_the_probe_rootfs_runs_in_runc_with_the_shim_preloaded_as_cdi_would(
         _bind(preload, "/etc/ld.so.preload"),
         _bind(s.workdir, str(s.workdir), ro=False),  # the patched shim, limits file, usage, fake GPUs
     ]
+    # the GPU's device node, as the NVIDIA CDI spec brings it: the double's daemon serves a process of
+    # another root only GPUs whose /dev/nvidia<minor> it has (a real driver: none without it)
+    assert s.fake_gpus
+    minor = s.fake_gpus[0].minor
+    spec["linux"]["devices"] = [
+        {"path": f"/dev/nvidia{minor}", "type": "c", "major": 195, "minor": minor, "fileMode": 0o666}
+    ]
+    spec["linux"]["resources"]["devices"].append({"allow": True, "type": "c", "major": 195, "access": "rwm"})
     (bundle / "config.json").write_text(json.dumps(spec))
     state = tmp_path / "runc-state"
     cid = f"gs-images-{os.getpid()}"
