@@ -13,6 +13,9 @@ PACKAGE_KIND: Final = "GpuPackage"
 PACKAGE_PLURAL: Final = "gpupackages"
 SLICE_KIND: Final = "GpuSlice"
 SLICE_PLURAL: Final = "gpuslices"
+#: The metering ledger: one namespace's slice-hours of one UTC month (written by the operator only).
+USAGE_KIND: Final = "GpuUsage"
+USAGE_PLURAL: Final = "gpuusages"
 
 # --- DRA -------------------------------------------------------------------------------------------
 DRIVER_NAME: Final = "gpuslice.io"
@@ -60,6 +63,10 @@ LABEL_PACKAGE: Final = "gpuslice.io/package"
 LABEL_SLICE: Final = "gpuslice.io/slice"
 LABEL_SLICE_TEMPLATE: Final = "gpuslice.io/slice-template"
 LABEL_NODE: Final = "gpuslice.io/node"
+#: The UTC month (YYYY-MM) a GpuUsage object records.
+LABEL_MONTH: Final = "gpuslice.io/month"
+#: "true" on a GpuUsage object whose month is final (the operator never reads or writes it again).
+LABEL_FINAL: Final = "gpuslice.io/final"
 ANNOTATION_PREFIX: Final = "gpuslice.io/"
 FINALIZER: Final = "gpuslice.io/finalizer"
 #: Kopf's progress and diff-base storage live under gpuslice's own prefix, not kopf.zalando.org.
