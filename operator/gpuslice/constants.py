@@ -96,6 +96,16 @@ PSA_LEVELS: Final = ("privileged", "baseline", "restricted")
 TAINT_GPU_KEY: Final = "gpuslice.io/gpu"
 TAINT_GPU_VALUE: Final = "present"
 TAINT_GPU_EFFECT: Final = "NoExecute"
+#: The admission objects the operator writes and restores: kind -> plural, all in one group/version.
+ADMISSION_GROUP: Final = "admissionregistration.k8s.io"
+ADMISSION_VERSION: Final = "v1"
+ADMISSION_API: Final = f"{ADMISSION_GROUP}/{ADMISSION_VERSION}"
+ADMISSION_PLURALS: Final = {
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+}
 #: The namespace the manifests install the operator and the agents into.
 SYSTEM_NAMESPACE: Final = "gpuslice-system"
 #: Nodes carrying this label are GPU nodes (GPU Feature Discovery sets it); `--gpu-node-label`.
