@@ -134,6 +134,7 @@ class World:
     templates: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     resource_slices: list[dict[str, Any]]
+    quotas: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def read(cls, cluster: DevCluster) -> World:
@@ -145,6 +146,7 @@ class World:
             resource_slices=[
                 s for s in _items(cluster, "resourceslices") if s["spec"].get("driver") == c.DRIVER_NAME
             ],
+            quotas=_items(cluster, "resourcequotas"),
         )
 
 
@@ -323,7 +325,9 @@ def slice_claims_and_status(
                 out.append(f"{where}: status lists allocations {have}; the allocated claims are {want}")
             continue
         if not owned and uid not in known:
-            if st.get("reason") != "CreatingClaim":
+            if st.get("reason") == "QuotaExceeded":
+                out += _quota_refusal_true(w, ns, s["spec"].get("package", ""), st, where)
+            elif st.get("reason") != "CreatingClaim":
                 out.append(
                     f"{where}: no ResourceClaim yet, but status says {st.get('phase')}/{st.get('reason')}"
                 )
@@ -376,6 +380,33 @@ def slice_claims_and_status(
         ):
             out.append(f"{where}: conditions {conds} for a {phase} slice")
     return out
+
+
+def _quota_refusal_true(w: World, ns: str, package: str, st: Mapping[str, Any], where: str) -> list[str]:
+    """A slice refused for quota: the namespace's quota counts its entitlement used. Where it counts
+    more than the namespace holds (Kubernetes charged a create that failed), the status says so."""
+    key = c.quota_key(package)
+    full = [
+        (int(q["status"]["used"][key]), int(q["status"]["hard"][key]))
+        for q in w.quotas
+        if q["metadata"]["namespace"] == ns and key in (q.get("status") or {}).get("used", {})
+    ]
+    full = [(used, hard) for used, hard in full if used >= hard]
+    if not full:
+        return [f"{where}: status says QuotaExceeded, but no quota of {ns} counts {key} used up"]
+    held = sum(
+        1
+        for cl in w.claims
+        if cl["metadata"]["namespace"] == ns
+        and (cl["metadata"].get("labels") or {}).get(c.LABEL_PACKAGE) == package
+        and not cl["metadata"].get("deletionTimestamp")
+    )
+    used = min(u for u, _ in full)
+    if held < used and f"holds {held} of them" not in st.get("message", ""):
+        return [
+            f"{where}: the quota counts {used} used, {ns} holds {held} claims; status says {st.get('message')!r}"
+        ]
+    return []
 
 
 def running_slice_pods(w: World, namespaces: set[str] | None = None) -> dict[str, RunningPod]:

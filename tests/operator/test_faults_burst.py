@@ -8,6 +8,7 @@ its time on two shared cores)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -43,9 +44,9 @@ class Tenant:
         self.token = "f" + uuid.uuid4().hex[:5]
         self.package = f"fault{self.token}-8g"
 
-    def set_up(self) -> None:
+    def set_up(self, slices: int = BURST) -> None:
         self.cluster.kubectl("label", "namespace", self.namespace, f"{NS_LABEL}={self.token}")
-        apply(self.cluster, [package_doc(self.package, 25, {NS_LABEL: self.token}, BURST)])
+        apply(self.cluster, [package_doc(self.package, 25, {NS_LABEL: self.token}, slices)])
         nodes = self.cluster.nodes
         cards = math.ceil(BURST / 4 / len(nodes)) + 1
         for node in nodes:
@@ -57,7 +58,7 @@ class Tenant:
 
         def quota() -> bool:
             q = get(self.cluster, "resourcequota", c.QUOTA_NAME, "-n", self.namespace) or {}
-            return q.get("spec", {}).get("hard", {}).get(key) == str(BURST)
+            return q.get("spec", {}).get("hard", {}).get(key) == str(slices)
 
         wait_for(quota, 60, "the tenant's quota")
 
@@ -229,3 +230,41 @@ def test_active_operator_killed_mid_burst_the_standby_takes_over(
         tenant.tear_down()
         for op in ops.values():
             op.stop()
+
+
+def test_a_quota_charged_for_a_create_that_failed_is_explained(
+    cluster: DevCluster, tenant: Tenant, tmp_path: Path
+) -> None:
+    """Kubernetes charges a ResourceQuota in admission, before the object is stored: a create that
+    then fails (AlreadyExists, or a client SIGKILLed mid-request, as the active operator above) stays
+    counted until kube-controller-manager recounts (its quota resync, 5 min by default). A slice
+    refused meanwhile must say that its namespace holds fewer claims than the quota counts, and that
+    it goes on by itself."""
+    op = _operator(cluster, tmp_path / "operator.log")
+    try:
+        tenant.set_up(slices=2)
+        ns = tenant.namespace
+        apply(cluster, [slice_doc("first", ns, tenant.package)])
+        wait_for(lambda: get(cluster, "resourceclaim", "first", "-n", ns), 60, "the first slice's claim")
+        # a tenant's `kubectl create` of the existing claim (a GitOps tool re-creating it): refused
+        # as AlreadyExists, but counted
+        claim = get(cluster, "resourceclaim", "first", "-n", ns)
+        again = {k: claim[k] for k in ("apiVersion", "kind", "spec")}
+        again["metadata"] = {"name": "first", "namespace": ns, "labels": claim["metadata"].get("labels", {})}
+        proc = cluster.kubectl("create", "-f", "-", input=json.dumps(again), check=False)
+        assert "AlreadyExists" in proc.stderr, proc
+        apply(cluster, [slice_doc("second", ns, tenant.package)])
+
+        def refused() -> dict[str, Any] | None:
+            st = (get(cluster, f"{c.SLICE_PLURAL}.{c.API_GROUP}", "second", "-n", ns) or {}).get(
+                "status"
+            ) or {}
+            return st if st.get("reason") == "QuotaExceeded" else None
+
+        st = wait_for(refused, 60, "the second slice refused for quota")
+        assert "holds 1 of them" in st["message"], st["message"]
+        assert "recounts" in st["message"], st["message"]
+        Invariants(cluster, {ns}).settle("a quota charged for a failed create", time.monotonic())
+    finally:
+        tenant.tear_down()
+        op.stop()
