@@ -95,6 +95,10 @@ class SliceFacts:
     memory_violation: str | None = None
     #: The slice's own uid: a claim whose owner reference names another GpuSlice uid is not its claim.
     uid: str | None = None
+    #: Claims of the package the namespace holds, counted after a create was refused for quota: the
+    #: quota may count more (Kubernetes charges a create before storing it, and one that then fails
+    #: stays counted until kube-controller-manager recounts).
+    held: int | None = None
 
 
 def predecessor_claim(facts: SliceFacts) -> ClaimView | None:
@@ -149,6 +153,17 @@ def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | No
             f"namespace {facts.namespace} holds no entitlement to package {facts.package} "
             f"(ResourceQuota {usage.quota}: 0 slices); ask the platform team for an entitlement "
             "that selects this namespace, or use a package you are entitled to",
+        )
+    if usage.used >= usage.hard and facts.held is not None and facts.held < usage.used:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.QUOTA_EXCEEDED,
+            f"quota counted as used up: ResourceQuota {usage.quota} counts {usage.used} of {usage.hard} "
+            f"{facts.package} slices used, but namespace {facts.namespace} holds {facts.held} of them: "
+            "Kubernetes counted a create that did not complete (a client stopped mid-request, or a "
+            "create of a claim that already existed). kube-controller-manager recounts on its quota "
+            "resync (--resource-quota-sync-period, 5 min by default) and this slice's claim is created "
+            "then, by itself",
         )
     if usage.used >= usage.hard:
         return _Verdict(
