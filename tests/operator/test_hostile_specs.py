@@ -27,7 +27,8 @@ from support import wait_for
 from .operator_cluster import REPO, OperatorProcess, get
 
 pytestmark = pytest.mark.cluster
-EXAMPLES = int(os.environ.get("GPUSLICE_HOSTILE_EXAMPLES", "12"))
+#: batches of BATCH specs (the suite's 10 take about a minute; the closing figures used 70)
+EXAMPLES = int(os.environ.get("GPUSLICE_HOSTILE_EXAMPLES", "10"))
 BATCH = 30
 NS_LABEL = "gpuslice-test/hostile"
 
@@ -89,7 +90,9 @@ def from_schema(schema: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any
         inside = st.one_of(LABELISH, st.text(max_size=min(hi, 80)), st.sampled_from(ODD))
     else:
         inside = st.one_of(st.none(), st.integers(), st.text(max_size=10))
-    return st.one_of(inside, wrong) if depth else inside
+    # mostly inside: an object with one wrong field among many valid ones tests the validation of
+    # that field, not whether the server refuses garbage
+    return st.one_of(inside, inside, inside, wrong) if depth else inside
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +191,8 @@ def test_whatever_the_api_server_accepts_the_operator_handles(
     op, ns = hostile
     token, docs = batch
     listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
-    proc = cluster.kubectl("create", "-n", ns, "-f", "-", input=listing, check=False)
+    # the server decides (kubectl's own schema check would refuse the whole list for one bad object)
+    proc = cluster.kubectl("create", "--validate=false", "-n", ns, "-f", "-", input=listing, check=False)
     created = _created(proc.stdout)
     refused = len(docs) - len(created)
     _COUNTS["sent"] += len(docs)
