@@ -404,7 +404,8 @@ def _quota_refusal_true(w: World, ns: str, package: str, st: Mapping[str, Any], 
     used = min(u for u, _ in full)
     if held < used and f"holds {held} of them" not in st.get("message", ""):
         return [
-            f"{where}: the quota counts {used} used, {ns} holds {held} claims; status says {st.get('message')!r}"
+            f"{where}: the quota counts {used} used, {ns} holds {held} claims; "
+            f"status says {st.get('message')!r}"
         ]
     return []
 

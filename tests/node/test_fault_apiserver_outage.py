@@ -4,8 +4,8 @@ node. Its own file, so the suite's workers (one file each) run it beside the res
 While it is down the node keeps its promises without it (checked through CRI every 30 s): the
 container runs, the shim refuses an allocation past the slice, NVML and the agent's prepared claims
 fit the cards; meanwhile containerd and then kubelet are SIGKILLed and started again (the outage's
-wait shared with those faults). Once it is back the operator and the agent recover by themselves (same processes),
-every invariant holds again within 30 s, and a new slice pod starts."""
+wait shared with those faults). Once it is back the operator and the agent recover by themselves
+(same processes), every invariant holds again within 30 s, and a new slice pod starts."""
 
 from __future__ import annotations
 

@@ -37,7 +37,9 @@ def second_node(node_cluster: DevCluster) -> Iterator[str]:
     try:
         yield DIES
     finally:
-        node_cluster.stop_processes(lambda name: name.endswith(f"/{DIES}") and name.split("/")[0] != "kubelet")
+        node_cluster.stop_processes(
+            lambda name: name.endswith(f"/{DIES}") and name.split("/")[0] != "kubelet"
+        )
         stop_node(node_cluster, DIES)
         node_cluster.kubectl("delete", "node", DIES, "--ignore-not-found", check=False)
         node_cluster.kubectl("uncordon", LIVES, check=False)
@@ -95,8 +97,12 @@ def test_a_node_whose_kubelet_stops_for_good(node_cluster: DevCluster, second_no
     try:
 
         def running_on(node: str) -> dict[str, Any] | None:
-            pods = [p for p in pods_of(node_cluster, "wanderer") if not p["metadata"].get("deletionTimestamp")]
-            ok = [p for p in pods if p["spec"].get("nodeName") == node and p["status"].get("phase") == "Running"]
+            pods = [
+                p for p in pods_of(node_cluster, "wanderer") if not p["metadata"].get("deletionTimestamp")
+            ]
+            ok = [
+                p for p in pods if p["spec"].get("nodeName") == node and p["status"].get("phase") == "Running"
+            ]
             return ok[0] if ok else None
 
         first = wait_for(lambda: running_on(DIES), 120, f"the pod running on {DIES}")
