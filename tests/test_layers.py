@@ -55,9 +55,7 @@ def test_layer_has_no_upward_or_dev_import(layer: str) -> None:
     assert violations(PACKAGE / layer, FORBIDDEN[layer]) == []
 
 
-@pytest.mark.parametrize(
-    "module", sorted(p.name for p in PACKAGE.glob("*.py"))
-)
+@pytest.mark.parametrize("module", sorted(p.name for p in PACKAGE.glob("*.py")))
 def test_top_level_product_module_imports_no_dev_code(module: str) -> None:
     assert violations(PACKAGE / module, TOP_LEVEL_FORBIDDEN) == []
 
@@ -68,3 +66,21 @@ def test_the_checker_sees_lazy_imports(tmp_path: Path) -> None:
     f.write_text("def f():\n    from gpuslice_dev.gpusim import build\n")
     assert imports_of(f) == {"gpuslice_dev.gpusim", "gpuslice_dev.gpusim.build"}
     assert len(violations(f, ())) == 2
+
+
+#: the one module of the product that talks to NVML (the agent's NVML boundary)
+NVML_BOUNDARY = PACKAGE / "agent" / "nvml.py"
+
+
+def test_only_the_nvml_boundary_imports_pynvml() -> None:
+    def imports_pynvml(path: Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "pynvml" for a in node.names):
+                return True
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pynvml":
+                return True
+        return False
+
+    assert [str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py")) if imports_pynvml(p)] == [
+        str(NVML_BOUNDARY.relative_to(PACKAGE))
+    ]

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuslice import constants as c
 from gpuslice_dev.paths import MANIFESTS
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def spawn_agent(
 #: The deployment's agent role and own-node admission policy (a source checkout's manifests/, like crds/).
 DEPLOY_MANIFESTS = MANIFESTS / "base" / "agent"
 DEV_BINDING = Path(__file__).resolve().parent / "manifests" / "dev-agent-binding.yaml"
-AGENT_NAMESPACE = "gpuslice-system"
+AGENT_NAMESPACE = c.SYSTEM_NAMESPACE
 AGENT_GROUP = "gpuslice:agents"
 
 

@@ -27,7 +27,7 @@ from gpuslice_dev.paths import MANIFESTS
 
 SAMPLES = MANIFESTS / "samples"
 #: the demo's own objects (workload, tenant access, the lessons' wrong requests)
-MANIFESTS = Path(__file__).resolve().parent / "manifests" / "demo"
+DEMO_MANIFESTS = Path(__file__).resolve().parent / "manifests" / "demo"
 GPU_MODEL = "Tesla V100-PCIE-32GB"
 
 #: The workload image: busybox and `gpuslice-probe` (smi, alloc, hold, burn), built and imported at `up`.
@@ -161,7 +161,7 @@ class Demo:
         self.cluster.apply(MANIFESTS / "base" / "tenant" / "rbac.yaml")
         for team in ("team-a", "team-b"):
             self.cluster.create_namespace(team, {"tenant.example.com/project": team})
-            access = (MANIFESTS / "tenant-access.yaml").read_text().replace("team-a", team)
+            access = (DEMO_MANIFESTS / "tenant-access.yaml").read_text().replace("team-a", team)
             self.cluster.apply(access)
         self.start_operator()
         start_agents(self.cluster, self.spec, progress=self._progress)
@@ -417,7 +417,7 @@ def _default_dir() -> Path:
 
 
 def _manifests(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+    return [d for d in yaml.safe_load_all((DEMO_MANIFESTS / name).read_text()) if d]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

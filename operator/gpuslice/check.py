@@ -23,9 +23,8 @@ from gpuslice.api.resourceslice import GATED_FIELDS, dropped_fields, dropped_gat
 
 MIN_MINOR = 36  # partitionable devices and consumable capacity on by default
 DRA_GA_MINOR = 34  # resource.k8s.io/v1
-GPU_NODE_LABEL = "nvidia.com/gpu.present"
 RUNTIME_CLASS = "nvidia"
-NAMESPACE = "gpuslice-system"
+NAMESPACE = c.SYSTEM_NAMESPACE
 CRDS = (
     f"{c.PACKAGE_PLURAL}.{c.API_GROUP}",
     f"{c.SLICE_PLURAL}.{c.API_GROUP}",
@@ -241,8 +240,8 @@ def evaluate_agents(gpu_nodes: Iterable[str], slices: Iterable[Mapping[str, Any]
     if not publishing:
         return fail(
             name,
-            f"no node publishes GPUs of driver {c.DRIVER_NAME}; none is labelled {GPU_NODE_LABEL}=true",
-            f"label your GPU nodes: kubectl label node <node> {GPU_NODE_LABEL}=true",
+            f"no node publishes GPUs of driver {c.DRIVER_NAME}; none is labelled {c.GPU_NODE_LABEL}",
+            f"label your GPU nodes: kubectl label node <node> {c.GPU_NODE_LABEL}",
         )
     gpus = sum(publishing.values())
     return ok(name, f"{gpus} GPU(s) on {len(publishing)} node(s)")
@@ -414,7 +413,7 @@ async def _gather(kubeconfig: str | None) -> tuple[str, list[Result]]:
             )
         )
 
-        nodes = await client.CoreV1Api(api).list_node(label_selector=f"{GPU_NODE_LABEL}=true")
+        nodes = await client.CoreV1Api(api).list_node(label_selector=c.GPU_NODE_LABEL)
         slices = (await objs.list_cluster_custom_object(c.DRA_GROUP, c.DRA_VERSION, "resourceslices")).get(
             "items"
         ) or []

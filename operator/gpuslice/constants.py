@@ -73,6 +73,8 @@ PSA_LEVELS: Final = ("privileged", "baseline", "restricted")
 TAINT_GPU_KEY: Final = "gpuslice.io/gpu"
 TAINT_GPU_VALUE: Final = "present"
 TAINT_GPU_EFFECT: Final = "NoExecute"
+#: The namespace the manifests install the operator and the agents into.
+SYSTEM_NAMESPACE: Final = "gpuslice-system"
 #: Nodes carrying this label are GPU nodes (GPU Feature Discovery sets it); `--gpu-node-label`.
 GPU_NODE_LABEL: Final = "nvidia.com/gpu.present=true"
 #: The namespace name label the API server sets on every namespace (bindings exempt by it).

@@ -7,7 +7,9 @@ import asyncio
 from typing import Any, cast
 
 from gpuslice.agent.kube import Kube
+from gpuslice.agent.owners import ClaimOwner
 from gpuslice.agent.usage import UsageReporter, _SliceState, should_write, usage_patch, usage_status
+from gpuslice.agent.violations import ViolationEnforcer
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import ProcessUsage, UsageSnapshot
 
@@ -76,8 +78,9 @@ def test_a_refused_usage_write_is_tried_again_and_a_gone_slice_is_not() -> None:
     on the slice for good): the next interval writes it again. A slice that is gone (404) is done."""
     refused = ApiError(422, "Unprocessable Entity", '{"message": "denied"}')
     kube = _Kube([refused, None, ApiError(404, "Not Found")])
-    reporter = UsageReporter(node="n0", paths=cast(Any, None), kube=cast(Kube, kube))
-    state = _SliceState(key="ns/s", owner_uid="uid-s", labels=())
+    enforcer = ViolationEnforcer(node="n0", kube=cast(Kube, kube))
+    reporter = UsageReporter(node="n0", paths=cast(Any, None), kube=cast(Kube, kube), enforcer=enforcer)
+    state = _SliceState(ClaimOwner(key="ns/s", uid="uid-s", labels=()))
     usage = usage_status(_snapshot(GIB, [(1, GIB)]), 8 * GIB, "t1")
     assert asyncio.run(reporter._write_usage(state, usage)) is False
     assert state.write_error == 422

@@ -6,7 +6,7 @@ import mmap
 import os
 import subprocess
 
-from gpuslice.agent.usage import slice_host_pids, slice_utilization
+from gpuslice.agent.utilization import slice_host_pids, slice_utilization
 
 
 def test_a_slice_process_is_recognised_by_the_region_it_maps(tmp_path):

@@ -118,7 +118,8 @@ AGENT_LOOP = """
 import sys, time
 from pathlib import Path
 import pynvml
-from gpuslice.agent.usage import UtilizationMeter, write_slice_utilization
+from gpuslice.agent.nvml import UtilizationMeter
+from gpuslice.agent.utilization import write_slice_utilization
 uuid, region, util = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 pynvml.nvmlInit()
 meter = UtilizationMeter(uuid)

@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster, DevClusterError, free_port
 from gpuslice_dev.gpusim.simulate import FAKE_GPU_CONFIG_ENV
 from gpuslice_dev.paths import REPO_ROOT
@@ -47,7 +48,7 @@ PROXY_PROCESS = "apiserver-proxy"
 #: a name in the API server's serving certificate (devcluster pki), resolved by the pods' /etc/hosts
 API_HOST = "kubernetes"
 GPU_NODE_LABEL = ("nvidia.com/gpu.present", "true")
-NAMESPACE = "gpuslice-system"
+NAMESPACE = c.SYSTEM_NAMESPACE
 
 
 # ------------------------------------------------------------------------- the API server relay

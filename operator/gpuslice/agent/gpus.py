@@ -1,20 +1,18 @@
-"""GPU discovery through NVML (nvidia-ml-py) and the facts the agent publishes about each card.
+"""GPU discovery (through `agent.nvml`) and the facts the agent publishes about each card.
 
 The same code path serves real and simulated nodes: on a simulated node the dev tooling starts the
 agent with the NVIDIA driver test double on its library path (`gpuslice_dev.gpusim.simulate`), so
-`pynvml.nvmlInit()` binds to it and nothing in the agent knows the difference.
+NVML's init binds to it and nothing in the agent knows the difference.
 """
 
 from __future__ import annotations
 
 import re
-from types import ModuleType
-from typing import Any
 
-import pynvml
 from pydantic import BaseModel, ConfigDict
 
 from gpuslice import logs
+from gpuslice.agent import nvml
 
 log = logs.get(__name__)
 
@@ -39,46 +37,36 @@ class DiscoveryError(RuntimeError):
     """NVML could not be initialised or queried; the message says what to check."""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def discover(nvml: ModuleType = pynvml) -> list[GpuInfo]:
-    """Query every GPU NVML reports. `nvml` is the pynvml module (a parameter only for unit tests)."""
+def discover() -> list[GpuInfo]:
+    """Query every GPU NVML reports."""
     try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
+        with nvml.session():
+            try:
+                driver, cuda = nvml.driver_versions()
+                facts = nvml.devices()
+            except nvml.Error as exc:
+                raise DiscoveryError(f"NVML query failed: {exc}") from exc
+    except nvml.Error as exc:
         raise DiscoveryError(
             f"NVML initialisation failed ({exc}); is the NVIDIA driver installed and "
             "libnvidia-ml.so.1 on the library path? On a machine without GPUs, run the agent through "
             "`gpuslice-dev devcluster up --simulate-gpus SPEC`, which points it at the driver test double."
         ) from exc
-    try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
-        cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}"
-        gpus = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-            gpus.append(
-                GpuInfo(
-                    index=index,
-                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                    product_name=_text(nvml.nvmlDeviceGetName(handle)),
-                    memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-                    cuda_compute_capability=f"{major}.{minor}",
-                    driver_version=driver,
-                    cuda_driver_version=cuda_version,
-                    minor_number=int(nvml.nvmlDeviceGetMinorNumber(handle)),
-                    pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-                )
-            )
-        return gpus
-    except nvml.NVMLError as exc:
-        raise DiscoveryError(f"NVML query failed: {exc}") from exc
-    finally:
-        nvml.nvmlShutdown()
+    cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+    return [
+        GpuInfo(
+            index=d.index,
+            uuid=d.uuid,
+            product_name=d.name,
+            memory_bytes=d.memory_total,
+            cuda_compute_capability=f"{d.compute_capability[0]}.{d.compute_capability[1]}",
+            driver_version=driver,
+            cuda_driver_version=cuda_version,
+            minor_number=d.minor_number,
+            pci_bus_id=d.pci_bus_id,
+        )
+        for d in facts
+    ]
 
 
 _NUMBER = re.compile(r"\d+")

@@ -15,6 +15,8 @@ from gpuslice.agent.kube import Kube, api_client
 from gpuslice.agent.prepare import NodePaths, Preparer
 from gpuslice.agent.publisher import Publisher
 from gpuslice.agent.usage import UsageReporter
+from gpuslice.agent.utilization import UtilizationFeedback
+from gpuslice.agent.violations import ViolationEnforcer
 
 log = logs.get(__name__)
 
@@ -106,17 +108,17 @@ async def run(opts: AgentOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    reporter = UsageReporter(
-        opts.node,
-        paths,
-        kube,
-        opts.usage_interval,
-        policy=lambda name: package_policy(publisher.packages, name),
+    enforcer = ViolationEnforcer(
+        opts.node, kube, policy=lambda name: package_policy(publisher.packages, name)
     )
+    reporter = UsageReporter(opts.node, paths, kube, enforcer, opts.usage_interval)
+    feedback = UtilizationFeedback(paths)
     tasks = [
         asyncio.create_task(c)
-        for c in (follow_packages(), follow_node(), publisher.run(), reporter.run(), guard.run())
-    ]
+        for c in (
+            follow_packages(), follow_node(), publisher.run(), reporter.run(), feedback.run(), guard.run()
+        )
+    ]  # fmt: skip
     stopper = asyncio.create_task(stop.wait())
     try:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
@@ -19,7 +20,9 @@ from gpuslice.domain.conditions import Health, health_conditions, stamp
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
 
-class Reason:
+class Reason(StrEnum):
+    """status.reason of a GpuSlice: why it is in its phase (a StrEnum, like `Phase`)."""
+
     PACKAGE_NOT_FOUND = "PackageNotFound"
     CLAIM_REJECTED = "ClaimRejected"
     CREATING_CLAIM = "CreatingClaim"

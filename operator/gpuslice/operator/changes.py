@@ -2,14 +2,14 @@
 
 Watch events, the recheck timer and the operator's own pod watches only mark a slice here; its
 package's daemon (`slices.refresh_changed`) recomputes the marked ones, a bounded number at a time.
-Before, every event handler refreshed its slice itself: at 5,000 slices thousands of refreshes (each
-holding its facts and status while it waited for a write slot) ran at once, and Kopf indexes an
-object's next event only after its handler returns, so the claims index lagged minutes behind and
-claims were applied again. A mark costs a set entry, and ten events of one slice cost one refresh.
+Handlers do not refresh themselves because Kopf indexes an object's next event only after its
+handler returns: handlers that wait for writes make the indexes lag behind a burst (and a lagging
+claims index applies claims again; bench/operator_scale.py). A mark costs a set entry, and ten
+events of one slice cost one refresh.
 
 Marks whose package is known wake only that package's daemon. The pod watches know a claim, not its
 package: those are kept unrouted, and the first daemon that runs routes them all, so no daemon
-scans what belongs to the others (with ten packages, ten scans of every mark of a burst).
+scans what belongs to the others.
 """
 
 from __future__ import annotations

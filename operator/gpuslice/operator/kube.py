@@ -50,10 +50,10 @@ async def load_config(kubeconfig: str | None) -> kubehttp.Client:
     return kubehttp.Client(kubehttp.load(kubeconfig), connections=32)
 
 
-#: Writes in flight at once. At 5,000 slices every refresh wrote at once (a recheck tick refreshes
-#: every Pending slice): thousands of requests queued in the API server's quota admission, 1,281
-#: claim applies and ~1,900 status patches outlived the client's 60 s timeout, and the retries
-#: added load. Queued here instead, a write waits for a slot, not for a timeout.
+#: Writes in flight at once. A recheck tick refreshes every Pending slice: unbounded, thousands of
+#: requests would queue in the API server's quota admission and outlive the client's timeout, and
+#: their retries add load (bench/operator_scale.py at 5,000 slices). Queued here instead, a write
+#: waits for a slot, not for a timeout.
 MAX_WRITES_IN_FLIGHT = 32
 
 

@@ -2,9 +2,9 @@
 
 A slice's status needs the few pods (and pod-template owners) that use its claim, but a cluster has
 tens of thousands of other pods, and no selector tells them apart on the server. Through Kopf each one
-cost per-object memories and a worker, and Kopf holds every handler until all of them are indexed:
-with 5,000 unrelated pods the operator took 198 s to reconcile its first package (6 s without them)
-and idled at 262 MiB (120 MiB). Here an unrelated pod costs a JSON decode and nothing kept; the listing
+would cost per-object memories and a worker, and Kopf holds every handler until all of them are
+indexed, so start-up and memory would grow with unrelated pods (bench/operator_scale.py
+--noise-pods measures both). Here an unrelated pod costs a JSON decode and nothing kept; the listing
 is read in pages, so a big cluster never sits in memory whole; only views of pods that reference
 claims are kept, in indexes that read like Kopf's (`one`, `values`).
 
@@ -33,9 +33,9 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 #: Objects per list page: a page is decoded whole, and its bodies are garbage a moment later, but
-#: the heap keeps part of what a page took (fragmented among long-lived objects). Operator RSS once
-#: 20,000 unrelated pods were listed, against 63.2 MiB without them: 82.6 MiB at 500 per page,
-#: 70.7 at 200, 64.9 at 50, 64.1 at 25.
+#: the heap keeps part of what a page took (fragmented among long-lived objects), so smaller pages
+#: leave a smaller RSS after a big listing; below 50 the gain is noise (bench/operator_scale.py
+#: --noise-pods).
 PAGE = 50
 
 
