@@ -211,3 +211,26 @@ def test_whatever_the_api_server_accepts_the_operator_handles(
 
 
 _COUNTS = {"sent": 0, "accepted": 0}
+
+
+def test_a_package_with_characters_past_the_bmp_gets_its_device_class(
+    cluster: DevCluster, hostile: tuple[OperatorProcess, str]
+) -> None:
+    """An emoji in gpuModel (found by the test above): JSON writes it as a surrogate pair, which the
+    API server's YAML reading of an apply patch refuses; the operator retried for ever."""
+    op, _ = hostile
+    name = f"emoji-{uuid.uuid4().hex[:5]}"
+    doc = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.PACKAGE_KIND,
+        "metadata": {"name": name, "labels": {NS_LABEL: "yes"}},
+        "spec": {"gpuModel": "Tesla V100 \U0001f680", "fraction": 25, "displayName": "V100 \U0001f680 25 %"},
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(doc))
+    try:
+        wait_for(lambda: get(cluster, "deviceclass", c.device_class_name(name)), 60, "its DeviceClass")
+        current = [("gpupackages.gpuslice.io", name)]
+        wait_for(lambda: not _status_current(cluster, "", current), 60, "its status")
+        assert "Traceback" not in Path(op.log).read_text(errors="replace")
+    finally:
+        cluster.kubectl("delete", "gpupackages.gpuslice.io", name, "--wait=false", check=False)
