@@ -17,8 +17,8 @@ from gpuslice_dev.gpusim.build import ShimPaths
 from shim.shim_helpers import probe
 
 SHIM = Path(__file__).resolve().parents[2] / "shim"
-#: seconds of fuzzing in the suite (about a million inputs on one core); longer runs: FUZZ_SECONDS=600
-SECONDS = int(os.environ.get("GPUSLICE_FUZZ_SECONDS", "20"))
+#: seconds of fuzzing in the suite (over a million inputs on an idle core); longer runs: e.g. 600
+SECONDS = int(os.environ.get("GPUSLICE_FUZZ_SECONDS", "15"))
 CLANGS = ("clang", "clang-19", "clang-16", "clang-15", "clang-14")
 
 
