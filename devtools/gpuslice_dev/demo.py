@@ -23,9 +23,9 @@ from typing import Any
 import yaml
 
 from gpuslice import constants as c
-from gpuslice_dev.paths import MANIFESTS
+from gpuslice_dev.paths import MANIFESTS as PRODUCT_MANIFESTS
 
-SAMPLES = MANIFESTS / "samples"
+SAMPLES = PRODUCT_MANIFESTS / "samples"
 #: the demo's own objects (workload, tenant access, the lessons' wrong requests)
 DEMO_MANIFESTS = Path(__file__).resolve().parent / "manifests" / "demo"
 GPU_MODEL = "Tesla V100-PCIE-32GB"
@@ -133,6 +133,7 @@ class Demo:
         alice = self.cluster.tenant_kubeconfig("alice", ["team-a"])
         bob = self.cluster.tenant_kubeconfig("bob", ["team-b"])
         self.raw_gpu_request(alice)
+        self.chart_form(alice)
         self.hand_written_template(alice)
         self.allocate(alice)
         self.inside_the_container(alice)
@@ -158,7 +159,7 @@ class Demo:
                     }
                 )
             self.cluster.apply(yaml.safe_dump(package))
-        self.cluster.apply(MANIFESTS / "base" / "tenant" / "rbac.yaml")
+        self.cluster.apply(PRODUCT_MANIFESTS / "base" / "tenant" / "rbac.yaml")
         for team in ("team-a", "team-b"):
             self.cluster.create_namespace(team, {"tenant.example.com/project": team})
             access = (DEMO_MANIFESTS / "tenant-access.yaml").read_text().replace("team-a", team)
@@ -218,6 +219,38 @@ class Demo:
         proc = self.wait("the policy to be enforced", try_create)
         self.ok("rejected at admission, and the message says what to do instead:")
         self.show(textwrap.fill(proc.stderr.strip(), 100))
+
+    def chart_form(self, alice: Path) -> None:
+        self.step("The way charts ask: a stock Deployment with resources.limits {gpuslice.io/v100-8g: 1}")
+        proc = self.kubectl(
+            "apply", "-f", "-", user=alice, input=yaml.safe_dump_all(_manifests("chart-deployment.yaml"))
+        )
+        if proc.returncode != 0:
+            raise DemoError(f"creating the Deployment failed: {proc.stderr}")
+
+        def running_pod() -> str | None:
+            pods = (self.get("pods", "-n", "team-a", "-l", "app=chart") or {}).get("items") or []
+            ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+            return ready[0]["metadata"]["name"] if ready else None
+
+        pod = self.wait("the Deployment's pod to run on a real node", running_pod)
+        st = self.wait_phase("team-a", pod, ("InUse",))
+        self.ok(
+            f"kube-scheduler made pod {pod} a claim ({st.get('claimName')}) and placed it on {st.get('node')}"
+        )
+        self.ok(f"kubectl exec {pod} -- gpuslice-probe smi:")
+        self.show(self.exec("team-a", pod, "gpuslice-probe", "smi", user=alice))
+        self.ok("the operator shows the pod's slice as a GpuSlice, owned by the pod (kubectl get gpuslices):")
+        self.show(self.kubectl("get", c.SLICE_PLURAL, "-n", "team-a", user=alice).stdout)
+        quota = self.kubectl("describe", "resourcequota", c.QUOTA_NAME, "-n", "team-a").stdout
+        self.ok("charged to team-a's entitlement like a GpuSlice's claim (kubectl describe quota):")
+        self.show("\n".join(line for line in quota.splitlines() if "v100-8g" in line))
+        self.kubectl("delete", "deployment", "chart", "-n", "team-a", "--wait=true", user=alice)
+        self.wait(
+            f"GpuSlice team-a/{pod} to go with its pod",
+            lambda: self.get(c.SLICE_PLURAL, pod, "-n", "team-a") is None,
+        )
+        self.ok("Deployment deleted: its pod's GpuSlice and claim went with the pod, the slice is free again")
 
     def hand_written_template(self, alice: Path) -> None:
         self.step("Lesson 2: a hand-written claim template that is not of the documented form")

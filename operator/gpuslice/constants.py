@@ -35,6 +35,22 @@ def quota_key(package: str) -> str:
     return f"{device_class_name(package)}{QUOTA_DEVICES_SUFFIX}"
 
 
+#: Products are also requestable as extended resources (`resources.limits: {gpuslice.io/<package>: 1}`,
+#: DeviceClass `extendedResourceName`); kube-scheduler then makes the pod a claim of its own.
+EXTENDED_RESOURCE_DOMAIN: Final = "gpuslice.io"
+#: Every DeviceClass is also requestable by this implicit name + its class name; tenants may not use it.
+IMPLICIT_EXTENDED_RESOURCE_PREFIX: Final = "deviceclass.resource.kubernetes.io/"
+#: kube-scheduler's annotation on the claim it makes for a pod's extended resources (value "true").
+ANNOTATION_EXTENDED_RESOURCE_CLAIM: Final = "resource.kubernetes.io/extended-resource-claim"
+#: ResourceQuota keys are `requests.` + the extended resource name (a pod's requests and its claim).
+QUOTA_REQUESTS_PREFIX: Final = "requests."
+
+
+def extended_resource_name(package: str) -> str:
+    """A product's default extended resource name: `gpuslice.io/<package>`."""
+    return f"{EXTENDED_RESOURCE_DOMAIN}/{package}"
+
+
 # --- Ownership and bookkeeping -----------------------------------------------------------------------
 FIELD_MANAGER: Final = "gpuslice"
 LABEL_PREFIX: Final = "gpuslice.io/"
@@ -79,8 +95,9 @@ SYSTEM_NAMESPACE: Final = "gpuslice-system"
 GPU_NODE_LABEL: Final = "nvidia.com/gpu.present=true"
 #: The namespace name label the API server sets on every namespace (bindings exempt by it).
 LABEL_NAMESPACE_NAME: Final = "kubernetes.io/metadata.name"
-#: Extended resources that are GPUs outside gpuslice: a tenant pod may not request them.
-RAW_GPU_RESOURCE_PREFIXES: Final = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/", "gpuslice.io/")
+#: Extended resources that are GPUs outside gpuslice: a tenant pod may not request them. (gpuslice.io/*
+#: names are products, admitted in one form only: `domain.admission.pod_products_policy`.)
+RAW_GPU_RESOURCE_PREFIXES: Final = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/")
 
 # --- Node paths (host side) ---------------------------------------------------------------------------
 HOST_STATE_DIR: Final = "/var/lib/gpuslice"

@@ -154,7 +154,8 @@ def explain(slice_obj: Mapping[str, Any], package: Mapping[str, Any] | None) -> 
             f" GPU memory, {len(usage.get('processes') or [])} process(es), read {usage.get('time', '?')}"
         )
     for cond in status.get("conditions") or []:
-        if cond.get("type") == "MemoryIsolated" and cond.get("status") == "False":
+        bad = {"MemoryIsolated": "False", "SoftwareCompatible": "False", "GpuIdle": "True"}
+        if bad.get(cond.get("type", "")) == cond.get("status"):
             lines.append(f"  warning:  {cond.get('message')}")
     advice = ADVICE.get(reason)
     if advice and phase not in ("Allocated", "InUse"):

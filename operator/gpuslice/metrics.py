@@ -203,7 +203,21 @@ GPU_MEMORY_TOTAL = Gauge(
     registry=AGENT_REGISTRY,
 )
 
-_SLICE_METRICS = (SLICE_MEMORY_USED, SLICE_MEMORY_LIMIT, SLICE_COMPUTE_UTILIZATION)
+SLICE_SOFTWARE_INCOMPATIBLE = Gauge(
+    "gpuslice_slice_software_incompatible",
+    "1 while a slice's software cannot use its GPU, by reason (NoKernelImageForGpu, PtxTooNewForDriver, "
+    "DriverTooOld); see the slice's SoftwareCompatible condition",
+    (*SLICE_LABELS, "reason"),
+    registry=AGENT_REGISTRY,
+)
+SLICE_GPU_IDLE = Gauge(
+    "gpuslice_slice_gpu_idle",
+    "1 while a slice has been held past the agent's --idle-after without any process using its GPU",
+    SLICE_LABELS,
+    registry=AGENT_REGISTRY,
+)
+SOFTWARE_REASONS = ("NoKernelImageForGpu", "PtxTooNewForDriver", "DriverTooOld")
+_SLICE_METRICS = (SLICE_MEMORY_USED, SLICE_MEMORY_LIMIT, SLICE_COMPUTE_UTILIZATION, SLICE_GPU_IDLE)
 _SLICE_COUNTERS = (SLICE_REFUSED_ALLOCATIONS, SLICE_THROTTLED)
 
 
@@ -251,6 +265,8 @@ def forget_slice(labels: tuple[str, ...], *totals: CounterFromTotal) -> None:
         metric.remove(*labels)
     for kind in ViolationKind:
         SLICE_VIOLATIONS.remove(*labels, kind.value)
+    for reason in SOFTWARE_REASONS:
+        SLICE_SOFTWARE_INCOMPATIBLE.remove(*labels, reason)
     for tracker in totals:
         tracker.forget(labels)
 

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,7 +20,6 @@ static fake_system sys_state;
 static pthread_once_t sys_once = PTHREAD_ONCE_INIT;
 
 /* The connection to gpuslice-fake-driverd (see fake_common.h). */
-static int daemon_mode;        /* the daemon answered when the double loaded */
 static int conn_fd = -1;
 static _Atomic int conn_owner; /* getpid() of the process the connection belongs to */
 static int32_t conn_host_pid;
@@ -180,41 +180,77 @@ static int init_mutex(pthread_mutex_t *m)
     return rc;
 }
 
-static fake_dev_state *map_state(const char *dir, int idx)
+enum { MAP_DIRECT, MAP_DAEMON, MAP_CLIENT };
+
+static int state_ok(const fake_dev_state *s)
 {
-    char path[4400];
+    return memcmp(s->magic, "FAKEGPU2", 8) == 0 && s->version == 2 && s->pad == (uint32_t)sizeof(*s);
+}
+
+/* MAP_DIRECT: shared read-write by every process (no daemon); MAP_DAEMON: the daemon's own, mode
+ * 0644; MAP_CLIENT: read-only, a daemon serves the state. */
+static fake_dev_state *map_state(const char *dir, int idx, int how)
+{
+    char path[4608];
     snprintf(path, sizeof(path), "%s/gpu%d.bin", dir, idx);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    struct stat st;
+    if (how == MAP_CLIENT) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) return NULL;
+        if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(fake_dev_state)) {
+            close(fd);
+            errno = EPROTO;
+            return NULL;
+        }
+        fake_dev_state *s = mmap(NULL, sizeof(*s), PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (s == MAP_FAILED) return NULL;
+        if (!state_ok(s)) { /* the daemon writes the layout before it serves */
+            munmap(s, sizeof(*s));
+            errno = EPROTO;
+            return NULL;
+        }
+        return s;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, how == MAP_DAEMON ? 0644 : 0666);
     if (fd < 0) return NULL;
     flock(fd, LOCK_EX);
-    struct stat st;
-    fstat(fd, &st);
-    if (st.st_size < (off_t)sizeof(fake_dev_state) && ftruncate(fd, sizeof(fake_dev_state)) != 0) {
-        close(fd);
-        return NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) goto fail;
+    if (how == MAP_DAEMON) {
+        if (st.st_uid != geteuid()) { /* another user could still write it */
+            errno = EPERM;
+            goto fail;
+        }
+        if (fchmod(fd, 0644) != 0) goto fail;
     }
+    if (st.st_size < (off_t)sizeof(fake_dev_state) && ftruncate(fd, sizeof(fake_dev_state)) != 0) goto fail;
     fake_dev_state *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (s == MAP_FAILED) {
-        close(fd);
-        return NULL;
-    }
+    if (s == MAP_FAILED) goto fail;
     /* A state file from a build with another layout starts over (it only holds test state). */
-    if (memcmp(s->magic, "FAKEGPU1", 8) != 0 || s->version != 1 || s->pad != (uint32_t)sizeof(*s)) {
+    if (!state_ok(s)) {
         memset(s, 0, sizeof(*s));
         init_mutex(&s->lock);
-        s->version = 1;
+        s->version = 2;
         s->pad = (uint32_t)sizeof(*s);
-        memcpy(s->magic, "FAKEGPU1", 8);
+        atomic_thread_fence(memory_order_release);
+        memcpy(s->magic, "FAKEGPU2", 8);
     }
     flock(fd, LOCK_UN);
     close(fd);
     return s;
+fail:
+    {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return NULL;
 }
 
 /* Connects to the daemon (caller holds conn_lock). 0 when connected and told the host PID. */
 static int connect_daemon(void)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     char path[4400];
@@ -231,7 +267,10 @@ static int connect_daemon(void)
     int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
     if (dirfd >= 0) close(dirfd);
     if (rc != 0) goto fail;
-    struct timeval tv = {.tv_sec = 5};
+    /* An answer is waited for like an ioctl returns: a dead daemon closes the socket at once; a timeout
+     * (which drops the connection, and with it what the daemon holds for this process) only for one
+     * that hangs, not for one a loaded machine is slow to schedule. */
+    struct timeval tv = {.tv_sec = 60};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     fake_hello h;
     size_t got = 0;
@@ -252,29 +291,48 @@ fail:
     return -1;
 }
 
+/* This process's busy segment (daemon mode): its own, handed over by the daemon. */
+static fake_segment *seg;
+static int seg_pid;
+static pthread_mutex_t seg_lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* A forked child shares its parent's connection: drop it (so the parent's death is still seen) and
- * connect on its own on first use. */
+ * connect on its own on first use. The parent's busy segment stays the parent's. */
 static void conn_after_fork_child(void)
 {
     if (conn_fd >= 0) close(conn_fd);
     conn_fd = -1;
     atomic_store(&conn_owner, 0);
     pthread_mutex_init(&conn_lock, NULL);
+    if (seg) munmap(seg, sizeof(*seg));
+    seg = NULL;
+    seg_pid = 0;
+    pthread_mutex_init(&seg_lock, NULL);
+}
+
+/* A connection of this process (not a parent's), connected if needed; caller holds conn_lock. */
+static int conn_ready_locked(void)
+{
+    int me = (int)getpid();
+    if (atomic_load(&conn_owner) == me && conn_fd >= 0) return 0;
+    if (conn_fd >= 0) close(conn_fd);
+    conn_fd = -1;
+    if (connect_daemon() != 0) {
+        atomic_store(&conn_owner, -1);
+        return -1;
+    }
+    return 0;
 }
 
 static void self_identity(int32_t *pid, uint64_t *start, int *managed)
 {
     int me = (int)getpid();
-    if (daemon_mode && atomic_load(&conn_owner) != me) {
+    if (sys_state.daemon_mode && atomic_load(&conn_owner) != me) {
         pthread_mutex_lock(&conn_lock);
-        if (atomic_load(&conn_owner) != me) {
-            if (conn_fd >= 0) close(conn_fd);
-            conn_fd = -1;
-            if (connect_daemon() != 0) atomic_store(&conn_owner, -1);
-        }
+        if (atomic_load(&conn_owner) != me) (void)conn_ready_locked();
         pthread_mutex_unlock(&conn_lock);
     }
-    if (daemon_mode && atomic_load(&conn_owner) == me) {
+    if (sys_state.daemon_mode && atomic_load(&conn_owner) == me) {
         *pid = conn_host_pid;
         *start = conn_host_start;
         *managed = 1;
@@ -285,9 +343,45 @@ static void self_identity(int32_t *pid, uint64_t *start, int *managed)
     *managed = 0;
 }
 
+/* One request and its answer (and the descriptor that comes with it, if `fd_out`). -1: no daemon. */
+static int request(uint32_t op, int dev, int64_t arg, fake_rep *rep, int *fd_out)
+{
+    fake_req rq = {op, dev, arg};
+    int rc = -1;
+    if (fd_out) *fd_out = -1;
+    pthread_mutex_lock(&conn_lock);
+    if (conn_ready_locked() != 0) goto out;
+    ssize_t n;
+    do n = send(conn_fd, &rq, sizeof(rq), MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof(rq)) goto broken;
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {rep, sizeof(*rep)};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    do n = recvmsg(conn_fd, &m, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof(*rep)) goto broken;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int fd;
+        memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+        if (fd_out && *fd_out < 0) *fd_out = fd;
+        else close(fd);
+    }
+    rc = 0;
+    goto out;
+broken: /* a dead daemon is a dead driver: requests fail from now on (a later one reconnects) */
+    close(conn_fd);
+    conn_fd = -1;
+    atomic_store(&conn_owner, -1);
+out:
+    pthread_mutex_unlock(&conn_lock);
+    return rc;
+}
+
 int32_t fake_self_pid(void)
 {
-    if (!daemon_mode) return (int32_t)getpid();
+    if (!sys_state.daemon_mode) return (int32_t)getpid();
     int32_t pid;
     uint64_t st;
     int managed;
@@ -310,13 +404,31 @@ static void load_config(const char *path)
     fclose(f);
     if (rc != 0) return;
     snprintf(s->state_dir, sizeof(s->state_dir), "%s.state", path);
-    mkdir(s->state_dir, 0777);
+    if (is_daemon) {
+        /* Only the daemon writes in here: its own dir, not writable by others. */
+        struct stat st;
+        if (mkdir(s->state_dir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "fake NVIDIA driver: cannot make %s: %s\n", s->state_dir, strerror(errno));
+            return;
+        }
+        if (lstat(s->state_dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+            chmod(s->state_dir, 0755) != 0) {
+            fprintf(stderr, "fake NVIDIA driver: %s must be a directory of this user (uid %u)\n", s->state_dir,
+                    (unsigned)geteuid());
+            return;
+        }
+    } else {
+        /* Like opening /dev/nvidiactl: one connection per process, kept for its lifetime. */
+        pthread_mutex_lock(&conn_lock);
+        s->daemon_mode = connect_daemon() == 0;
+        pthread_mutex_unlock(&conn_lock);
+        if (!s->daemon_mode) mkdir(s->state_dir, 0777);
+    }
     /* The real driver shows a process only the GPUs whose device node it can reach: in a container
      * that is what the runtime put in /dev. Where NVIDIA device nodes exist at all (/dev/nvidiactl),
      * a GPU without its /dev/nvidia<minor> is invisible and the others are renumbered from 0; their
      * shared state stays keyed by the GPU's place on the node. The daemon sees every GPU. */
-    int state_index[FAKE_MAX_GPUS];
-    for (int i = 0; i < s->count; i++) state_index[i] = i;
+    for (int i = 0; i < s->count; i++) s->state_index[i] = i;
     if (!is_daemon && access("/dev/nvidiactl", F_OK) == 0) {
         int visible = 0;
         for (int i = 0; i < s->count; i++) {
@@ -324,24 +436,20 @@ static void load_config(const char *path)
             snprintf(node, sizeof(node), "/dev/nvidia%u", s->gpus[i].minor);
             if (access(node, F_OK) != 0) continue;
             s->gpus[visible] = s->gpus[i];
-            state_index[visible++] = i;
+            s->state_index[visible++] = i;
         }
         s->count = visible;
     }
+    int how = is_daemon ? MAP_DAEMON : s->daemon_mode ? MAP_CLIENT : MAP_DIRECT;
     for (int i = 0; i < s->count; i++) {
-        s->state[i] = map_state(s->state_dir, state_index[i]);
+        s->state[i] = map_state(s->state_dir, s->state_index[i], how);
         if (!s->state[i]) {
             fprintf(stderr, "fake NVIDIA driver: cannot map state in %s: %s\n", s->state_dir, strerror(errno));
             return;
         }
     }
     s->loaded = 1;
-    if (is_daemon) return;
-    /* Like opening /dev/nvidiactl: one connection per process, kept for its lifetime. */
-    pthread_mutex_lock(&conn_lock);
-    daemon_mode = connect_daemon() == 0;
-    pthread_mutex_unlock(&conn_lock);
-    if (daemon_mode) pthread_atfork(NULL, NULL, conn_after_fork_child);
+    if (s->daemon_mode) pthread_atfork(NULL, NULL, conn_after_fork_child);
 }
 
 static void load_once(void)
@@ -382,6 +490,7 @@ void fake_release_process(fake_system *s, int32_t pid, uint64_t start_time)
             if (p->pid != pid || !p->managed || p->start_time != start_time) continue;
             /* the kernel module frees everything the process held */
             atomic_fetch_sub(&d->used_total, atomic_exchange(&p->used, 0));
+            atomic_store(&p->contexts, 0);
             p->managed = 0;
             p->pid = 0;
         }
@@ -395,13 +504,38 @@ fake_system *fake_system_get(void)
     return sys_state.loaded ? &sys_state : NULL;
 }
 
+int fake_state_index(fake_dev_state *s)
+{
+    for (int i = 0; i < sys_state.count; i++)
+        if (sys_state.state[i] == s) return i;
+    return -1;
+}
+
+/* The device's place on the node (what requests name), or -1. */
+static int node_index(fake_dev_state *s)
+{
+    int i = fake_state_index(s);
+    return i < 0 ? -1 : sys_state.state_index[i];
+}
+
+static void sync_timelines(void)
+{
+    fake_rep rep;
+    (void)request(FAKE_OP_SYNC, 0, 0, &rep, NULL);
+}
+
+/* With the daemon the state is read-only here: there is no lock to take (the daemon changes memory
+ * and slots synchronously; busy timelines are merged on a reader's request, in fake_busy_between, and
+ * otherwise every few milliseconds). */
 void fake_lock(fake_dev_state *s)
 {
+    if (sys_state.daemon_mode) return;
     if (pthread_mutex_lock(&s->lock) == EOWNERDEAD) pthread_mutex_consistent(&s->lock);
 }
 
 void fake_unlock(fake_dev_state *s)
 {
+    if (sys_state.daemon_mode) return;
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -410,20 +544,26 @@ static __thread int self_pid;
 
 fake_proc *fake_self_slot(fake_dev_state *s)
 {
-    int idx = -1;
-    for (int i = 0; i < FAKE_MAX_GPUS; i++)
-        if (sys_state.state[i] == s) idx = i;
+    int idx = fake_state_index(s);
     int me = (int)getpid();
     if (self_pid != me) { /* first call in this thread, or a forked child */
         memset(self_slots, 0, sizeof(self_slots));
         self_pid = me;
     }
     if (idx >= 0 && self_slots[idx]) return self_slots[idx];
+    fake_proc *found = NULL;
+    if (sys_state.daemon_mode) {
+        fake_rep rep;
+        if (idx >= 0 && request(FAKE_OP_SLOT, sys_state.state_index[idx], 0, &rep, NULL) == 0 && rep.rc == 0 &&
+            rep.val < FAKE_MAX_PROCS)
+            found = &s->procs[rep.val]; /* read-only: changed through requests */
+        if (idx >= 0) self_slots[idx] = found;
+        return found;
+    }
     int32_t pid;
     uint64_t st;
     int managed;
     self_identity(&pid, &st, &managed);
-    fake_proc *found = NULL;
     fake_lock(s);
     for (int i = 0; i < FAKE_MAX_PROCS && !found; i++)
         if (s->procs[i].pid == pid && s->procs[i].start_time == st) found = &s->procs[i];
@@ -446,6 +586,7 @@ fake_proc *fake_self_slot(fake_dev_state *s)
 
 uint64_t fake_used_locked(fake_dev_state *s)
 {
+    if (sys_state.daemon_mode) return atomic_load(&s->used_total); /* the daemon frees what dead processes held */
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         fake_proc *p = &s->procs[i];
         if (p->pid == 0 || fake_proc_alive(p)) continue;
@@ -457,16 +598,71 @@ uint64_t fake_used_locked(fake_dev_state *s)
     return atomic_load(&s->used_total);
 }
 
-uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns)
+/* ---------------------------------------------------------------- memory and contexts */
+
+int fake_charge(fake_dev_state *s, uint64_t size)
 {
-    if (duration_ns == 0) return fake_now_ns(); /* an empty kernel keeps nothing busy */
-    int32_t pid = fake_self_pid();
-    fake_lock(s);
-    uint64_t now = fake_now_ns();
-    uint64_t start = atomic_load(&s->busy_until_ns);
-    if (start < now) start = now;
-    uint64_t end = start + duration_ns;
-    atomic_store(&s->busy_until_ns, end);
+    if (sys_state.daemon_mode) {
+        fake_rep rep;
+        int dev = node_index(s);
+        if (dev < 0 || size > (uint64_t)INT64_MAX) return -1;
+        return request(FAKE_OP_CHARGE, dev, (int64_t)size, &rep, NULL) == 0 && rep.rc == 0 ? 0 : -1;
+    }
+    /* Lock-free unless the card looks full; then dead processes' memory is reclaimed and it is retried. */
+    fake_proc *me = fake_self_slot(s);
+    int i = fake_state_index(s);
+    if (!me || i < 0) return -1;
+    uint64_t cap = sys_state.gpus[i].memory_bytes;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint64_t used = atomic_load(&s->used_total);
+        while (used + size <= cap && used + size >= used) {
+            if (atomic_compare_exchange_weak(&s->used_total, &used, used + size)) {
+                atomic_fetch_add(&me->used, size);
+                return 0;
+            }
+        }
+        fake_lock(s);
+        (void)fake_used_locked(s);
+        fake_unlock(s);
+    }
+    return -1;
+}
+
+void fake_uncharge(fake_dev_state *s, uint64_t size)
+{
+    if (sys_state.daemon_mode) {
+        fake_rep rep;
+        int dev = node_index(s);
+        if (dev >= 0 && size <= (uint64_t)INT64_MAX) (void)request(FAKE_OP_UNCHARGE, dev, (int64_t)size, &rep, NULL);
+        return;
+    }
+    fake_proc *me = fake_self_slot(s);
+    if (me) atomic_fetch_sub(&me->used, size);
+    atomic_fetch_sub(&s->used_total, size);
+}
+
+void fake_contexts_add(fake_dev_state *s, int delta)
+{
+    if (sys_state.daemon_mode) {
+        fake_rep rep;
+        int dev = node_index(s);
+        if (dev >= 0) (void)request(FAKE_OP_CONTEXTS, dev, delta, &rep, NULL);
+        return;
+    }
+    fake_proc *me = fake_self_slot(s);
+    if (!me) return;
+    if (delta > 0) atomic_fetch_add(&me->contexts, (uint32_t)delta);
+    else if (delta < 0 && atomic_load(&me->contexts) > 0) atomic_fetch_sub(&me->contexts, 1);
+}
+
+/* ---------------------------------------------------------------- the busy timeline */
+
+void fake_ring_append(fake_dev_state *s, int32_t pid, uint64_t start, uint64_t end)
+{
+    /* seqlock: lock-free readers (daemon mode's clients) retry while the ring changes */
+    uint64_t q = atomic_load_explicit(&s->ring_seq, memory_order_relaxed);
+    atomic_store_explicit(&s->ring_seq, q + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
     uint64_t head = atomic_load(&s->ring_head);
     fake_busy *last = head ? &s->ring[(head - 1) % FAKE_RING] : NULL;
     if (last && last->pid == pid && last->end_ns == start) {
@@ -478,24 +674,129 @@ uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns)
         b->end_ns = end;
         atomic_store(&s->ring_head, head + 1);
     }
+    if (atomic_load(&s->busy_until_ns) < end) atomic_store(&s->busy_until_ns, end);
+    atomic_store_explicit(&s->ring_seq, q + 2, memory_order_release);
+}
+
+/* This process's segment (asked for once per process), or NULL. */
+static fake_segment *my_segment(void)
+{
+    int me = (int)getpid();
+    if (seg && seg_pid == me) return seg;
+    fake_rep rep;
+    int fd = -1;
+    if (request(FAKE_OP_SEGMENT, 0, 0, &rep, &fd) != 0 || rep.rc != 0 || fd < 0) {
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    fake_segment *m = mmap(NULL, sizeof(*m), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return NULL;
+    seg = m;
+    seg_pid = me;
+    return seg;
+}
+
+uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns)
+{
+    if (duration_ns == 0) return fake_now_ns(); /* an empty kernel keeps nothing busy */
+    if (sys_state.daemon_mode) {
+        /* No round trip per launch: the process's own segment, merged by the daemon. */
+        int dev = node_index(s);
+        pthread_mutex_lock(&seg_lock);
+        fake_segment *g = dev >= 0 ? my_segment() : NULL;
+        uint64_t now = fake_now_ns();
+        if (!g) {
+            pthread_mutex_unlock(&seg_lock);
+            return now + duration_ns;
+        }
+        fake_seg_dev *d = &g->dev[dev];
+        uint64_t start = atomic_load(&d->until_ns), queue = atomic_load(&s->busy_until_ns);
+        if (start < queue) start = queue;
+        if (start < now) start = now;
+        uint64_t end = start + duration_ns;
+        uint64_t head = atomic_load_explicit(&d->head, memory_order_relaxed);
+        fake_seg_busy *last = head ? &d->ring[(head - 1) % FAKE_SEG_RING] : NULL;
+        if (last && atomic_load(&last->end_ns) == start) {
+            atomic_store(&last->end_ns, end);
+        } else {
+            fake_seg_busy *b = &d->ring[head % FAKE_SEG_RING];
+            b->start_ns = start;
+            atomic_store(&b->end_ns, end);
+            atomic_store_explicit(&d->head, head + 1, memory_order_release);
+        }
+        atomic_store(&d->until_ns, end);
+        pthread_mutex_unlock(&seg_lock);
+        return end;
+    }
+    int32_t pid = fake_self_pid();
+    fake_lock(s);
+    uint64_t now = fake_now_ns();
+    uint64_t start = atomic_load(&s->busy_until_ns);
+    if (start < now) start = now;
+    uint64_t end = start + duration_ns;
+    fake_ring_append(s, pid, start, end);
     fake_unlock(s);
     return end;
 }
 
-uint64_t fake_busy_between(fake_dev_state *s, int32_t pid, uint64_t from_ns, uint64_t to_ns)
+uint64_t fake_busy_until(fake_dev_state *s)
+{
+    uint64_t until = atomic_load(&s->busy_until_ns);
+    if (sys_state.daemon_mode) {
+        int dev = node_index(s);
+        pthread_mutex_lock(&seg_lock);
+        if (seg && seg_pid == (int)getpid() && dev >= 0) {
+            uint64_t own = atomic_load(&seg->dev[dev].until_ns);
+            if (own > until) until = own;
+        }
+        pthread_mutex_unlock(&seg_lock);
+    }
+    return until;
+}
+
+/* How far out of order the daemon's merged timeline can be (processes' segments are merged every few
+ * milliseconds); readers look that much further back before they stop. */
+#define FAKE_MERGE_SLACK_NS 1000000000ull
+
+static uint64_t busy_scan(fake_dev_state *s, int32_t pid, uint64_t from_ns, uint64_t to_ns, uint64_t slack)
 {
     uint64_t busy = 0;
-    fake_lock(s);
     uint64_t head = atomic_load(&s->ring_head);
     uint64_t n = head < FAKE_RING ? head : FAKE_RING;
     for (uint64_t k = 0; k < n; k++) {
-        fake_busy *b = &s->ring[(head - 1 - k) % FAKE_RING];
-        if (b->end_ns <= from_ns) break; /* intervals are serialized: all older ones end earlier */
+        const volatile fake_busy *b = &s->ring[(head - 1 - k) % FAKE_RING];
+        uint64_t bs = b->start_ns, be = b->end_ns;
+        if (be + slack <= from_ns) break; /* intervals are serialized: all older ones end earlier */
         if (pid && b->pid != pid) continue;
-        uint64_t a = b->start_ns > from_ns ? b->start_ns : from_ns;
-        uint64_t e = b->end_ns < to_ns ? b->end_ns : to_ns;
+        uint64_t a = bs > from_ns ? bs : from_ns;
+        uint64_t e = be < to_ns ? be : to_ns;
         if (e > a) busy += e - a;
     }
-    fake_unlock(s);
+    return busy;
+}
+
+uint64_t fake_busy_between(fake_dev_state *s, int32_t pid, uint64_t from_ns, uint64_t to_ns)
+{
+    uint64_t busy;
+    if (sys_state.daemon_mode) {
+        sync_timelines();
+        for (;;) {
+            uint64_t q = atomic_load_explicit(&s->ring_seq, memory_order_acquire);
+            if (q & 1) {
+                sched_yield();
+                continue;
+            }
+            busy = busy_scan(s, pid, from_ns, to_ns, FAKE_MERGE_SLACK_NS);
+            atomic_thread_fence(memory_order_acquire);
+            if (atomic_load_explicit(&s->ring_seq, memory_order_relaxed) == q) break;
+        }
+    } else {
+        fake_lock(s);
+        busy = busy_scan(s, pid, from_ns, to_ns, 0);
+        fake_unlock(s);
+    }
+    /* merged segments may overlap a little: the device is never more than fully busy */
+    if (to_ns > from_ns && busy > to_ns - from_ns) busy = to_ns - from_ns;
     return busy;
 }

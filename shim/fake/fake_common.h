@@ -12,6 +12,15 @@
  * Slots are then keyed by host PID (what NVML reports) and never judged alive or dead by a PID the
  * process cannot see. Without the socket, slots hold the process's own PID and liveness is checked
  * with kill(0) and the start time (fine while everything shares one PID namespace).
+ *
+ * With the daemon, the state is the daemon's alone, as the real driver's state is the kernel's: it
+ * creates the files (mode 0644), clients map them read-only (NVML reads them without a round trip)
+ * and every change (a slot, memory charged or freed, a context) is a request on the connection,
+ * applied by the daemon to the peer's own slot and checked against the card, like an ioctl. Kernel
+ * launches stay cheap: each process writes its busy intervals into its own segment (a sealed memfd
+ * the daemon hands it), which the daemon merges into the device's timeline every few milliseconds and
+ * before any reader's query. A process can therefore only describe its own launches, never another
+ * process's memory, contexts or time.
  */
 #ifndef FAKE_COMMON_H
 #define FAKE_COMMON_H
@@ -79,6 +88,7 @@ typedef struct {
     _Atomic uint64_t busy_until_ns;
     _Atomic uint64_t ring_head;
     _Atomic uint64_t used_total; /* sum of live processes' used, maintained on alloc/free/reclaim */
+    _Atomic uint64_t ring_seq;   /* odd while the daemon rewrites the ring (readers retry) */
     fake_proc procs[FAKE_MAX_PROCS];
     fake_busy ring[FAKE_RING];
 } fake_dev_state;
@@ -92,7 +102,45 @@ typedef struct {
     char config_path[4096];
     char state_dir[4200];
     fake_dev_state *state[FAKE_MAX_GPUS];
+    int state_index[FAKE_MAX_GPUS]; /* the GPU's place on the node (the state file's number) */
+    int daemon_mode;                /* the state is the daemon's: read-only here, changed by requests */
 } fake_system;
+
+/* Requests on the daemon connection (SOCK_SEQPACKET: one message each, answered in order). */
+enum {
+    FAKE_OP_SLOT = 1,  /* the caller's slot on `dev` (created): val = its index in procs[] */
+    FAKE_OP_CHARGE,    /* charge `arg` bytes to the caller on `dev`: rc 0, or 2 when the card is full */
+    FAKE_OP_UNCHARGE,  /* give back `arg` bytes (never more than the caller holds) */
+    FAKE_OP_CONTEXTS,  /* add `arg` (+1/-1) to the caller's live contexts on `dev` */
+    FAKE_OP_SEGMENT,   /* the caller's busy segment (its fd comes with the answer) */
+    FAKE_OP_SYNC,      /* merge every process's busy segment into the timelines now */
+};
+typedef struct {
+    uint32_t op;
+    int32_t dev; /* the GPU's place on the node */
+    int64_t arg;
+} fake_req;
+typedef struct {
+    int32_t rc; /* 0 ok, 1 bad request, 2 out of memory, 3 no slot free, 4 device not reachable */
+    uint32_t pad;
+    uint64_t val;
+} fake_rep;
+
+/* One process's own busy intervals (written by it, read and merged by the daemon). */
+#define FAKE_SEG_RING 256
+typedef struct {
+    uint64_t start_ns;
+    _Atomic uint64_t end_ns; /* the last entry grows while the process's kernels run back to back */
+} fake_seg_busy;
+typedef struct {
+    _Atomic uint64_t until_ns; /* the end of this process's last launch */
+    _Atomic uint64_t head;
+    fake_seg_busy ring[FAKE_SEG_RING];
+} fake_seg_dev;
+typedef struct {
+    char magic[8]; /* "FAKESEG1" */
+    fake_seg_dev dev[FAKE_MAX_GPUS]; /* by the GPU's place on the node */
+} fake_segment;
 
 /* Loads the config and maps the state (once per process). NULL with a message on stderr if unusable. */
 fake_system *fake_system_get(void);
@@ -120,5 +168,18 @@ int32_t fake_self_pid(void);
 void fake_release_process(fake_system *s, int32_t pid, uint64_t start_time);
 /* Loads the config for the daemon itself (it never connects to its own socket). */
 fake_system *fake_system_load_for_daemon(const char *config_path);
+
+/* Memory and contexts of the calling process on a device: through the daemon when it serves (the
+ * state is read-only here), else directly in the shared state. fake_charge: 0, or -1 when the card is
+ * full (or the daemon refuses). */
+int fake_charge(fake_dev_state *s, uint64_t size);
+void fake_uncharge(fake_dev_state *s, uint64_t size);
+void fake_contexts_add(fake_dev_state *s, int delta);
+/* When the device's queue drains, this process's own launches included. */
+uint64_t fake_busy_until(fake_dev_state *s);
+
+/* Appends [start, end) of `pid` to the device's timeline (caller holds the lock; the daemon merges
+ * segments with it): joins the previous interval when it continues it, moves busy_until. */
+void fake_ring_append(fake_dev_state *s, int32_t pid, uint64_t start_ns, uint64_t end_ns);
 
 #endif

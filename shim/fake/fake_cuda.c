@@ -1,6 +1,6 @@
 /*
- * Fake libcuda.so.1: the subset of the CUDA driver API the shim, the tests and the benchmark use,
- * over host memory. Device memory is anonymous host memory mapped per allocation (MAP_NORESERVE: pages
+ * Fake libcuda.so.1, its core: devices, contexts, linear and pool memory, IPC, graph memory, events
+ * (the other API families are in cuda_*.c), over host memory. Device memory is anonymous host memory mapped per allocation (MAP_NORESERVE: pages
  * exist only once touched); exporting it for IPC moves it onto a memfd at the same address, so another
  * process can open the handle like on a real GPU. Kernels are
  * not executed: a module's "PTX" may say `// gpuslice-fake: duration_us=N`, and each launch of its
@@ -19,175 +19,52 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fake_common.h"
-#include "../src/gs_procs.h"
+#include "fake_cuda.h"
+#include "fake_module.h"
 
-#define PAGE_ALIGN 4096ull
-#define QUEUE_AHEAD_NS 20000000ull /* a launch blocks when the device is booked this far ahead */
+_Atomic int initialized;
+__thread struct CUctx_st *current_ctx;
+alloc *buckets[NBUCKETS];
+pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+const uint64_t limit_default[LIM_N] = {8u << 20, 1024, 1u << 20};
+struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
+vmm_alloc *vmm_live; /* handles are checked against this list, never dereferenced blindly */
+pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+struct CUmemPoolHandle_st default_pool[FAKE_MAX_GPUS];
+struct CUmemPoolHandle_st *pools; /* device pools created by cuMemPoolCreate */
+pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER; /* primary contexts and context limits */
+uint64_t graph_spare[FAKE_MAX_GPUS], graph_backed[FAKE_MAX_GPUS]; /* under pool_lock */
 
-static _Atomic int initialized;
 
-struct CUctx_st;
-static __thread struct CUctx_st *current_ctx;
-enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3, K_VMM_MAP = 4, K_POOL = 5 };
-
-typedef struct alloc {
-    uint64_t ptr, size;
-    int dev, kind;
-    int shared_fd; /* memfd backing the range once exported for IPC, else -1 */
-    uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here; K_POOL: its pool */
-    struct CUctx_st *ctx;       /* the context it belongs to (freed with it); NULL for VMM mappings */
-    struct alloc *next;
-} alloc;
-
-#define NBUCKETS 4096
-static alloc *buckets[NBUCKETS];
-static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Context limits (cuCtxSetLimit) the driver backs with device memory: malloc heap, per-thread stack
- * (times every thread the device can hold resident), printf FIFO. The defaults are part of the
- * context's own cost (gpu.N.context_bytes); a larger limit charges the difference. */
-enum { LIM_HEAP, LIM_STACK, LIM_FIFO, LIM_N };
-static const uint64_t limit_default[LIM_N] = {8u << 20, 1024, 1u << 20};
-#define THREADS_PER_SM 2048ull
-
-struct CUctx_st {
-    int magic;
-    CUdevice dev;
-    int primary;
-    int refcount;
-    uint64_t limits[LIM_N];
-};
-#define CTX_MAGIC 0x43545831
-static struct CUctx_st primary_ctx[FAKE_MAX_GPUS];
-
-struct CUstream_st {
-    CUcontext ctx;
-};
-struct CUmod_st {
-    uint64_t duration_ns;
-};
-struct CUfunc_st {
-    int magic;
-    uint64_t duration_ns;
-    CUdevice dev;
-};
-#define FUNC_MAGIC 0x46554e43
-/* A stream-ordered pool keeps freed memory reserved (charged to the card) until a synchronization
- * finds it above the release threshold, or cuMemPoolTrimTo; like the driver's. */
-struct CUmemPoolHandle_st {
-    CUmemLocationType type;
-    int id;
-    uint64_t reserved, in_use, reserved_high, used_high, threshold;
-    int is_default;
-    struct CUmemPoolHandle_st *next;
-};
-struct CUarray_st {
-    uint64_t size;
-    int dev;
-};
-struct CUmipmappedArray_st {
-    uint64_t size;
-    int dev;
-};
-struct CUgraph_st {
-    uint64_t duration_ns;
-    uint64_t mem_bytes; /* memory alloc nodes */
-};
-/* Graph memory: an executable graph's alloc nodes get physical memory at its first launch and keep
- * it; destroying the executable returns it to the device's graph pool, which keeps it reserved
- * until cuDeviceGraphMemTrim. */
-struct CUgraphExec_st {
-    uint64_t duration_ns;
-    CUdevice dev;
-    uint64_t mem_bytes;
-    int backed;
-};
-struct CUextMemory_st {
-    int fd;
-    uint64_t size;
-};
-struct CUgraphNode_st {
-    int unused;
-};
-struct CUevent_st {
-    uint64_t t_ns; /* where the device timeline reaches the event; 0 until recorded */
-    CUdevice dev;
-};
-/* A VMM physical allocation (cuMemCreate): backed by a memfd; alive while the application holds a
- * handle to it (create/import/retain, each undone by a cuMemRelease) or any mapping of it. */
-#define VMM_MAGIC 0x564d4d31
-typedef struct vmm_alloc_s {
-    int magic;
-    uint64_t size;
-    int dev;         /* -1: host location, not on a GPU */
-    int charged;     /* counted in the card's used memory (device location, created here) */
-    int fd;          /* memfd */
-    int handle_refs; /* handles held by the application */
-    int map_refs;    /* live mappings */
-    struct vmm_alloc_s *next;
-} vmm_alloc;
-static vmm_alloc *vmm_live; /* handles are checked against this list, never dereferenced blindly */
-static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static struct CUmemPoolHandle_st default_pool[FAKE_MAX_GPUS];
-static struct CUmemPoolHandle_st *pools; /* device pools created by cuMemPoolCreate */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER; /* primary contexts and context limits */
-static uint64_t graph_spare[FAKE_MAX_GPUS], graph_backed[FAKE_MAX_GPUS]; /* under pool_lock */
-
-#define CHECK_INIT()                                                                                     \
-    do {                                                                                                 \
-        if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;                               \
-    } while (0)
-
-static fake_system *sys(void)
+fake_system *sys(void)
 {
     return fake_system_get();
 }
 
-static int valid_dev(CUdevice d)
+int valid_dev(CUdevice d)
 {
     return d >= 0 && d < sys()->count;
 }
 
 /* ---------------------------------------------------------------- memory accounting of the card */
 
-/* Lock-free unless the card looks full; then dead processes' memory is reclaimed and it is retried. */
-static CUresult charge(int dev, uint64_t size)
+/* The card's accounting is the double's (fake_common): through the host daemon when it serves. */
+CUresult charge(int dev, uint64_t size)
 {
-    fake_dev_state *s = sys()->state[dev];
-    fake_proc *me = fake_self_slot(s);
-    if (!me) return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t cap = sys()->gpus[dev].memory_bytes;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        uint64_t used = atomic_load(&s->used_total);
-        while (used + size <= cap) {
-            if (atomic_compare_exchange_weak(&s->used_total, &used, used + size)) {
-                atomic_fetch_add(&me->used, size);
-                return CUDA_SUCCESS;
-            }
-        }
-        fake_lock(s);
-        (void)fake_used_locked(s);
-        fake_unlock(s);
-    }
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return fake_charge(sys()->state[dev], size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-static void uncharge(int dev, uint64_t size)
+void uncharge(int dev, uint64_t size)
 {
-    fake_dev_state *s = sys()->state[dev];
-    fake_proc *me = fake_self_slot(s);
-    if (me) atomic_fetch_sub(&me->used, size);
-    atomic_fetch_sub(&s->used_total, size);
+    fake_uncharge(sys()->state[dev], size);
 }
 
-static void track(uint64_t ptr, uint64_t size, int dev, int kind)
+void track(uint64_t ptr, uint64_t size, int dev, int kind)
 {
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, NULL};
+    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -195,7 +72,7 @@ static void track(uint64_t ptr, uint64_t size, int dev, int kind)
     pthread_mutex_unlock(&alloc_lock);
 }
 
-static alloc *untrack(uint64_t ptr)
+alloc *untrack(uint64_t ptr)
 {
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
@@ -211,7 +88,7 @@ static alloc *untrack(uint64_t ptr)
     return NULL;
 }
 
-static int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
+int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
 {
     int found = 0;
     pthread_mutex_lock(&alloc_lock);
@@ -227,19 +104,34 @@ static int find_range(uint64_t ptr, uint64_t *base, uint64_t *size)
     return found;
 }
 
-static CUresult current_dev(CUdevice *dev)
+int find_alloc(uint64_t ptr, alloc *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&alloc_lock);
+    for (unsigned b = 0; b < NBUCKETS && !found; b++)
+        for (alloc *a = buckets[b]; a; a = a->next)
+            if (ptr >= a->ptr && ptr < a->ptr + (a->size ? a->size : 1)) {
+                *out = *a;
+                found = 1;
+                break;
+            }
+    pthread_mutex_unlock(&alloc_lock);
+    return found;
+}
+
+CUresult current_dev(CUdevice *dev)
 {
     if (current_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
     *dev = current_ctx->dev;
     return CUDA_SUCCESS;
 }
 
-static uint64_t rounded(uint64_t size)
+uint64_t rounded(uint64_t size)
 {
     return (size + PAGE_ALIGN - 1) & ~(PAGE_ALIGN - 1);
 }
 
-static CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
+CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
 {
     CUresult rc = charge(dev, size);
     if (rc != CUDA_SUCCESS) return rc;
@@ -253,9 +145,8 @@ static CUresult device_alloc(uint64_t *out, uint64_t size, int dev)
     return CUDA_SUCCESS;
 }
 
-static void vmm_unref(vmm_alloc *v, int handle_ref);
 
-static void device_free(alloc *a)
+void device_free(alloc *a)
 {
     if (a->kind == K_VMM_MAP) { /* back to a reserved, inaccessible range */
         mmap((void *)(uintptr_t)a->ptr, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
@@ -276,7 +167,7 @@ static void device_free(alloc *a)
 }
 
 /* Destroying a context frees every allocation made in it, as the driver does. */
-static void free_ctx_allocs(struct CUctx_st *c)
+void free_ctx_allocs(struct CUctx_st *c)
 {
     alloc *gone = NULL;
     pthread_mutex_lock(&alloc_lock);
@@ -382,32 +273,6 @@ FAKE_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     return rc;
 }
 
-FAKE_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
-{
-    CHECK_INIT();
-    if (!pi) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    const fake_gpu *g = &sys()->gpus[dev];
-    switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = g->cc_major; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = g->cc_minor; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = g->multiprocessors; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = (int)g->pci_bus; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = (int)g->pci_device; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = (int)g->pci_domain; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = (int)THREADS_PER_SM; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *pi = 1; break;
-    default: return CUDA_ERROR_NOT_SUPPORTED;
-    }
-    return CUDA_SUCCESS;
-}
-
 FAKE_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
     CHECK_INIT();
@@ -432,8 +297,7 @@ static CUresult ctx_memory_charge(struct CUctx_st *c)
     const fake_gpu *g = &sys()->gpus[c->dev];
     if (g->context_create_us) usleep(g->context_create_us);
     CUresult rc = g->context_bytes ? charge(c->dev, g->context_bytes) : CUDA_SUCCESS;
-    fake_proc *me = fake_self_slot(sys()->state[c->dev]);
-    if (rc == CUDA_SUCCESS && me) atomic_fetch_add(&me->contexts, 1);
+    if (rc == CUDA_SUCCESS) fake_contexts_add(sys()->state[c->dev], 1);
     return rc;
 }
 
@@ -451,8 +315,7 @@ static void ctx_memory_uncharge(struct CUctx_st *c)
     ctx_limits_reset(c);
     uint64_t b = sys()->gpus[c->dev].context_bytes;
     if (b) uncharge(c->dev, b);
-    fake_proc *me = fake_self_slot(sys()->state[c->dev]);
-    if (me && atomic_load(&me->contexts) > 0) atomic_fetch_sub(&me->contexts, 1);
+    fake_contexts_add(sys()->state[c->dev], -1);
 }
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -489,6 +352,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (__atomic_sub_fetch(&primary_ctx[dev].refcount, 1, __ATOMIC_SEQ_CST) == 0) {
         free_ctx_allocs(&primary_ctx[dev]); /* the last release destroys the primary context */
         ctx_memory_uncharge(&primary_ctx[dev]);
+        fake_cls_context_gone(&primary_ctx[dev]);
     }
     pthread_mutex_unlock(&primary_lock);
     return CUDA_SUCCESS;
@@ -509,6 +373,7 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CHECK_INIT();
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
     free_ctx_allocs(&primary_ctx[dev]);
+    fake_cls_context_gone(&primary_ctx[dev]);
     pthread_mutex_lock(&primary_lock);
     if (primary_ctx[dev].refcount > 0) ctx_limits_reset(&primary_ctx[dev]); /* limits back to defaults */
     pthread_mutex_unlock(&primary_lock);
@@ -575,6 +440,7 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (!ctx || ctx->magic != CTX_MAGIC || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (current_ctx == ctx) current_ctx = NULL;
     free_ctx_allocs(ctx);
+    fake_cls_context_gone(ctx);
     ctx_memory_uncharge(ctx);
     ctx->magic = 0;
     free(ctx);
@@ -641,17 +507,38 @@ FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* The calling thread's context stack: current_ctx is its top, these are the ones below it. */
+#define CTX_STACK_MAX 64
+static __thread struct CUctx_st *ctx_below[CTX_STACK_MAX];
+static __thread int ctx_depth;
+
 FAKE_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    return cuCtxSetCurrent(ctx);
+    CHECK_INIT();
+    if (!ctx || ctx->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_below[ctx_depth++] = current_ctx;
+    current_ctx = ctx;
+    return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
     CHECK_INIT();
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     if (pctx) *pctx = current_ctx;
-    current_ctx = NULL;
+    current_ctx = ctx_depth > 0 ? ctx_below[--ctx_depth] : NULL;
     return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    return cuCtxPushCurrent_v2(ctx);
+}
+
+FAKE_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    return cuCtxPopCurrent_v2(pctx);
 }
 
 FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
@@ -661,9 +548,9 @@ FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
     return current_dev(dev);
 }
 
-static void wait_device_idle(CUdevice dev)
+void wait_device_idle(CUdevice dev)
 {
-    uint64_t until = atomic_load(&sys()->state[dev]->busy_until_ns);
+    uint64_t until = fake_busy_until(sys()->state[dev]);
     uint64_t now = fake_now_ns();
     if (until > now) {
         struct timespec ts = {.tv_sec = (time_t)((until - now) / 1000000000ull),
@@ -684,7 +571,7 @@ static void pool_shrink_locked(struct CUmemPoolHandle_st *p, uint64_t keep)
     }
 }
 
-static void pools_release(CUdevice dev)
+void pools_release(CUdevice dev)
 {
     pthread_mutex_lock(&pool_lock);
     if (dev >= 0 && dev < FAKE_MAX_GPUS) pool_shrink_locked(&default_pool[dev], default_pool[dev].threshold);
@@ -764,7 +651,14 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
-    return alloc_current(dptr, bytesize);
+    CUresult rc = alloc_current(dptr, bytesize);
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&alloc_lock);
+        for (alloc *a = buckets[(unsigned)((*dptr >> 12) % NBUCKETS)]; a; a = a->next)
+            if (a->ptr == *dptr) a->managed = 1;
+        pthread_mutex_unlock(&alloc_lock);
+    }
+    return rc;
 }
 
 FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
@@ -856,13 +750,13 @@ FAKE_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
 
 FAKE_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
-    (void)flags;
     CHECK_INIT();
     if (!ph) return CUDA_ERROR_INVALID_VALUE;
     if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
     s->ctx = current_ctx;
+    s->flags = flags;
     *ph = s;
     return CUDA_SUCCESS;
 }
@@ -879,14 +773,13 @@ FAKE_EXPORT CUresult cuStreamSynchronize(CUstream h)
 {
     CHECK_INIT();
     CUdevice dev;
-    if (h) dev = h->ctx->dev;
-    else if (current_dev(&dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stream_dev(h, &dev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
     wait_device_idle(dev);
     pools_release(dev);
     return CUDA_SUCCESS;
 }
 
-static CUresult stream_dev(CUstream s, CUdevice *dev)
+CUresult stream_dev(CUstream s, CUdevice *dev)
 {
     if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) {
         *dev = s->ctx->dev;
@@ -922,7 +815,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, CUdeviceptr *dptr, s
     *dptr = (CUdeviceptr)(uintptr_t)p;
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, NULL};
+    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, 0, NULL};
     pthread_mutex_lock(&alloc_lock);
     unsigned b = (unsigned)((*dptr >> 12) % NBUCKETS);
     a->next = buckets[b];
@@ -1079,363 +972,6 @@ FAKE_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size
     return cuMemAllocFromPoolAsync(dptr, size, pool, s);
 }
 
-/* ---------------------------------------------------------------- VMM */
-
-FAKE_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
-                                                   CUmemAllocationGranularity_flags option)
-{
-    (void)option;
-    CHECK_INIT();
-    if (!g || !prop) return CUDA_ERROR_INVALID_VALUE;
-    *g = 2u << 20;
-    return CUDA_SUCCESS;
-}
-
-static vmm_alloc *vmm_of(CUmemGenericAllocationHandle h)
-{
-    pthread_mutex_lock(&vmm_lock);
-    vmm_alloc *v = vmm_live;
-    while (v && (uintptr_t)v != (uintptr_t)h) v = v->next;
-    pthread_mutex_unlock(&vmm_lock);
-    return v;
-}
-
-/* Drops one reference; the physical memory goes with the last one (like the driver). */
-static void vmm_unref(vmm_alloc *v, int handle_ref)
-{
-    pthread_mutex_lock(&vmm_lock);
-    if (handle_ref) v->handle_refs--;
-    else v->map_refs--;
-    int last = v->handle_refs == 0 && v->map_refs == 0;
-    if (last)
-        for (vmm_alloc **pp = &vmm_live; *pp; pp = &(*pp)->next)
-            if (*pp == v) {
-                *pp = v->next;
-                break;
-            }
-    pthread_mutex_unlock(&vmm_lock);
-    if (!last) return;
-    if (v->charged) uncharge(v->dev, v->size);
-    close(v->fd);
-    v->magic = 0;
-    free(v);
-}
-
-static CUresult vmm_new(CUmemGenericAllocationHandle *handle, uint64_t size, int dev, int charged, int fd)
-{
-    vmm_alloc *v = calloc(1, sizeof(*v));
-    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
-    *v = (vmm_alloc){VMM_MAGIC, size, dev, charged, fd, 1, 0, NULL};
-    pthread_mutex_lock(&vmm_lock);
-    v->next = vmm_live;
-    vmm_live = v;
-    pthread_mutex_unlock(&vmm_lock);
-    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                                 unsigned long long flags)
-{
-    CHECK_INIT();
-    if (!handle || !prop || flags != 0 || size == 0 || size % (2u << 20) != 0) return CUDA_ERROR_INVALID_VALUE;
-    int dev = -1;
-    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (!valid_dev(prop->location.id)) return CUDA_ERROR_INVALID_DEVICE;
-        dev = prop->location.id;
-        CUresult rc = charge(dev, size);
-        if (rc != CUDA_SUCCESS) return rc;
-    }
-    int fd = memfd_create("fake-gpu-vmm", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
-        if (fd >= 0) close(fd);
-        if (dev >= 0) uncharge(dev, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    CUresult rc = vmm_new(handle, size, dev, dev >= 0, fd);
-    if (rc != CUDA_SUCCESS) {
-        close(fd);
-        if (dev >= 0) uncharge(dev, size);
-    }
-    return rc;
-}
-
-FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    CHECK_INIT();
-    vmm_alloc *v = vmm_of(handle);
-    if (!v) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&vmm_lock);
-    int ok = v->handle_refs > 0;
-    pthread_mutex_unlock(&vmm_lock);
-    if (!ok) return CUDA_ERROR_INVALID_VALUE;
-    vmm_unref(v, 1);
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
-                                         unsigned long long flags)
-{
-    (void)alignment;
-    (void)addr;
-    CHECK_INIT();
-    if (!ptr || size == 0 || size % (2u << 20) != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    *ptr = (CUdeviceptr)(uintptr_t)p;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
-{
-    CHECK_INIT();
-    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t base, sz;
-    if (find_range(ptr, &base, &sz) || find_range(ptr + size - 1, &base, &sz)) return CUDA_ERROR_INVALID_VALUE; /* still mapped */
-    munmap((void *)(uintptr_t)ptr, size);
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                              unsigned long long flags)
-{
-    CHECK_INIT();
-    vmm_alloc *v = vmm_of(handle);
-    if (!v || !ptr || size == 0 || flags != 0 || offset + size > v->size || size % (2u << 20) != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    uint64_t base, sz;
-    if (find_range(ptr, &base, &sz)) return CUDA_ERROR_INVALID_VALUE; /* already mapped */
-    pthread_mutex_lock(&vmm_lock);
-    int alive = v->handle_refs > 0; /* mapping needs a handle the application still holds */
-    if (alive) v->map_refs++;
-    pthread_mutex_unlock(&vmm_lock);
-    if (!alive) return CUDA_ERROR_INVALID_VALUE;
-    if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
-        MAP_FAILED) {
-        vmm_unref(v, 0);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    alloc *a = malloc(sizeof(*a));
-    if (!a) abort();
-    *a = (alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, NULL};
-    pthread_mutex_lock(&alloc_lock);
-    unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
-    a->next = buckets[b];
-    buckets[b] = a;
-    pthread_mutex_unlock(&alloc_lock);
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
-{
-    CHECK_INIT();
-    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    /* the range may span several mappings, each unmapped whole */
-    for (CUdeviceptr p = ptr; p < ptr + size;) {
-        alloc *a = untrack(p);
-        if (!a || a->kind != K_VMM_MAP) {
-            if (a) {
-                track(a->ptr, a->size, a->dev, a->kind);
-                free(a);
-            }
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        p += a->size;
-        device_free(a);
-    }
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
-{
-    CHECK_INIT();
-    if (!ptr || size == 0 || !desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
-{
-    CHECK_INIT();
-    if (!handle || !addr) return CUDA_ERROR_INVALID_VALUE;
-    vmm_alloc *v = NULL;
-    pthread_mutex_lock(&alloc_lock);
-    for (unsigned b = 0; b < NBUCKETS && !v; b++)
-        for (alloc *a = buckets[b]; a; a = a->next)
-            if (a->kind == K_VMM_MAP && (uintptr_t)addr >= a->ptr && (uintptr_t)addr < a->ptr + a->size) {
-                v = (vmm_alloc *)a->shared_fd_handle;
-                break;
-            }
-    pthread_mutex_unlock(&alloc_lock);
-    if (!v) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&vmm_lock);
-    v->handle_refs++;
-    pthread_mutex_unlock(&vmm_lock);
-    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
-                                                  CUmemAllocationHandleType type, unsigned long long flags)
-{
-    CHECK_INIT();
-    vmm_alloc *v = vmm_of(handle);
-    if (!v || !shareable || flags != 0 || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
-    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    *(int *)shareable = fd;
-    return CUDA_SUCCESS;
-}
-
-/* The importer gets a handle to the same physical memory (the exporter's: not charged again). */
-FAKE_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
-                                                    CUmemAllocationHandleType type)
-{
-    CHECK_INIT();
-    if (!handle || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
-    int fd = fcntl((int)(intptr_t)osHandle, F_DUPFD_CLOEXEC, 0);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
-        if (fd >= 0) close(fd);
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    CUresult rc = vmm_new(handle, (uint64_t)st.st_size, current_ctx ? current_ctx->dev : 0, 0, fd);
-    if (rc != CUDA_SUCCESS) close(fd);
-    return rc;
-}
-
-/* ---------------------------------------------------------------- external memory */
-
-/* Memory another API (Vulkan, EGL) allocated, imported by file descriptor. The double charges the
- * card nothing for it: in a real process the exporting API's allocation already holds it. */
-FAKE_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *ext, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc)
-{
-    CHECK_INIT();
-    if (!ext || !desc || desc->size == 0 || desc->type != CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD ||
-        desc->handle.fd < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUextMemory_st *m = calloc(1, sizeof(*m));
-    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-    m->fd = desc->handle.fd; /* the driver owns the descriptor after a successful import */
-    m->size = desc->size;
-    *ext = m;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory ext)
-{
-    CHECK_INIT();
-    if (!ext) return CUDA_ERROR_INVALID_HANDLE;
-    close(ext->fd);
-    free(ext);
-    return CUDA_SUCCESS;
-}
-
-/* ---------------------------------------------------------------- arrays */
-
-static uint64_t fmt_bytes(CUarray_format f)
-{
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF: return 2;
-    default: return 4;
-    }
-}
-
-static uint64_t nz(size_t v)
-{
-    return v ? v : 1;
-}
-
-static CUresult array_new(uint64_t size, void **out, size_t objsize)
-{
-    CHECK_INIT();
-    CUdevice dev;
-    CUresult rc = current_dev(&dev);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = charge(dev, size);
-    if (rc != CUDA_SUCCESS) return rc;
-    struct CUarray_st *a = calloc(1, objsize);
-    if (!a) {
-        uncharge(dev, size);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    a->size = size;
-    a->dev = dev;
-    *out = a;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
-{
-    if (!ph || !d || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
-        return CUDA_ERROR_INVALID_VALUE;
-    return array_new(nz(d->Width) * nz(d->Height) * fmt_bytes(d->Format) * d->NumChannels, (void **)ph,
-                     sizeof(struct CUarray_st));
-}
-
-static uint64_t a3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)
-{
-    uint64_t depth = nz(d->Depth);
-    if ((d->Flags & CUDA_ARRAY3D_CUBEMAP) && !(d->Flags & CUDA_ARRAY3D_LAYERED)) depth = 6;
-    return nz(d->Width) * nz(d->Height) * depth * fmt_bytes(d->Format) * nz(d->NumChannels);
-}
-
-FAKE_EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
-{
-    if (!ph || !d || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
-        return CUDA_ERROR_INVALID_VALUE;
-    return array_new(a3d_bytes(d), (void **)ph, sizeof(struct CUarray_st));
-}
-
-FAKE_EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
-{
-    if (!d) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_ARRAY_DESCRIPTOR v2 = {d->Width, d->Height, d->Format, d->NumChannels};
-    return cuArrayCreate_v2(ph, &v2);
-}
-
-FAKE_EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
-{
-    if (!d) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_ARRAY3D_DESCRIPTOR v2 = {d->Width, d->Height, d->Depth, d->Format, d->NumChannels, d->Flags};
-    return cuArray3DCreate_v2(ph, &v2);
-}
-
-FAKE_EXPORT CUresult cuArrayDestroy(CUarray h)
-{
-    CHECK_INIT();
-    if (!h) return CUDA_ERROR_INVALID_HANDLE;
-    uncharge(h->dev, h->size);
-    free(h);
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
-{
-    if (!ph || !d || d->Width == 0 || levels == 0) return CUDA_ERROR_INVALID_VALUE;
-    CUDA_ARRAY3D_DESCRIPTOR l = *d;
-    uint64_t total = 0;
-    for (unsigned int i = 0; i < levels; i++) {
-        total += a3d_bytes(&l);
-        l.Width = l.Width > 1 ? l.Width / 2 : l.Width;
-        l.Height = l.Height > 1 ? l.Height / 2 : l.Height;
-        if (!(l.Flags & CUDA_ARRAY3D_LAYERED)) l.Depth = l.Depth > 1 ? l.Depth / 2 : l.Depth;
-    }
-    return array_new(total, (void **)ph, sizeof(struct CUmipmappedArray_st));
-}
-
-FAKE_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
-{
-    CHECK_INIT();
-    if (!h) return CUDA_ERROR_INVALID_HANDLE;
-    uncharge(h->dev, h->size);
-    free(h);
-    return CUDA_SUCCESS;
-}
-
 /* ---------------------------------------------------------------- IPC */
 
 typedef struct {
@@ -1541,114 +1077,6 @@ FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     return CUDA_SUCCESS;
 }
 
-/* ---------------------------------------------------------------- modules and launches */
-
-FAKE_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
-{
-    CHECK_INIT();
-    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
-    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
-    struct CUmod_st *m = calloc(1, sizeof(*m));
-    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-    m->duration_ns = 10000;
-    const char *tag = strstr((const char *)image, "gpuslice-fake: duration_us=");
-    if (tag) m->duration_ns = strtoull(tag + strlen("gpuslice-fake: duration_us="), NULL, 10) * 1000ull;
-    *module = m;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuModuleUnload(CUmodule m)
-{
-    CHECK_INIT();
-    if (!m) return CUDA_ERROR_INVALID_HANDLE;
-    free(m);
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
-{
-    CHECK_INIT();
-    if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
-    struct CUfunc_st *fn = calloc(1, sizeof(*fn));
-    if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
-    fn->magic = FUNC_MAGIC;
-    fn->duration_ns = m->duration_ns;
-    fn->dev = current_ctx ? current_ctx->dev : 0;
-    *f = fn;
-    return CUDA_SUCCESS;
-}
-
-static CUresult occupy(CUdevice dev, uint64_t duration_ns)
-{
-    uint64_t end = fake_record_busy(sys()->state[dev], duration_ns);
-    uint64_t now = fake_now_ns();
-    if (end > now + QUEUE_AHEAD_NS) { /* the launch queue is full: block like the driver */
-        uint64_t wait = end - now - QUEUE_AHEAD_NS;
-        struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
-    }
-    return CUDA_SUCCESS;
-}
-
-static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
-{
-    CHECK_INIT();
-    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
-    if (!f || f->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
-    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
-        return CUDA_ERROR_INVALID_VALUE;
-    return occupy(current_ctx->dev, f->duration_ns);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                                    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
-                                    void **extra)
-{
-    (void)shmem;
-    (void)s;
-    (void)params;
-    (void)extra;
-    return launch(f, gx, gy, gz, bx, by, bz);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
-                                         CUstream s, void **params, void **extra)
-{
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
-{
-    (void)params;
-    (void)extra;
-    if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
-}
-
-FAKE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
-{
-    return cuLaunchKernelEx(c, f, params, extra);
-}
-
-FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
-                                               CUstream s, void **params)
-{
-    (void)shmem;
-    (void)s;
-    (void)params;
-    return launch(f, gx, gy, gz, bx, by, bz);
-}
-
-FAKE_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                    unsigned int bx, unsigned int by, unsigned int bz,
-                                                    unsigned int shmem, CUstream s, void **params)
-{
-    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-}
-
 FAKE_EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
 {
     CHECK_INIT();
@@ -1657,7 +1085,6 @@ FAKE_EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
     return *g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-static struct CUgraphNode_st graph_node;
 
 FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                              const CUDA_KERNEL_NODE_PARAMS *p)
@@ -1667,7 +1094,9 @@ FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const
     CHECK_INIT();
     if (!node || !g || !p || !p->func || p->func->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
     g->duration_ns += p->func->duration_ns;
-    *node = &graph_node;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_KERNEL);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->duration_ns = p->func->duration_ns;
     return CUDA_SUCCESS;
 }
 
@@ -1685,7 +1114,9 @@ FAKE_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const 
     if (va == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     p->dptr = (CUdeviceptr)(uintptr_t)va; /* (the virtual range is never returned: a test double) */
     g->mem_bytes += p->bytesize;
-    *node = &graph_node;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->mem_bytes = p->bytesize;
     return CUDA_SUCCESS;
 }
 
@@ -1696,7 +1127,8 @@ FAKE_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const C
     (void)ndeps;
     CHECK_INIT();
     if (!node || !g || !dptr) return CUDA_ERROR_INVALID_VALUE;
-    *node = &graph_node;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEM_FREE);
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
 }
 
@@ -1737,6 +1169,10 @@ FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsi
     x->duration_ns = g->duration_ns;
     x->dev = current_ctx->dev;
     x->mem_bytes = g->mem_bytes;
+    if (fake_graph_exec_take_ops(x, g) != CUDA_SUCCESS) {
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *e = x;
     return CUDA_SUCCESS;
 }
@@ -1758,6 +1194,7 @@ FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
         pthread_mutex_unlock(&pool_lock);
         if (rc != CUDA_SUCCESS) return rc;
     }
+    for (size_t i = 0; i < e->nops; i++) fake_graph_op_run(&e->ops[i]);
     return occupy(e->dev, e->duration_ns);
 }
 
@@ -1775,6 +1212,7 @@ FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
         graph_spare[e->dev] += e->mem_bytes;
         pthread_mutex_unlock(&pool_lock);
     }
+    if (e) free(e->ops);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -1782,7 +1220,7 @@ FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 FAKE_EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     CHECK_INIT();
-    free(g);
+    fake_graph_free(g);
     return CUDA_SUCCESS;
 }
 
@@ -1805,7 +1243,7 @@ FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
     CUdevice dev;
     CUresult rc = stream_dev(s, &dev);
     if (rc != CUDA_SUCCESS) return rc;
-    uint64_t now = fake_now_ns(), until = atomic_load(&sys()->state[dev]->busy_until_ns);
+    uint64_t now = fake_now_ns(), until = fake_busy_until(sys()->state[dev]);
     e->t_ns = until > now ? until : now;
     e->dev = dev;
     return CUDA_SUCCESS;
@@ -1888,79 +1326,4 @@ FAKE_EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
         }
     *s = NULL;
     return CUDA_ERROR_INVALID_VALUE;
-}
-
-/* ---------------------------------------------------------------- cuGetProcAddress */
-
-typedef struct {
-    const char *base;
-    int since; /* first CUDA version (1000*major + 10*minor) this variant serves */
-    void *fn, *ptsz;
-} proc_entry;
-
-/* Derived from the one list in src/gs_procs.h (shared with the shim). */
-#define P_ENTRY(base, since, fn) {#base, since, (void *)(fn), NULL},
-#define P_ENTRY_PTSZ(base, since, fn, ptsz) {#base, since, (void *)(fn), (void *)(ptsz)},
-static const proc_entry procs[] = {GS_DRIVER_PROCS(P_ENTRY, P_ENTRY_PTSZ)};
-#define NPROCS (sizeof(procs) / sizeof(procs[0]))
-
-/* Real drivers may hand out internal entry points, not their exported symbols. With
- * GPUSLICE_FAKE_PROC_TRAMPOLINES=1 the double does too: each entry gets a stub of its own that jumps to
- * the function (a distinct address that behaves the same). */
-#define T_STUB(name) ".text\n.p2align 4\nfake_tramp_" #name ":\n\tjmp " #name "\n"
-#define T_ASM(base, since, fn) __asm__(T_STUB(fn));
-#define T_ASM_PTSZ(base, since, fn, ptsz) __asm__(T_STUB(fn) T_STUB(ptsz));
-#define T_DECL(base, since, fn) extern char fake_tramp_##fn[] __attribute__((visibility("hidden")));
-#define T_DECL_PTSZ(base, since, fn, ptsz) T_DECL(base, since, fn) T_DECL(base, since, ptsz)
-GS_DRIVER_PROCS_UNIQUE(T_ASM, T_ASM_PTSZ)
-GS_DRIVER_PROCS_UNIQUE(T_DECL, T_DECL_PTSZ)
-
-static void *trampoline_of(void *fn)
-{
-    static const struct {
-        void *real, *tramp;
-    } map[] = {
-#define M_ENTRY(base, since, fn) {(void *)(fn), fake_tramp_##fn},
-#define M_ENTRY_PTSZ(base, since, fn, ptsz) M_ENTRY(base, since, fn) M_ENTRY(base, since, ptsz)
-        GS_DRIVER_PROCS_UNIQUE(M_ENTRY, M_ENTRY_PTSZ)};
-    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (map[i].real == fn) return map[i].tramp;
-    return fn;
-}
-
-static int use_trampolines(void)
-{
-    static int state; /* 0 unknown, 1 no, 2 yes */
-    if (state == 0) {
-        const char *v = getenv("GPUSLICE_FAKE_PROC_TRAMPOLINES");
-        state = v && strcmp(v, "1") == 0 ? 2 : 1;
-    }
-    return state == 2;
-}
-
-FAKE_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                                         CUdriverProcAddressQueryResult *status)
-{
-    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
-    const proc_entry *best = NULL;
-    int known = 0;
-    for (size_t i = 0; i < NPROCS; i++) {
-        if (strcmp(procs[i].base, symbol) != 0) continue;
-        known = 1;
-        if (procs[i].since <= cudaVersion && (!best || procs[i].since > best->since)) best = &procs[i];
-    }
-    *pfn = NULL;
-    if (!best) {
-        if (status) *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_FOUND;
-    }
-    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
-    if (use_trampolines()) *pfn = trampoline_of(*pfn);
-    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
-    return CUDA_SUCCESS;
-}
-
-FAKE_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
-{
-    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
 }

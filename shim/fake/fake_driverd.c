@@ -6,17 +6,25 @@
  *   - learns the client's PID with SO_PEERCRED, which the kernel translates into the daemon's PID
  *     namespace (the host PID of a process in a container), and tells the client (fake_hello);
  *   - frees the process's memory in the shared state when its last connection closes, however the
- *     process ended (exit, SIGKILL, exec), as the driver does when the process's file descriptors go.
- * NVML therefore reports host PIDs, whatever PID namespace the caller lives in.
+ *     process ended (exit, SIGKILL, exec), as the driver does when the process's file descriptors go;
+ *   - owns the state: it alone writes it (mode 0644, read-only to every client); a client's memory,
+ *     contexts and slot change only through its requests (fake_req), applied to the client's own
+ *     slot, checked against the card and the device nodes the process can reach, like ioctls;
+ *   - merges each process's busy segment (a sealed memfd it hands the process) into the devices'
+ *     timelines every few milliseconds and whenever a reader asks (FAKE_OP_SYNC).
+ * NVML therefore reports host PIDs, whatever PID namespace the caller lives in, and no client can
+ * change what it reports about another process.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,10 +34,21 @@
 
 #define MAX_CLIENTS 4096
 
+/* How often processes' busy segments are merged into the timelines (readers also ask for a merge). */
+#define MERGE_EVERY_MS 5
+/* A process cannot claim the device busy further ahead than this (its own queue is far shorter). */
+#define MAX_AHEAD_NS 10000000000ull
+
 typedef struct {
     int fd;
     int32_t pid;
     uint64_t start;
+    fake_segment *seg; /* its busy segment, once asked for */
+    int seg_fd;
+    struct {
+        uint64_t idx;  /* first entry of the segment's ring not yet finished with */
+        uint64_t done; /* the timeline has this process busy up to here already */
+    } cur[FAKE_MAX_GPUS];
 } client;
 
 static volatile sig_atomic_t stop;
@@ -57,6 +76,192 @@ static void reclaim_orphans(fake_system *s)
             if (p->managed && p->pid > 0 && fake_start_time(p->pid) != p->start_time)
                 fake_release_process(s, p->pid, p->start_time);
         }
+}
+
+/* Whether the process can reach the GPU's device node, as opening /dev/nvidia<minor> requires. A process
+ * in a container (a root other than the daemon's) needs the node in its /dev, whatever else it removed
+ * there; on the host, only where NVIDIA device nodes exist at all (/dev/nvidiactl), as the clients'
+ * own view of their GPUs has it. A root the daemon cannot inspect (not root itself) is not judged. */
+static int reachable(const fake_system *s, int dev, int32_t pid)
+{
+    char path[96];
+    struct stat mine, theirs;
+    snprintf(path, sizeof(path), "/proc/%d/root/", (int)pid);
+    if (stat(path, &theirs) != 0) return 1;
+    int contained = stat("/", &mine) == 0 && (mine.st_dev != theirs.st_dev || mine.st_ino != theirs.st_ino);
+    snprintf(path, sizeof(path), "/proc/%d/root/dev/nvidiactl", (int)pid);
+    if (!contained && access(path, F_OK) != 0) return 1;
+    snprintf(path, sizeof(path), "/proc/%d/root/dev/nvidia%u", (int)pid, s->gpus[dev].minor);
+    return access(path, F_OK) == 0;
+}
+
+/* The client's slot on `dev` (made if `make`), or NULL; caller holds the device's lock. */
+static fake_proc *slot_locked(fake_dev_state *d, const client *c, int make)
+{
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        fake_proc *p = &d->procs[i];
+        if (p->pid == c->pid && p->managed && p->start_time == c->start) return p;
+    }
+    if (!make) return NULL;
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        fake_proc *p = &d->procs[i];
+        if (p->pid != 0 && fake_proc_alive(p)) continue;
+        if (p->pid != 0) atomic_fetch_sub(&d->used_total, atomic_exchange(&p->used, 0));
+        p->pid = c->pid;
+        p->managed = 1;
+        p->start_time = c->start;
+        atomic_store(&p->used, 0);
+        atomic_store(&p->contexts, 0);
+        return p;
+    }
+    return NULL;
+}
+
+/* Moves what the process recorded since the last merge into the devices' timelines. The segment is the
+ * process's to write: only its own intervals are taken, never before what was merged already, never
+ * further ahead than MAX_AHEAD_NS. */
+static void merge(fake_system *s, client *c)
+{
+    if (!c->seg) return;
+    uint64_t now = fake_now_ns();
+    for (int g = 0; g < s->count; g++) {
+        fake_seg_dev *d = &c->seg->dev[g];
+        uint64_t head = atomic_load_explicit(&d->head, memory_order_acquire);
+        uint64_t idx = c->cur[g].idx;
+        if (head < idx || head - idx > FAKE_SEG_RING) idx = head > FAKE_SEG_RING ? head - FAKE_SEG_RING : 0;
+        if (idx == head) continue;
+        fake_dev_state *st = s->state[g];
+        fake_lock(st);
+        for (uint64_t i = idx; i < head; i++) {
+            fake_seg_busy *e = &d->ring[i % FAKE_SEG_RING];
+            uint64_t a = e->start_ns, b = atomic_load(&e->end_ns);
+            if (a < c->cur[g].done) a = c->cur[g].done;
+            if (b > now + MAX_AHEAD_NS) b = now + MAX_AHEAD_NS;
+            if (b > a) {
+                fake_ring_append(st, c->pid, a, b);
+                c->cur[g].done = b;
+            }
+            if (i + 1 < head) idx = i + 1; /* the last one may still grow: look at it again next time */
+        }
+        fake_unlock(st);
+        c->cur[g].idx = idx;
+    }
+}
+
+/* A sealed memfd: the process writes into it, but cannot shrink it under the daemon's mapping. */
+static int make_segment(client *c)
+{
+    if (c->seg) return 0;
+    int fd = memfd_create("gpuslice-fake-busy", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, sizeof(fake_segment)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        close(fd);
+        return -1;
+    }
+    fake_segment *m = mmap(NULL, sizeof(*m), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    memcpy(m->magic, "FAKESEG1", 8);
+    c->seg = m;
+    c->seg_fd = fd;
+    memset(c->cur, 0, sizeof(c->cur));
+    return 0;
+}
+
+static int reply(client *c, fake_rep rep, int fd)
+{
+    struct iovec iov = {&rep, sizeof(rep)};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(cbuf, 0, sizeof(cbuf));
+        m.msg_control = cbuf;
+        m.msg_controllen = sizeof(cbuf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(fd));
+    }
+    /* never blocks: a client that does not read its answers is dropped */
+    return sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof(rep) ? 0 : -1;
+}
+
+/* Applies one request of `c` to its own slot; -1 drops the client. */
+static int serve(fake_system *s, client *clients, int n, client *c, const fake_req *rq)
+{
+    fake_rep rep = {0, 0, 0};
+    int fd = -1;
+    if (rq->op == FAKE_OP_SYNC) {
+        for (int i = 0; i < n; i++) merge(s, &clients[i]);
+        return reply(c, rep, -1);
+    }
+    if (rq->op == FAKE_OP_SEGMENT) {
+        if (make_segment(c) != 0) rep.rc = 1;
+        else fd = c->seg_fd;
+        return reply(c, rep, fd);
+    }
+    if (rq->dev < 0 || rq->dev >= s->count || rq->op < FAKE_OP_SLOT || rq->op > FAKE_OP_CONTEXTS) {
+        rep.rc = 1;
+        return reply(c, rep, -1);
+    }
+    fake_dev_state *d = s->state[rq->dev];
+    fake_lock(d);
+    fake_proc *p = slot_locked(d, c, 0);
+    if (!p && rq->op != FAKE_OP_UNCHARGE) {
+        if (!reachable(s, rq->dev, c->pid)) rep.rc = 4;
+        else if (!(p = slot_locked(d, c, 1))) rep.rc = 3;
+    }
+    if (p) switch (rq->op) {
+        case FAKE_OP_SLOT: rep.val = (uint64_t)(p - d->procs); break;
+        case FAKE_OP_CHARGE: {
+            uint64_t size = (uint64_t)rq->arg, cap = s->gpus[rq->dev].memory_bytes;
+            if (rq->arg < 0) {
+                rep.rc = 1;
+                break;
+            }
+            uint64_t used = fake_used_locked(d);
+            if (used > cap || size > cap - used) {
+                rep.rc = 2;
+                break;
+            }
+            atomic_fetch_add(&d->used_total, size);
+            atomic_fetch_add(&p->used, size);
+            break;
+        }
+        case FAKE_OP_UNCHARGE: { /* never more than the process holds */
+            uint64_t held = atomic_load(&p->used), size = rq->arg < 0 ? 0 : (uint64_t)rq->arg;
+            if (size > held) size = held;
+            atomic_fetch_sub(&p->used, size);
+            atomic_fetch_sub(&d->used_total, size);
+            break;
+        }
+        case FAKE_OP_CONTEXTS:
+            if (rq->arg == 1) atomic_fetch_add(&p->contexts, 1);
+            else if (rq->arg == -1 && atomic_load(&p->contexts) > 0) atomic_fetch_sub(&p->contexts, 1);
+            else rep.rc = 1;
+            break;
+        }
+    fake_unlock(d);
+    return reply(c, rep, -1);
+}
+
+static void drop(fake_system *s, client *clients, int *n, int i)
+{
+    client gone = clients[i];
+    merge(s, &gone); /* what it ran last still counts */
+    close(gone.fd);
+    if (gone.seg) {
+        munmap(gone.seg, sizeof(*gone.seg));
+        close(gone.seg_fd);
+    }
+    clients[i] = clients[--*n];
+    int still = 0; /* libcuda and libnvidia-ml each hold a connection: free after the last */
+    for (int k = 0; k < *n; k++) still |= clients[k].pid == gone.pid && clients[k].start == gone.start;
+    if (!still) fake_release_process(s, gone.pid, gone.start);
 }
 
 int main(int argc, char **argv)
@@ -90,7 +295,7 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(final, sizeof(final), "%s/%s", s->state_dir, FAKE_SOCK_NAME);
-    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     memcpy(a.sun_path, tmppath, strlen(tmppath) + 1); /* sock_path checked the length */
     unlinkat(dirfd, tmpname, 0);
@@ -110,24 +315,33 @@ int main(int argc, char **argv)
     static client clients[MAX_CLIENTS];
     static struct pollfd pfd[MAX_CLIENTS + 1];
     int n = 0;
+    uint64_t last_merge = fake_now_ns();
     while (!stop) {
         pfd[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
-        for (int i = 0; i < n; i++) pfd[i + 1] = (struct pollfd){.fd = clients[i].fd, .events = POLLIN};
-        if (poll(pfd, (nfds_t)n + 1, -1) < 0) {
+        int segments = 0;
+        for (int i = 0; i < n; i++) {
+            pfd[i + 1] = (struct pollfd){.fd = clients[i].fd, .events = POLLIN};
+            segments |= clients[i].seg != NULL;
+        }
+        if (poll(pfd, (nfds_t)n + 1, segments ? MERGE_EVERY_MS : -1) < 0) {
             if (errno == EINTR) continue;
             break;
         }
+        if (segments && fake_now_ns() - last_merge >= MERGE_EVERY_MS * 1000000ull) {
+            for (int i = 0; i < n; i++) merge(s, &clients[i]);
+            last_merge = fake_now_ns();
+        }
         for (int i = n - 1; i >= 0; i--) {
             if (!(pfd[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-            char buf[256];
-            ssize_t r = read(clients[i].fd, buf, sizeof(buf));
-            if (r > 0 || (r < 0 && errno == EINTR)) continue; /* clients send nothing; ignore it */
-            client gone = clients[i];
-            close(gone.fd);
-            clients[i] = clients[--n];
-            int still = 0; /* libcuda and libnvidia-ml each hold a connection: free after the last */
-            for (int k = 0; k < n; k++) still |= clients[k].pid == gone.pid && clients[k].start == gone.start;
-            if (!still) fake_release_process(s, gone.pid, gone.start);
+            fake_req rq;
+            ssize_t r = recv(clients[i].fd, &rq, sizeof(rq), MSG_DONTWAIT | MSG_TRUNC);
+            if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+            if (r == (ssize_t)sizeof(rq) && serve(s, clients, n, &clients[i], &rq) == 0) continue;
+            if (r > 0 && r != (ssize_t)sizeof(rq)) {
+                fake_rep bad = {1, 0, 0}; /* not a request: say so, keep serving */
+                if (reply(&clients[i], bad, -1) == 0) continue;
+            }
+            drop(s, clients, &n, i); /* closed (or unanswerable): the process's memory goes */
         }
         if (pfd[0].revents & POLLIN) {
             int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -139,11 +353,11 @@ int main(int argc, char **argv)
                 continue;
             }
             fake_hello h = {{'F', 'A', 'K', 'E', 'D', 'R', 'V', '1'}, cred.pid, 0, fake_start_time(cred.pid)};
-            if (write(cfd, &h, sizeof(h)) != (ssize_t)sizeof(h)) {
+            if (send(cfd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(h)) {
                 close(cfd);
                 continue;
             }
-            clients[n++] = (client){cfd, cred.pid, h.host_start_time};
+            clients[n++] = (client){.fd = cfd, .pid = cred.pid, .start = h.host_start_time, .seg_fd = -1};
         }
     }
     unlinkat(dirfd, FAKE_SOCK_NAME, 0);

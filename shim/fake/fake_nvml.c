@@ -411,3 +411,453 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, 
 {
     return running(dev, count, infos, sizeof(nvmlProcessInfo_v1_t), 1);
 }
+
+/* ---------------------------------------------------------------- what monitoring tools read */
+
+/* Board values per model (nvidia-smi -q of each card): power limit, BAR1 aperture, PCIe link, clocks. */
+typedef struct {
+    const char *name;
+    unsigned power_limit_w, idle_w, bar1_mib, pcie_gen, sm_mhz, mem_mhz;
+    nvmlBrandType_t brand;
+} nvml_model;
+
+static const nvml_model nvml_models[] = {
+    {"Tesla V100-PCIE-32GB", 250, 25, 32768, 3, 1380, 877, NVML_BRAND_TESLA},
+    {"Tesla V100-PCIE-16GB", 250, 25, 16384, 3, 1380, 877, NVML_BRAND_TESLA},
+    {"Tesla V100-SXM2-16GB", 300, 40, 16384, 3, 1530, 877, NVML_BRAND_TESLA},
+    {"Tesla V100-SXM2-32GB", 300, 40, 32768, 3, 1530, 877, NVML_BRAND_TESLA},
+    {"Tesla T4", 70, 10, 256, 3, 1590, 5001, NVML_BRAND_NVIDIA},
+    {"NVIDIA A100-SXM4-40GB", 400, 50, 65536, 4, 1410, 1215, NVML_BRAND_NVIDIA},
+    {"NVIDIA A100-PCIE-40GB", 250, 35, 65536, 4, 1410, 1215, NVML_BRAND_NVIDIA},
+    {"NVIDIA A100-SXM4-80GB", 400, 50, 131072, 4, 1410, 1593, NVML_BRAND_NVIDIA},
+    {"NVIDIA H100 80GB HBM3", 700, 70, 131072, 5, 1980, 2619, NVML_BRAND_NVIDIA},
+};
+
+static const nvml_model *model_of(const fake_gpu *g)
+{
+    for (size_t i = 0; i < sizeof(nvml_models) / sizeof(nvml_models[0]); i++)
+        if (strcmp(nvml_models[i].name, g->name) == 0) return &nvml_models[i];
+    return &nvml_models[0];
+}
+
+/* The device's utilization over the last second, in percent: what clocks, power and temperature follow. */
+static unsigned busy_percent(const fake_gpu *g)
+{
+    uint64_t now = fake_now_ns(), window = 1000000000ull;
+    uint64_t busy = fake_busy_between(fake_system_get()->state[index_of(g)], 0, now - window, now);
+    return (unsigned)(busy * 100 / window);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1Memory_t *bar1)
+{
+    GET_GPU(dev, g);
+    if (!bar1) return NVML_ERROR_INVALID_ARGUMENT;
+    bar1->bar1Total = (unsigned long long)model_of(g)->bar1_mib << 20;
+    bar1->bar1Used = 2ull << 20;
+    bar1->bar1Free = bar1->bar1Total - bar1->bar1Used;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *mw)
+{
+    GET_GPU(dev, g);
+    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
+    const nvml_model *m = model_of(g);
+    *mw = (m->idle_w + (m->power_limit_w - m->idle_w) * busy_percent(g) / 100) * 1000;
+    return NVML_SUCCESS;
+}
+
+/* Energy since the driver loaded, in mJ: the idle draw over the system's uptime (monotonic). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long *mj)
+{
+    GET_GPU(dev, g);
+    if (!mj) return NVML_ERROR_INVALID_ARGUMENT;
+    *mj = (unsigned long long)model_of(g)->idle_w * (fake_now_ns() / 1000000ull);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t power_limit(nvmlDevice_t dev, unsigned int *mw)
+{
+    GET_GPU(dev, g);
+    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
+    *mw = model_of(g)->power_limit_w * 1000;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, unsigned int *mw)
+{
+    return power_limit(dev, mw);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t dev, unsigned int *mw)
+{
+    return power_limit(dev, mw);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *mw)
+{
+    return power_limit(dev, mw);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t dev, unsigned int *min_mw,
+                                                                      unsigned int *max_mw)
+{
+    GET_GPU(dev, g);
+    if (!min_mw || !max_mw) return NVML_ERROR_INVALID_ARGUMENT;
+    *max_mw = model_of(g)->power_limit_w * 1000;
+    *min_mw = *max_mw / 2;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, nvmlTemperatureSensors_t sensor, unsigned int *t)
+{
+    GET_GPU(dev, g);
+    if (!t || sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    *t = 33 + busy_percent(g) * 40 / 100;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t dev, nvmlTemperatureThresholds_t type,
+                                                           unsigned int *t)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!t) return NVML_ERROR_INVALID_ARGUMENT;
+    switch (type) {
+    case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: *t = 90; break;
+    case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: *t = 87; break;
+    case NVML_TEMPERATURE_THRESHOLD_MEM_MAX: *t = 95; break;
+    case NVML_TEMPERATURE_THRESHOLD_GPU_MAX: *t = 83; break;
+    default: return NVML_ERROR_NOT_SUPPORTED;
+    }
+    return NVML_SUCCESS;
+}
+
+/* Passively cooled data-center boards have no fan of their own. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t dev, unsigned int *speed)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)speed;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t dev, unsigned int *n)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
+    *n = 0;
+    return NVML_SUCCESS;
+}
+
+static unsigned clock_mhz(const fake_gpu *g, nvmlClockType_t type, int max)
+{
+    const nvml_model *m = model_of(g);
+    switch (type) {
+    case NVML_CLOCK_GRAPHICS:
+    case NVML_CLOCK_SM: return max || busy_percent(g) > 0 ? m->sm_mhz : 135;
+    case NVML_CLOCK_MEM: return m->mem_mhz;
+    case NVML_CLOCK_VIDEO: return max || busy_percent(g) > 0 ? m->sm_mhz * 9 / 10 : 555;
+    default: return 0;
+    }
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz)
+{
+    GET_GPU(dev, g);
+    if (!mhz || (unsigned)type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    *mhz = clock_mhz(g, type, 0);
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz)
+{
+    GET_GPU(dev, g);
+    if (!mhz || (unsigned)type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    *mhz = clock_mhz(g, type, 1);
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz)
+{
+    return nvmlDeviceGetMaxClockInfo(dev, type, mhz);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t dev, nvmlClockType_t type,
+                                                               unsigned int *mhz)
+{
+    return nvmlDeviceGetMaxClockInfo(dev, type, mhz);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t dev, nvmlClockType_t type, nvmlClockId_t id,
+                                            unsigned int *mhz)
+{
+    GET_GPU(dev, g);
+    if (!mhz || (unsigned)type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    *mhz = clock_mhz(g, type, id != NVML_CLOCK_ID_CURRENT);
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, nvmlPstates_t *state)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!state) return NVML_ERROR_INVALID_ARGUMENT;
+    *state = NVML_PSTATE_0; /* data-center boards stay in P0 with persistence mode on */
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t dev, nvmlPstates_t *state)
+{
+    return nvmlDeviceGetPerformanceState(dev, state);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons)
+{
+    GET_GPU(dev, g);
+    if (!reasons) return NVML_ERROR_INVALID_ARGUMENT;
+    *reasons = busy_percent(g) > 0 ? 0 : nvmlClocksEventReasonGpuIdle;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(dev, reasons);
+}
+
+static nvmlReturn_t feature(nvmlDevice_t dev, nvmlEnableState_t *current, nvmlEnableState_t *pending,
+                            nvmlEnableState_t value)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!current) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = value;
+    if (pending) *pending = value;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, nvmlEnableState_t *current,
+                                              nvmlEnableState_t *pending)
+{
+    if (!pending) return NVML_ERROR_INVALID_ARGUMENT;
+    return feature(dev, current, pending, NVML_FEATURE_ENABLED);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
+{
+    return feature(dev, mode, NULL, NVML_FEATURE_ENABLED);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
+{
+    return feature(dev, mode, NULL, NVML_FEATURE_DISABLED);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t dev, nvmlEnableState_t *mode)
+{
+    return feature(dev, mode, NULL, NVML_FEATURE_DISABLED);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
+{
+    return feature(dev, mode, NULL, NVML_FEATURE_DISABLED);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, nvmlMemoryErrorType_t type,
+                                                     nvmlEccCounterType_t counter, unsigned long long *count)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)type;
+    (void)counter;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t dev, nvmlMemoryErrorType_t type,
+                                                         nvmlEccCounterType_t counter, nvmlMemoryLocation_t loc,
+                                                         unsigned long long *count)
+{
+    (void)loc;
+    return nvmlDeviceGetTotalEccErrors(dev, type, counter, count);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t dev, nvmlPageRetirementCause_t cause,
+                                                   unsigned int *count, unsigned long long *addresses)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)cause;
+    (void)addresses;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, nvmlEnableState_t *pending)
+{
+    return feature(dev, pending, NULL, NVML_FEATURE_DISABLED);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, nvmlComputeMode_t *mode)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = NVML_COMPUTEMODE_DEFAULT;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t dev, nvmlBrandType_t *brand)
+{
+    GET_GPU(dev, g);
+    if (!brand) return NVML_ERROR_INVALID_ARGUMENT;
+    *brand = model_of(g)->brand;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t pcie_link(nvmlDevice_t dev, unsigned int *out, int gen)
+{
+    GET_GPU(dev, g);
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    *out = gen ? model_of(g)->pcie_gen : 16;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen)
+{
+    return pcie_link(dev, gen, 1);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen)
+{
+    return pcie_link(dev, gen, 1);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned int *width)
+{
+    return pcie_link(dev, width, 0);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned int *width)
+{
+    return pcie_link(dev, width, 0);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, nvmlPcieUtilCounter_t counter,
+                                                     unsigned int *kbps)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)counter;
+    if (!kbps) return NVML_ERROR_INVALID_ARGUMENT;
+    *kbps = 0;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t codec(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!util || !period_us) return NVML_ERROR_INVALID_ARGUMENT;
+    *util = 0;
+    *period_us = 167000;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period)
+{
+    return codec(dev, util, period);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period)
+{
+    return codec(dev, util, period);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *version, unsigned int length)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    return copy_str(version, length, "88.00.4F.00.09");
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t dev, char *version, unsigned int length)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    return copy_str(version, length, "G500.0200.00.03");
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t dev, char *part, unsigned int length)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    return copy_str(part, length, "900-2G500-0010-000");
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t dev, unsigned int *multi)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!multi) return NVML_ERROR_INVALID_ARGUMENT;
+    *multi = 0;
+    return NVML_SUCCESS;
+}
+
+/* PCIe boards have no NVLink. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link_id, nvmlEnableState_t *active)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)link_id;
+    (void)active;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link_id,
+                                                              nvmlIntNvLinkDeviceType_t *type)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)link_id;
+    (void)type;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link_id, nvmlPciInfo_t *pci)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    (void)link_id;
+    (void)pci;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* GPU fabric (NVSwitch / multi-node NVLink) membership: a Hopper-and-later notion; PCIe boards have none. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info)
+{
+    GET_GPU(dev, g);
+    (void)g;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}

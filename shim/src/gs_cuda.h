@@ -48,13 +48,16 @@ typedef struct {
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuLaunch) X(cuLaunchGrid) \
     X(cuLaunchGridAsync) X(cuGetProcAddress) X(cuGetProcAddress_v2) X(cuCtxSetLimit) X(cuMemPoolTrimTo)           \
     X(cuMemPoolSetAttribute) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags)                      \
-    X(cuGraphInstantiateWithParams) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim)        \
-    X(cuImportExternalMemory) X(cuDestroyExternalMemory)
+    X(cuGraphInstantiateWithParams) X(cuGraphInstantiateWithParams_ptsz) X(cuGraphInstantiate)             \
+    X(cuGraphInstantiate_v2) X(cuGraphClone) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuGraphExecDestroy)  \
+    X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuImportExternalMemory) X(cuDestroyExternalMemory)          \
+    X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuLibraryLoadData)     \
+    X(cuLibraryLoadFromFile)
 
 #define GS_CUDA_HELPERS(X)                                                                               \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)                      \
     X(cuMemGetAddressRange_v2) X(cuCtxGetCurrent) X(cuDevicePrimaryCtxGetState) X(cuCtxGetLimit)          \
-    X(cuDeviceGetAttribute) X(cuDeviceGetMemPool) X(cuMemPoolGetAttribute)
+    X(cuDeviceGetAttribute) X(cuDeviceGetMemPool) X(cuMemPoolGetAttribute) X(cuDriverGetVersion)
 
 #define GS_NVML_WRAPPED(X)                                                                               \
     X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetComputeRunningProcesses)       \
@@ -70,6 +73,10 @@ GS_CUDA_WRAPPED(GS_DECLARE_REAL)
 GS_CUDA_HELPERS(GS_DECLARE_REAL)
 GS_NVML_WRAPPED(GS_DECLARE_REAL)
 GS_NVML_HELPERS(GS_DECLARE_REAL)
+
+/* A runtime asked for entry points as of `cuda_version` (cuda/module.c: records a runtime of a newer
+ * CUDA major than the driver's, which will refuse to start). */
+void gs_module_runtime_version(int cuda_version);
 
 extern _Atomic int gs_cuda_ready, gs_nvml_ready;
 int gs_cuda_resolve(void); /* resolves every real entry point of libcuda.so.1 once; 0 on success */

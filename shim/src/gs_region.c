@@ -7,7 +7,9 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static off_t entry_offset(unsigned idx)
@@ -384,4 +386,53 @@ void gs_region_export_drop(gs_region *r, uint64_t dptr)
         if (atomic_load(&x[i].key) != 0 && x[i].owner == (uint32_t)self && x[i].dptr == dptr)
             atomic_store(&x[i].key, 0);
     gs_region_unlock(r);
+}
+
+static gs_software *software(gs_region *r)
+{
+    return (gs_software *)(r->base + GS_SOFTWARE_OFFSET);
+}
+
+static uint64_t unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void gs_region_note_software(gs_region *r, const gs_software *rec)
+{
+    if (r->base == NULL) return;
+    gs_software *sw = software(r);
+    gs_region_lock(r);
+    atomic_fetch_add_explicit(&sw->seq, 1, memory_order_acq_rel); /* odd: being written */
+    sw->kind = rec->kind;
+    sw->cuda_error = rec->cuda_error;
+    sw->device_arch = rec->device_arch;
+    sw->driver_version = rec->driver_version;
+    sw->runtime_version = rec->runtime_version;
+    sw->pid = (int32_t)getpid();
+    sw->arch_count = rec->arch_count;
+    memcpy(sw->archs, rec->archs, sizeof(sw->archs));
+    memset(sw->process, 0, sizeof(sw->process));
+    (void)prctl(PR_GET_NAME, sw->process, 0, 0, 0);
+    sw->process[sizeof(sw->process) - 1] = '\0';
+    sw->time_ms = unix_ms();
+    atomic_fetch_add_explicit(&sw->seq, 1, memory_order_release);
+    atomic_fetch_add_explicit(&sw->records_total, 1, memory_order_relaxed);
+    gs_region_unlock(r);
+}
+
+void gs_region_note_image_ok(gs_region *r)
+{
+    if (r->base == NULL) return;
+    atomic_store_explicit(&software(r)->ok_time_ms, unix_ms(), memory_order_relaxed);
+}
+
+void gs_region_note_first_use(gs_region *r)
+{
+    if (r->base == NULL) return;
+    uint64_t expected = 0;
+    atomic_compare_exchange_strong_explicit(&software(r)->first_use_ms, &expected, unix_ms(), memory_order_relaxed,
+                                            memory_order_relaxed);
 }

@@ -19,6 +19,7 @@
  *    80  u64      lock_recoveries_total
  *    88  u32      entries_high_water (entries at or above it were never used)
  *   128  pthread_mutex_t lock (robust, process-shared; 64 bytes reserved)
+ *   512  gs_software software     the slice's software compatibility record (see gs_software)
  *  1024  gs_export exports[96]   memory of this slice exported for IPC (see gs_region_export_add)
  *
  * Utilization words encode (unix_time_ms << 16) | basis_points (0..10000); 0 means "none".
@@ -101,6 +102,47 @@ typedef struct {
 _Static_assert(sizeof(gs_export) == 32, "export layout");
 _Static_assert(GS_EXPORTS_OFFSET + GS_MAX_EXPORTS * sizeof(gs_export) <= GS_REGION_HEADER_SIZE, "exports fit");
 
+/* What the slice's software could not do on its GPU, for the tenant to be told (status condition
+ * SoftwareCompatible): written by the shim when a process loads a kernel image no image of which runs
+ * on the device, or the driver refuses one, or a runtime asks for a newer CUDA major than the driver's.
+ * Informational only (the region is the tenant's to write): never used for a decision about another
+ * slice or for enforcement. `seq` is odd while a writer fills the record (readers retry).
+ *
+ *   0 u32 seq    4 u32 kind (gs_software_kind)   8 u32 cuda_error (the driver's answer, 0 if it loaded)
+ *  12 u32 device_arch (70)   16 u32 driver_version (12020)   20 u32 runtime_version (13000; 0 unknown)
+ *  24 i32 pid   28 u32 arch_count (images in the kernel image; archs[] holds the first 16)
+ *  32 u16 archs[16] (sm arch, | GS_ARCH_PTX for PTX)   64 char process[16] (comm)
+ *  80 u64 time_ms (unix ms)   88 u64 ok_time_ms (last image that loaded and runs on the device)
+ *  96 u64 first_use_ms (first context any process of the slice created)   104 u64 records_total */
+#define GS_SOFTWARE_OFFSET 512u
+#define GS_SOFTWARE_ARCHS 16u
+#define GS_ARCH_PTX 0x8000u
+enum gs_software_kind {
+    GS_SW_NONE = 0,
+    GS_SW_NO_KERNEL_IMAGE = 1, /* no cubin for the device's architecture and no PTX it can JIT */
+    GS_SW_PTX_TOO_NEW = 2,     /* only PTX of an ISA newer than the driver compiles */
+    GS_SW_DRIVER_TOO_OLD = 3,  /* a runtime of a newer CUDA major than the driver supports */
+};
+typedef struct {
+    _Atomic uint32_t seq;
+    uint32_t kind;
+    uint32_t cuda_error;
+    uint32_t device_arch;
+    uint32_t driver_version;
+    uint32_t runtime_version;
+    int32_t pid;
+    uint32_t arch_count;
+    uint16_t archs[GS_SOFTWARE_ARCHS];
+    char process[16];
+    uint64_t time_ms;
+    _Atomic uint64_t ok_time_ms;
+    _Atomic uint64_t first_use_ms;
+    _Atomic uint64_t records_total;
+} gs_software;
+_Static_assert(sizeof(gs_software) == 112, "software record layout");
+_Static_assert(GS_SOFTWARE_OFFSET >= 192 && GS_SOFTWARE_OFFSET + sizeof(gs_software) <= GS_EXPORTS_OFFSET,
+               "the software record fits between the lock and the exports");
+
 _Static_assert(sizeof(gs_region_entry) == GS_REGION_ENTRY_SIZE, "entry layout");
 _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits its slot");
 _Static_assert(sizeof(gs_region_header) <= GS_REGION_HEADER_SIZE, "header layout");
@@ -174,6 +216,14 @@ void gs_region_export_add(gs_region *r, uint64_t key, uint64_t dptr);
 int gs_region_export_known(gs_region *r, uint64_t key);
 /* Forgets this process's exports of `dptr` (it was freed). */
 void gs_region_export_drop(gs_region *r, uint64_t dptr);
+
+/* Records what a process's software could not do on the GPU (fields of `rec` but seq and the counters;
+ * time, pid and process name filled here). No-op without a region. */
+void gs_region_note_software(gs_region *r, const gs_software *rec);
+/* A kernel image loaded that runs on the device (clears the tenant's condition when newer). */
+void gs_region_note_image_ok(gs_region *r);
+/* A process of the slice created a context (the first one's time is kept). */
+void gs_region_note_first_use(gs_region *r);
 
 /* Called in a forked child: the child gets its own entry on first use. */
 void gs_region_after_fork_child(gs_region *r);

@@ -2,6 +2,7 @@
 # Prints ns per cuLaunchKernel / cuMemAlloc / cuMemFree without and with libgpuslice.so against the
 # same driver (the test double unless GPUSLICE_BENCH_REAL_DRIVER=1): the median per-round ratio of
 # GPUSLICE_BENCH_ROUNDS (31) paired rounds, with its spread.
+# GPUSLICE_BENCH_DRIVERD=1 runs the double with its host daemon (requests instead of shared writes).
 #   tests/bench.sh BUILD_DIR [ITERATIONS] [PTX_FILE]
 set -euo pipefail
 build=${1:?usage: bench.sh BUILD_DIR [ITERATIONS] [PTX_FILE]}
@@ -9,12 +10,18 @@ iters=${2:-200000}
 ptx=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /tmp/gpuslice-bench.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+daemon=
+trap 'if [[ -n "$daemon" ]]; then kill "$daemon"; wait "$daemon" || true; fi; rm -rf "$work"' EXIT
 
 if [[ "${GPUSLICE_BENCH_REAL_DRIVER:-0}" != 1 ]]; then
     "$here/write_fake_config.sh" "$work/fake.conf" 1
     export GPUSLICE_FAKE_GPU_CONFIG="$work/fake.conf" LD_LIBRARY_PATH="$build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     uuid=$(sed -n 's/^gpu.0.uuid=//p' "$work/fake.conf")
+    if [[ "${GPUSLICE_BENCH_DRIVERD:-0}" == 1 ]]; then
+        "$build/fake/gpuslice-fake-driverd" --config "$work/fake.conf" >"$work/driverd.log" 2>&1 &
+        daemon=$!
+        for _ in $(seq 100); do [[ -S "$work/fake.conf.state/driver.sock" ]] && break; sleep 0.05; done
+    fi
 else
     uuid=${GPUSLICE_BENCH_GPU_UUID:?set GPUSLICE_BENCH_GPU_UUID to the GPU UUID (nvidia-smi -L)}
 fi

@@ -100,6 +100,12 @@ int main(int argc, char **argv)
         {"cuMemAllocAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
         {"cuGraphLaunch", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
         {"cuGetProcAddress", CU_GET_PROC_ADDRESS_DEFAULT},
+        /* Wrapped entry points the shim once could not place and refused (CUDA_ERROR_NOT_FOUND). */
+        {"cuGraphInstantiateWithParams", CU_GET_PROC_ADDRESS_DEFAULT},
+        {"cuGraphInstantiateWithParams", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+        {"cuLaunch", CU_GET_PROC_ADDRESS_DEFAULT},
+        {"cuLaunchGrid", CU_GET_PROC_ADDRESS_DEFAULT},
+        {"cuLaunchGridAsync", CU_GET_PROC_ADDRESS_DEFAULT},
     };
     for (size_t i = 0; i < sizeof(wrapped) / sizeof(wrapped[0]); i++) {
         void *fn = NULL;
@@ -142,6 +148,79 @@ int main(int argc, char **argv)
     EXPECT_RC(pa1(&p, limit + 1), CUDA_ERROR_OUT_OF_MEMORY);
     EXPECT_RC(pinfo(&f, &t), CUDA_SUCCESS);
     CHECK(f == limit, "free %zu at the end, expected %zu", f, limit);
+
+    /* The names a runtime reaches graph memory by: cuGraphInstantiate is served by
+     * cuGraphInstantiateWithFlags from CUDA 12.0 (an alias of another entry point's function). Whatever
+     * the driver hands out, a 6 GiB memory node is charged at the first launch, so a following
+     * cuMemAlloc of 6 GiB on the 8 GiB slice is refused. */
+    if (limit >= ((size_t)8 << 30)) {
+        typedef CUresult (*inst_t)(CUgraphExec *, CUgraph, unsigned long long);
+        typedef CUresult (*instp_t)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+        CUresult (*g_create)(CUgraph *, unsigned) = (CUresult(*)(CUgraph *, unsigned))dlsym(h, "cuGraphCreate");
+        CUresult (*g_add)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *) =
+            (CUresult(*)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *))dlsym(
+                h, "cuGraphAddMemAllocNode");
+        CUresult (*g_launch)(CUgraphExec, CUstream) = (CUresult(*)(CUgraphExec, CUstream))dlsym(h, "cuGraphLaunch");
+        CUresult (*g_exec_destroy)(CUgraphExec) = (CUresult(*)(CUgraphExec))dlsym(h, "cuGraphExecDestroy");
+        CUresult (*g_destroy)(CUgraph) = (CUresult(*)(CUgraph))dlsym(h, "cuGraphDestroy");
+        CUresult (*g_trim)(CUdevice) = (CUresult(*)(CUdevice))dlsym(h, "cuDeviceGraphMemTrim");
+        CHECK(g_create && g_add && g_launch && g_exec_destroy && g_destroy && g_trim, "graph entry points missing");
+        static const struct {
+            const char *name;
+            int version;
+            cuuint64_t flags;
+        } inst[] = {
+            {"cuGraphInstantiate", 12000, CU_GET_PROC_ADDRESS_DEFAULT},
+            {"cuGraphInstantiateWithFlags", 11040, CU_GET_PROC_ADDRESS_DEFAULT},
+            {"cuGraphInstantiateWithParams", 12000, CU_GET_PROC_ADDRESS_DEFAULT},
+            {"cuGraphInstantiateWithParams", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+        };
+        size_t six = (size_t)6 << 30;
+        for (size_t i = 0; g_create && g_add && g_launch && g_exec_destroy && g_destroy && g_trim &&
+                           i < sizeof(inst) / sizeof(inst[0]);
+             i++) {
+            void *pf = NULL;
+            CUresult grc = gpa2(inst[i].name, &pf, inst[i].version, inst[i].flags, NULL);
+            if (grc == CUDA_ERROR_NOT_FOUND && !from_shim((void *)gpa2)) continue; /* no shim: nothing to check */
+            if (grc != CUDA_SUCCESS) {
+                /* Refused: by the driver (it does not have the entry point) or by the shim. */
+                void *raw = dlsym(h, inst[i].name);
+                CHECK(raw == NULL, "cuGetProcAddress(%s, %d, flags=%llu) refused (%d)", inst[i].name,
+                      inst[i].version, (unsigned long long)inst[i].flags, (int)grc);
+                continue;
+            }
+            CHECK(from_shim(pf), "cuGetProcAddress(%s, %d, flags=%llu) resolved to %s, not the shim", inst[i].name,
+                  inst[i].version, (unsigned long long)inst[i].flags, object_of(pf));
+            CUgraph g = NULL;
+            CUgraphNode node = NULL;
+            CUgraphExec exec = NULL;
+            CUDA_MEM_ALLOC_NODE_PARAMS mp = {0};
+            mp.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            mp.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            mp.poolProps.location.id = dev;
+            mp.bytesize = six;
+            EXPECT_RC(g_create(&g, 0), CUDA_SUCCESS);
+            EXPECT_RC(g_add(&node, g, NULL, 0, &mp), CUDA_SUCCESS);
+            if (strcmp(inst[i].name, "cuGraphInstantiateWithParams") == 0) {
+                CUDA_GRAPH_INSTANTIATE_PARAMS ip = {0};
+                EXPECT_RC(((instp_t)pf)(&exec, g, &ip), CUDA_SUCCESS);
+            } else {
+                EXPECT_RC(((inst_t)pf)(&exec, g, 0), CUDA_SUCCESS);
+            }
+            EXPECT_RC(g_launch(exec, NULL), CUDA_SUCCESS);
+            EXPECT_RC(sync ? sync() : CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS);
+            CUresult arc = dl_alloc(&p, six);
+            CHECK(arc == CUDA_ERROR_OUT_OF_MEMORY,
+                  "%s (%s, flags=%llu): 6 GiB graph memory node not charged: cuMemAlloc(6 GiB) returned %d",
+                  inst[i].name, object_of(pf), (unsigned long long)inst[i].flags, (int)arc);
+            if (arc == CUDA_SUCCESS) dl_free(p);
+            EXPECT_RC(g_exec_destroy(exec), CUDA_SUCCESS);
+            EXPECT_RC(g_destroy(g), CUDA_SUCCESS);
+            EXPECT_RC(g_trim(dev), CUDA_SUCCESS);
+            EXPECT_RC(pinfo(&f, &t), CUDA_SUCCESS);
+            CHECK(f == limit, "free %zu after the graph's memory was trimmed, expected %zu", f, limit);
+        }
+    }
 
     if (argc == 3) { /* a second copy of the driver, opened by another path */
         void *copy = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);

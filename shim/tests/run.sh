@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
 # The shim's C test suite against the driver test double: `make test`, `make asan`, `make tsan`.
 #   tests/run.sh BUILD_DIR        (GS_SANITIZER=address|thread: the build has the config path
-#                                  BUILD_DIR/slice.conf compiled in and a sanitizer runtime to preload)
+#                                  BUILD_DIR/slice.conf compiled in and a sanitizer runtime to preload;
+#                                  GS_DRIVERD=1: the double's host daemon serves every GPU description,
+#                                  so memory, contexts and launches go through it, as in a pod)
 # Ends with a "N passed, N failed" line; exits non-zero if anything failed.
 set -uo pipefail
 build=${1:?usage: run.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 san=${GS_SANITIZER:-}
 work=$(mktemp -d /tmp/gpuslice-ctest.XXXXXX)
-trap 'rm -rf "$work"; [[ -f "$build/slice.conf" && -n "$san" ]] && rm -f "$build/slice.conf"' EXIT
+daemons=()
+cleanup() {
+    for d in "${daemons[@]}"; do kill "$d" 2>/dev/null; wait "$d" 2>/dev/null; done
+    rm -rf "$work"
+    [[ -f "$build/slice.conf" && -n "$san" ]] && rm -f "$build/slice.conf"
+}
+trap cleanup EXIT
+serve() { # serve CONF: with GS_DRIVERD=1, start the double's host daemon for CONF and wait for its socket
+    [[ "${GS_DRIVERD:-0}" == 1 ]] || return 0
+    "$build/fake/gpuslice-fake-driverd" --config "$1" > "$1.driverd.log" 2>&1 &
+    daemons+=($!)
+    for _ in $(seq 100); do [[ -S "$1.state/driver.sock" ]] && return 0; sleep 0.05; done
+    echo "gpuslice-fake-driverd did not serve $1" >&2
+    exit 1
+}
 passed=0
 failed=0
 limit=$((8 << 30))
 
 "$here/write_fake_config.sh" "$work/fake.conf" 1
 uuid=$(sed -n 's/^gpu.0.uuid=//p' "$work/fake.conf")
+serve "$work/fake.conf"
 export GPUSLICE_FAKE_GPU_CONFIG="$work/fake.conf"
 export LD_LIBRARY_PATH="$build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
@@ -77,7 +94,7 @@ check "OOM exactly at the limit" "$build/tests/cuda_probe" limit "$limit"
 check "every allocation path counted" "$build/tests/cuda_probe" paths "$limit"
 check "VMM: charged until the last mapping goes" "$build/tests/cuda_probe" vmm "$limit"
 check "context teardown credits its allocations" "$build/tests/cuda_probe" ctx-teardown "$limit"
-check "dlsym and cuGetProcAddress" "$build/tests/dl_probe" "$limit"
+check "dlsym and cuGetProcAddress (exported symbols)" env GPUSLICE_FAKE_PROC_TRAMPOLINES=0 "$build/tests/dl_probe" "$limit"
 # Entry points the driver hands out that are not its exported symbols; a copy of libcuda by another path.
 check "cuGetProcAddress: internal entry points are wrapped by name" \
     env GPUSLICE_FAKE_PROC_TRAMPOLINES=1 "$build/tests/dl_probe" "$limit"
@@ -88,6 +105,7 @@ check "a copy of libcuda opened by path is wrapped" "$build/tests/dl_probe" "$li
 # A double whose contexts cost device memory (300 MiB, as a V100 shows in cuMemGetInfo).
 ctx_bytes=$((300 << 20))
 sed "s/^gpu.0.minor=0$/gpu.0.minor=0\ngpu.0.context_bytes=$ctx_bytes/" "$work/fake.conf" > "$work/fake-ctx.conf"
+serve "$work/fake-ctx.conf"
 slice "$limit" 100
 check "contexts, limits, pools, graph memory, external memory are charged" \
     env GPUSLICE_FAKE_GPU_CONFIG="$work/fake-ctx.conf" "$build/tests/cuda_probe" hidden "$limit" "$ctx_bytes"
@@ -107,6 +125,7 @@ wait "$churner" 2>/dev/null
 # 1 GiB. A context that costs nothing must still cost nothing, and the slice stay whole. (On a loaded
 # machine the windows may miss each other; then the check passes without testing the race.)
 sed "s/^gpu.0.minor=0$/gpu.0.minor=0\ngpu.0.context_create_us=600000/" "$work/fake.conf" > "$work/fake-slow.conf"
+serve "$work/fake-slow.conf"
 mkfifo "$work/slow.in"
 GPUSLICE_FAKE_GPU_CONFIG="$work/fake-slow.conf" "$build/tests/cuda_probe" hold $((1 << 30)) < "$work/slow.in" \
     > "$work/slow.out" 2>&1 &

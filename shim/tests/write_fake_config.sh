@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Write a GPU description for the driver test double: N Tesla V100-PCIE-32GB.
-#   write_fake_config.sh PATH [N]
+# Write a GPU description for the driver test double: N Tesla V100-PCIE-32GB on a driver of branch
+# DRIVER (535: CUDA 12.2, the default; 580: CUDA 13.0), as gpuslice_dev.gpusim.simulate.DRIVERS.
+#   write_fake_config.sh PATH [N] [DRIVER]
 set -euo pipefail
-path=${1:?usage: write_fake_config.sh PATH [N]}
+path=${1:?usage: write_fake_config.sh PATH [N] [DRIVER]}
 n=${2:-1}
+case ${3:-535} in
+535) driver=535.183.01 cuda=12020 ;;
+580) driver=580.95.05 cuda=13000 ;;
+*) echo "write_fake_config.sh: unknown driver branch ${3}; 535 or 580" >&2; exit 2 ;;
+esac
 {
     echo "version=1"
-    echo "driver_version=535.183.01"
-    echo "cuda_driver_version=12020"
+    echo "driver_version=$driver"
+    echo "cuda_driver_version=$cuda"
     for ((i = 0; i < n; i++)); do
         echo "gpu.$i.name=Tesla V100-PCIE-32GB"
         printf 'gpu.%d.uuid=GPU-%08x-0000-4000-8000-%012x\n' "$i" "$((0x5117ce + i))" "$((i + 1))"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.shim.config import SliceConfig
-from gpuslice.shim.region import utilization_file_for
+from gpuslice.shim.region import REGION_FILE, utilization_file_for
 
 CONTAINER_UTILIZATION = str(utilization_file_for(constants.CONTAINER_CONFIG_PATH))
 
@@ -160,6 +162,12 @@ async def test_prepare_writes_cdi_spec_limits_and_preload_then_unprepare_removes
         constants.CONTAINER_USAGE_DIR,
     )
     assert is_dir(mounts[constants.CONTAINER_USAGE_DIR]["hostPath"])
+    # for containers of any uid: one region every process of the slice can write, in a directory none
+    # of them can (no FIFO or link in the region's place)
+    usage_dir = mounts[constants.CONTAINER_USAGE_DIR]["hostPath"]
+    assert stat.S_IMODE(os.stat(usage_dir).st_mode) == 0o755
+    region = os.lstat(os.path.join(usage_dir, REGION_FILE))
+    assert stat.S_ISREG(region.st_mode) and stat.S_IMODE(region.st_mode) == 0o666
 
     # a restarted agent knows the claim without asking the API server
     restarted = Preparer("node-a", paths, fetch, list_slices)

@@ -273,3 +273,21 @@ def test_stop_signals_only_the_process_that_was_judged() -> None:
             child.kill()
             child.wait()
     assert not at.stop(child.pid, seen)  # gone
+
+
+def test_a_pod_asking_for_a_product_in_its_limits_is_attributed_to_the_schedulers_claim() -> None:
+    # `resources.limits: {gpuslice.io/v100-8g: 1}`: no spec.resourceClaims; kube-scheduler made the
+    # claim and named it in status.extendedResourceClaimStatus.
+    uids = {("team-a", "p-extended-resources-x1"): "c-ext"}
+    pod = _pod(UID_A, "p", [])
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "p-extended-resources-x1",
+        "requestMappings": [
+            {
+                "containerName": "main",
+                "resourceName": "gpuslice.io/v100-8g",
+                "requestName": "container-0-request-0",
+            }
+        ],
+    }
+    assert at.pod_claims(pod, uids) == PodClaims("team-a", "p", frozenset({"c-ext"}))

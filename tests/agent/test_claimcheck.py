@@ -82,3 +82,29 @@ def test_admin_access_is_refused_in_the_request_or_the_result() -> None:
 
 def test_a_device_of_no_package_is_refused() -> None:
     assert "no gpuslice package" in (refusal(claim(documented_claim_spec("v100-8g")), "gpu", DEV, None) or "")
+
+
+def scheduler_claim(count: int = 1, cls: str = "v100-8g.gpuslice.io") -> dict[str, Any]:
+    """The claim kube-scheduler makes for a container's `gpuslice.io/v100-8g: <count>`."""
+    request = {"deviceClassName": cls, "allocationMode": "ExactCount", "count": count}
+    out = claim({"devices": {"requests": [{"name": "container-0-request-0", "exactly": request}]}})
+    out["status"]["allocation"]["devices"]["results"][0]["request"] = "container-0-request-0"
+    out["metadata"] = {"annotations": {"resource.kubernetes.io/extended-resource-claim": "true"}}
+    return out
+
+
+def test_the_schedulers_claim_for_a_product_in_resources_limits_is_prepared() -> None:
+    assert refusal(scheduler_claim(), "container-0-request-0", DEV, "v100-8g") is None
+
+
+def test_a_request_for_more_than_one_slice_is_refused_whatever_made_it() -> None:
+    why = refusal(scheduler_claim(count=2), "container-0-request-0", DEV, "v100-8g") or ""
+    assert "count 1" in why and "gpuslice.io/v100-8g: 1" in why
+    spec = documented_claim_spec("v100-8g")
+    spec["devices"]["requests"][0]["exactly"]["count"] = 3
+    assert "count 1" in (refusal(claim(spec), "gpu", DEV, "v100-8g") or "")
+
+
+def test_the_schedulers_claim_for_another_class_is_refused() -> None:
+    why = refusal(scheduler_claim(cls="deviceclass-any.example.com"), "container-0-request-0", DEV, "v100-8g")
+    assert why is not None and "v100-8g.gpuslice.io" in why

@@ -115,3 +115,21 @@ def test_an_old_status_without_its_count_names_the_package_count_for_what_it_is(
     older = {k: v for k, v in WAITS_FOR_A_FULL_CARD.items() if k != "capacity"}
     text = explain(_slice(older), FULL_PACKAGE)
     assert "2 of 2 v100-16g slices free on 1 GPU(s) in the cluster (the package's count, newer" in text
+
+
+def test_software_that_cannot_use_the_gpu_is_a_warning_with_what_to_do() -> None:
+    obj = {
+        "metadata": {"namespace": "team-a", "name": "llm"},
+        "spec": {"package": "v100-8g"},
+        "status": {
+            "phase": "InUse", "reason": "InUse",
+            "conditions": [
+                {"type": "SoftwareCompatible", "status": "False", "reason": "NoKernelImageForGpu",
+                 "message": "process ollama (pid 1) loaded kernels built for sm_75; use one with sm_70"},
+                {"type": "GpuIdle", "status": "False", "reason": "GpuUsed", "message": "first used at ..."},
+            ],
+        },
+    }  # fmt: skip
+    out = explain(obj, None)
+    assert "warning:  process ollama (pid 1) loaded kernels built for sm_75" in out
+    assert "first used" not in out

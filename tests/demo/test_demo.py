@@ -28,6 +28,11 @@ def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) 
         # Lesson 1 and 2: rejections that say what to do instead.
         assert "a container may not request nvidia.com/gpu" in out
         assert "Create a GpuSlice instead" in out
+        # The way charts ask: a stock Deployment's resources.limits, served from the same product.
+        assert re.search(r"kube-scheduler made pod chart-\S+ a claim \(chart-\S+-extended-resources-", out)
+        assert re.search(r"\| chart-\S+ +v100-8g +InUse", out)
+        assert re.search(r"requests\.gpuslice\.io/v100-8g +1 +\d", out)
+        assert "its pod's GpuSlice and claim went with the pod" in out
         # Allocation by kube-scheduler, and the slice as the workload sees it through the shim.
         assert "Tesla V100-PCIE-32GB, 8192 MiB" in out
         assert f"cuMemAlloc({2 << 30}) -> 2 CUDA_ERROR_OUT_OF_MEMORY" in out

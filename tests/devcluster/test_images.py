@@ -119,6 +119,9 @@ def test_layers_are_reproducible_tarballs(probe: Archive, pause: Archive) -> Non
 def test_probe_image_holds_the_probe_busybox_and_the_glibc_runtime(probe: Archive) -> None:
     m = probe.members
     assert m["usr/local/bin/gpuslice-probe"].isfile() and m["usr/local/bin/gpuslice-probe"].mode == 0o755
+    # the same view through NVIDIA's runtime, which the image carries as CUDA application images do
+    assert m["usr/local/bin/gpuslice-cudart-probe"].isfile()
+    assert m["lib/x86_64-linux-gnu/libcudart.so.12"].isfile()
     assert m["bin/busybox"].isfile()
     applets = ("sh", "cat", "awk", "ls", "ps", "echo", "sleep", "id", "touch", "rm", "mount", "grep", "env")
     for applet in applets:

@@ -6,7 +6,8 @@ import yaml
 
 from gpuslice import constants as c
 from gpuslice.domain.claims import documented_form_text, slice_claim, slice_claim_template
-from gpuslice.domain.deviceclass import device_class
+from gpuslice.domain.deviceclass import desired_fingerprint, device_class
+from gpuslice.domain.pod_slices import product_packages, resource_of
 from support import package_spec
 
 DOCUMENTED_REQUEST = {
@@ -53,8 +54,9 @@ def test_documented_form_text_is_yaml_of_that_form_in_both_layouts() -> None:
 
 
 def test_device_class_selects_driver_package_and_model() -> None:
-    dc = device_class("v100-8g", "uid-p", package_spec(25))
+    dc = device_class("v100-8g", "uid-p", package_spec(25), "gpuslice.io/v100-8g")
     assert dc["metadata"]["name"] == "v100-8g.gpuslice.io"
+    assert dc["spec"]["extendedResourceName"] == "gpuslice.io/v100-8g"
     (selector,) = dc["spec"]["selectors"]
     assert selector["cel"]["expression"] == (
         'device.driver == "gpuslice.io" && device.attributes["gpuslice.io"].package == "v100-8g"'
@@ -65,5 +67,30 @@ def test_device_class_selects_driver_package_and_model() -> None:
 
 def test_device_class_escapes_quotes_in_the_model_name() -> None:
     spec = package_spec(25).model_copy(update={"gpu_model": 'Odd "GPU" \\ name'})
-    expr = device_class("p", None, spec)["spec"]["selectors"][0]["cel"]["expression"]
+    expr = device_class("p", None, spec, None)["spec"]["selectors"][0]["cel"]["expression"]
     assert expr.endswith('.productName == "Odd \\"GPU\\" \\\\ name"')
+
+
+def test_a_product_is_requestable_by_its_own_name_unless_the_package_says_otherwise() -> None:
+    default = package_spec(25)
+    renamed = package_spec(25).model_copy(update={"extended_resource_name": "gpuslice.io/v100-quarter"})
+    off = package_spec(25).model_copy(update={"extended_resource_name": ""})
+    packages = {"v100-8g": default, "v100-q": renamed, "v100-off": off}
+    assert product_packages(packages) == {
+        "gpuslice.io/v100-8g": "v100-8g",
+        "gpuslice.io/v100-quarter": "v100-q",
+    }
+    assert resource_of("v100-off", packages) is None
+    assert "extendedResourceName" not in device_class("v100-off", None, off, None)["spec"]
+    # turning it off or renaming changes what the operator compares the DeviceClass with
+    assert len({desired_fingerprint("p", default, r) for r in ("gpuslice.io/p", "gpuslice.io/x", None)}) == 3
+
+
+def test_two_packages_naming_one_resource_leave_it_to_the_one_whose_own_name_it_is() -> None:
+    # kube-scheduler would serve a name two DeviceClasses carry from the older class; only one gets it
+    thief = package_spec(50).model_copy(update={"extended_resource_name": "gpuslice.io/v100-8g"})
+    packages = {"a-first-by-name": thief, "v100-8g": package_spec(25)}
+    assert resource_of("v100-8g", packages) == "gpuslice.io/v100-8g"
+    assert resource_of("a-first-by-name", packages) is None
+    twins = {"b": thief, "a": thief}
+    assert (resource_of("a", twins), resource_of("b", twins)) == ("gpuslice.io/v100-8g", None)

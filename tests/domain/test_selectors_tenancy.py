@@ -68,10 +68,19 @@ def test_tenant_quota_lists_every_package_with_zero_where_not_entitled() -> None
         "namespace": "team-a",
         "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE},
     }
+    # the product's extended resource too: a pod asking for it in resources.limits is charged
+    # requests.gpuslice.io/<package> when it is created, a GpuSlice's claim when it is
     assert quota["spec"]["hard"] == {
         "v100-8g.gpuslice.io.deviceclass.resource.k8s.io/devices": "2",
         "v100-32g.gpuslice.io.deviceclass.resource.k8s.io/devices": "0",
+        "requests.gpuslice.io/v100-8g": "2",
+        "requests.gpuslice.io/v100-32g": "0",
     }
+    off = {**packages, "v100-32g": package_spec(100, extendedResourceName="")}
+    assert (
+        "requests.gpuslice.io/v100-32g"
+        not in (tenant_state("team-a", {"team": "a"}, off).quota() or {})["spec"]["hard"]
+    )
     assert state.namespace_patch()["metadata"]["labels"] == {
         c.LABEL_TENANT: "true",
         **pod_security_labels({}, "baseline"),
@@ -122,7 +131,7 @@ def test_quota_as_the_api_server_writes_it_back_needs_no_write() -> None:
         )
     }
     desired = tenant_state("ns", {"t": "a"}, packages)
-    canonical = {c.quota_key("p"): "1k"}
+    canonical = {c.quota_key("p"): "1k", "requests.gpuslice.io/p": "1k"}
     labels = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}
     ns = {"t": "a", **desired.labels}
     assert changes(

@@ -263,6 +263,8 @@ def test_condition_times_change_only_on_flips() -> None:
         "Allocated": "2026-01-01T00:09:00Z",
         "InUse": "2026-01-01T00:00:00Z",
         "MemoryIsolated": "2026-01-01T00:09:00Z",
+        "SoftwareCompatible": "2026-01-01T00:09:00Z",
+        "GpuIdle": "2026-01-01T00:09:00Z",
     }
 
 
@@ -348,3 +350,63 @@ def test_a_claim_left_by_a_deleted_slice_of_the_same_name_is_not_the_new_slices(
     mine = slice_status(facts(uid="new-uid", claims=[claim_view(body)], pods=[running], uuids=uuids), NOW)
     assert mine.phase == Phase.IN_USE and mine.gpu_uuid == "GPU-abc"
     assert {cd.type: cd.status for cd in mine.conditions}["MemoryIsolated"] == "True"
+
+
+# --- a pod that asks for the product in resources.limits (its slice is the operator's, spec.pod) ---
+
+
+def product_pod(name: str = "p", claim: str | None = None, **status: Any) -> dict[str, Any]:
+    """A pod with `resources.limits: {gpuslice.io/v100-8g: 1}`; `claim`: kube-scheduler's claim for it."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "main", "resources": {"limits": {"gpuslice.io/v100-8g": "1", "memory": "1Gi"}}}
+        ]
+    }
+    if status.pop("node", None):
+        spec["nodeName"] = "n0"
+    if claim:
+        status["extendedResourceClaimStatus"] = {"resourceClaimName": claim, "requestMappings": []}
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": "pod-uid"},
+        "spec": spec,
+        "status": {"phase": "Pending", **status},
+    }
+
+
+def test_a_pod_asking_for_a_product_is_viewed_with_the_schedulers_claim() -> None:
+    p = pod_view(product_pod(claim="p-extended-resources-x"))
+    assert (
+        p is not None and p.product == "gpuslice.io/v100-8g" and p.extended_claim == "p-extended-resources-x"
+    )
+    assert p.uid == "pod-uid" and p.claims == {}
+    unscheduled = pod_view(product_pod())
+    assert unscheduled is not None and unscheduled.extended_claim is None
+
+
+def test_a_pods_slice_waits_on_the_scheduler_and_says_why() -> None:
+    full = Capacity(gpus=2, total=8, allocated=8, free=0, memory_per_slice_bytes=8 * c.GIB)
+    waiting = pod_view(product_pod(**unschedulable("0/1 nodes are available: cannot allocate all claims.")))
+    st = slice_status(facts(name="p", pod="p", pods=[waiting], capacity=full), NOW)
+    assert st.phase == Phase.PENDING and st.reason == Reason.GPUS_FULL and "pod p waits" in st.message
+    assert st.claim_name is None
+    scheduling = slice_status(facts(name="p", pod="p", pods=[pod_view(product_pod())]), NOW)
+    assert scheduling.reason == Reason.SCHEDULING and "kube-scheduler makes its claim" in scheduling.message
+    refused = pod_view(
+        product_pod(
+            **unschedulable('resourceclaims "p-extended-resources-x" is forbidden: exceeded quota: gpuslice')
+        )
+    )
+    st = slice_status(facts(name="p", pod="p", pods=[refused], quotas=[quota(2, 2)]), NOW)
+    assert st.reason == Reason.QUOTA_EXCEEDED and "2 of 2 v100-8g slices" in st.message
+
+
+def test_a_pods_slice_is_in_use_through_the_schedulers_claim() -> None:
+    claim = claim_view(allocated_claim("ns", "p-extended-resources-x", "n0", "gpu-0-v100-8g-0", ("p",)))
+    running = pod_view(product_pod(claim="p-extended-resources-x", node=True, phase="Running"))
+    st = slice_status(facts(name="p", pod="p", pods=[running], claims=[claim]), NOW)
+    assert st.phase == Phase.IN_USE and st.claim_name == "p-extended-resources-x"
+    assert st.allocations[0].pod == "p" and st.allocations[0].device == "gpu-0-v100-8g-0"
+    ready = {cd.type: cd.message for cd in st.conditions}["ClaimReady"]
+    assert ready == "ResourceClaim p-extended-resources-x exists"
+    gone = slice_status(facts(name="p", pod="p", pods=[], claims=[claim]), NOW)
+    assert gone.phase == Phase.RELEASED and "deleted with it" in gone.message

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real-GPU check of libgpuslice.so: builds the shim, runs driver-API programs (PTX loaded with
 # cuModuleLoadData, so no nvcc) under an 8 GiB / 25 % slice and prints the OOM boundary, the NVML
-# memory total, the achieved compute share against the target and the launch-overhead ratio.
+# memory total, the achieved compute share against the target and the launch-overhead ratio; then the
+# compatibility matrix of real CUDA software (tests/shim/test_matrix_*.py) on the real driver.
 #
 # Needs: an NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1), gcc, make, python3. Headers: carry
 # shim/build/include from a machine that built the shim, or let `make -C shim headers` fetch them from
@@ -50,7 +51,17 @@ probe=$build/tests/cuda_probe
 say "build: ok ($(ldd "$probe" | awk '/libcuda.so.1/ {print $3}'))"
 
 # --- the card, without the shim -----------------------------------------------------------------------
-"$probe" info >"$work/info.raw" 2>&1 || { say "FAIL cuda_probe info without shim:"; cat "$work/info.raw"; exit 1; }
+if ! "$probe" info >"$work/info.raw" 2>&1; then
+    say "FAIL cuda_probe info without shim (no usable NVIDIA driver or GPU here?):"
+    sed 's/^/    /' "$work/info.raw"
+    for what in "OOM boundary, allocation paths, dlsym/cuGetProcAddress, VMM, context teardown, fork, IPC" \
+        "nvidia-smi and NVML totals under the shim" "compute share" \
+        "compatibility matrix (libcudart 12.9 and 13.0, CuPy 14, PyTorch 2.9.1; alone and under 8 GiB)" \
+        "launch overhead against the real driver"; do
+        say "NOT RUN $what"
+    done
+    exit 1
+fi
 if [[ $gpu != 0 ]]; then export CUDA_VISIBLE_DEVICES=$gpu; "$probe" info >"$work/info.raw" 2>&1; fi
 uuid=$(sed -n 's/^uuid=//p' "$work/info.raw")
 physical=$(sed -n 's/^total_mem=//p' "$work/info.raw")
@@ -143,6 +154,41 @@ f = struct.unpack_from("<8sIIIIQII6Q", d)
 print(f"usage region: refused={f[8]} throttled={f[9] / 1e9:.1f}s delay={f[12] / 1e3:.0f}us lock_recoveries={f[13]}")
 PY
 
+# --- real CUDA software: the compatibility matrix (tests/shim/test_matrix_*.py) on this GPU ------------
+# The same tests the suite runs on the driver double, here on the real driver: NVIDIA's runtime 12.9
+# and 13.0, CuPy 14 and PyTorch 2.9.1 from their PyPI wheels, alone and under an 8 GiB slice. Wheels
+# come from ${XDG_CACHE_HOME:-~/.cache}/gpuslice/wheels (fetched from PyPI when reachable; carry that
+# folder to a machine without network). Whatever cannot run is named, never counted as passed.
+py=""
+for cand in "$repo/.venv/bin/python" /work/main/.venv/bin/python python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c "import pytest, pynvml" 2>/dev/null; then py=$cand; break; fi
+done
+not_run=()
+if [[ -z $py ]]; then
+    not_run+=("compatibility matrix: no Python with pytest and pynvml (make a venv: pip install -e '.[dev]' devtools)")
+else
+    export PYTHONPATH="$repo/operator:$repo/devtools${PYTHONPATH:+:$PYTHONPATH}"
+    matrix=(tests/shim/test_matrix_cudart.py tests/shim/test_matrix_cupy.py)
+    if GPUSLICE_TEST_TORCH=1 "$py" -c "
+import sys; sys.path.insert(0, '$repo/tests')
+from shim.matrix import TORCH; from gpuslice_dev.wheels import ensure_unpacked
+for name, version in TORCH: ensure_unpacked(name, version)" >"$work/torch-wheels.log" 2>&1; then
+        matrix+=(tests/shim/test_matrix_torch.py)
+    else
+        not_run+=("PyTorch matrix: its wheels are not cached and PyPI is not reachable ($(tail -1 "$work/torch-wheels.log"))")
+    fi
+    (cd "$repo" && GPUSLICE_MATRIX_REAL_GPU=1 GPUSLICE_TEST_TORCH=1 timeout 1800 "$py" -m pytest -q -rsx -p no:cacheprovider \
+        "${matrix[@]}" >"$work/matrix.log" 2>&1)
+    rc=$?
+    grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL)|passed|failed" "$work/matrix.log" | sed 's/^/    /'
+    summary=$(tail -1 "$work/matrix.log")
+    if grep -q "ERROR .*WheelError\|WheelError" "$work/matrix.log"; then
+        not_run+=("part of the matrix: a client's wheel could not be fetched (see WheelError above)")
+    fi
+    result "compatibility matrix on the real driver" "$([[ $rc == 0 ]] && echo 0 || echo 1)" "$summary"
+    [[ $rc != 0 ]] && grep -E "^E " "$work/matrix.log" | head -40 | sed 's/^/    /'
+fi
+
 # --- launch overhead ----------------------------------------------------------------------------------
 write_conf "$limit" 100
 say "launch / alloc overhead against the real driver (best of 7):"
@@ -150,5 +196,6 @@ GPUSLICE_BENCH_REAL_DRIVER=1 GPUSLICE_BENCH_GPU_UUID=$uuid "$shim_dir/tests/benc
 ratio=$(awk '$1 == "cuLaunchKernel" {print $5}' "$work/bench")
 result "launch overhead" "$(awk -v r="$ratio" 'BEGIN { print (r != "" && r < 1.10) ? 0 : 1 }')" "cuLaunchKernel ratio $ratio (shim / driver)"
 
-say "$passed passed, $failed failed"
+for what in "${not_run[@]}"; do say "NOT RUN $what"; done
+say "$passed passed, $failed failed, ${#not_run[@]} not run"
 exit "$failed"

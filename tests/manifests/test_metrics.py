@@ -33,6 +33,8 @@ AGENT = {
     "gpuslice_slice_refused_allocations": ("counter", SLICE),
     "gpuslice_slice_throttled_seconds": ("counter", SLICE),
     "gpuslice_slice_violations": ("counter", (*SLICE, "kind")),
+    "gpuslice_slice_software_incompatible": ("gauge", (*SLICE, "reason")),
+    "gpuslice_slice_gpu_idle": ("gauge", SLICE),
     "gpuslice_gpu_memory_allocated_bytes": ("gauge", GPU),
     "gpuslice_gpu_memory_total_bytes": ("gauge", GPU),
     "gpuslice_agent_published_devices": ("gauge", ("node",)),

@@ -10,6 +10,7 @@ fight over the admission policies.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import socket
@@ -177,6 +178,26 @@ def test_operator_does_its_job_with_the_deployed_role(
             timeout=60,
             what="GpuPackage status written",
         )
+        # A pod asking for the product in resources.limits: the operator makes its GpuSlice.
+        wait_for(
+            lambda: get_json(cluster, "namespace", namespace)["metadata"]["labels"].get(
+                constants.LABEL_TENANT
+            ),
+            timeout=60,
+            what="the namespace a tenant",
+        )
+        limits = {constants.extended_resource_name(package): "1"}
+        container = {"name": "main", "image": "busybox", "resources": {"limits": limits}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "chart", "namespace": namespace}}
+        cluster.apply(json.dumps({**pod, "spec": {"containers": [container]}}))
+        wait_for(
+            lambda: ((get_json(cluster, "gpuslice", "chart", "-n", namespace) or {}).get("spec") or {}).get(
+                "pod"
+            ),
+            timeout=60,
+            what="the pod's GpuSlice",
+        )
+        cluster.kubectl("delete", "pod", "chart", "-n", namespace, "--wait=false")
         # Deletion runs through the operator's finalizers: it must be allowed to remove them.
         cluster.kubectl("delete", "gpuslice", "llm", "-n", namespace, "--timeout=60s")
         cluster.kubectl("delete", "gpupackage", package, "--timeout=60s")

@@ -86,6 +86,26 @@ def test_allocation_past_the_slice_fails_with_out_of_memory(node_cluster: DevClu
     ]
 
 
+def test_the_cuda_runtime_sees_the_slice_and_runs_out_at_its_edge(
+    node_cluster: DevCluster, probe_pod: str
+) -> None:
+    """NVIDIA's libcudart 12.9 (from its PyPI wheel, in the image) in a real container: the runtime
+    reaches the driver through cuGetProcAddress and its export tables, the shim still holds."""
+    rc, out, err = exec_in(node_cluster, probe_pod, "gpuslice-cudart-probe", "info")
+    assert rc == 0, err
+    assert out.strip() == "Tesla V100-PCIE-32GB, 8192 MiB, free 8192 MiB, runtime 12090, driver 12020"
+    rc, out, err = exec_in(
+        node_cluster, probe_pod, "gpuslice-cudart-probe", "alloc", "4096", "3072", "2048", "1024"
+    )
+    assert rc == 0, err
+    assert out.strip().splitlines() == [
+        f"cudaMalloc({4 << 30}) -> 0 cudaSuccess",
+        f"cudaMalloc({3 << 30}) -> 0 cudaSuccess",
+        f"cudaMalloc({2 << 30}) -> 2 cudaErrorMemoryAllocation",
+        f"cudaMalloc({1 << 30}) -> 0 cudaSuccess",
+    ]
+
+
 @pytest.mark.parametrize(
     "path", ["/etc/ld.so.preload", "/etc/gpuslice/slice.conf", "/etc/gpuslice/utilization"]
 )

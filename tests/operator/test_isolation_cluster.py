@@ -344,7 +344,8 @@ def _raw(resource: str) -> Any:
 GPU_POD_CASES = {
     "raw-nvidia-gpu": (_raw("nvidia.com/gpu"), "GPUs as extended resources", "create a GpuSlice"),
     "raw-nvidia-mig": (_raw("nvidia.com/mig-1g.5gb"), "GPUs as extended resources", "create a GpuSlice"),
-    "raw-gpuslice-resource": (_raw("gpuslice.io/slice"), "gpuslice.io/*", "create a GpuSlice"),
+    # a product in resources.limits is the other form of a slice: not both in one pod
+    "product-and-claim": (_raw("gpuslice.io/v100-8g"), "or through resource claims, not both", "GpuSlice"),
     "raw-deviceclass": (
         _raw("deviceclass.resource.kubernetes.io/v100-8g.gpuslice.io"),
         "deviceclass.resource.kubernetes.io/*",

@@ -21,8 +21,9 @@ def test_c_suite_is_clean_under_sanitizer(target, built):
     assert "Sanitizer" not in result.stdout
 
 
-def test_plain_c_suite_passes(built):
-    result = subprocess.run(["make", "-C", str(SHIM_SOURCE_DIR), "test"], capture_output=True, text=True,
+@pytest.mark.parametrize("target", ["test", "test-driverd"])  # test-driverd: through the double's daemon
+def test_plain_c_suite_passes(built, target):
+    result = subprocess.run(["make", "-C", str(SHIM_SOURCE_DIR), target], capture_output=True, text=True,
                             timeout=600, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert re.search(r"^\d+ passed, 0 failed$", result.stdout, re.M)

@@ -9,6 +9,7 @@ from gpuslice_dev.devcluster.binaries import Binaries
 
 #: Order matters: started in this order, stopped in reverse.
 CORE_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+#: DRAExtendedResource (products in resources.limits) is not listed: GA and locked on in 1.37.
 FEATURE_GATES = "DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true"
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 

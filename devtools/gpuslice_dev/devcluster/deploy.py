@@ -155,8 +155,9 @@ def agent_patch(dirs: dict[str, Path], fake_config: Path, fake_dir: Path) -> lis
         {"name": "run", "mountPath": str(dirs["run"])},
         {"name": "shim", "mountPath": str(dirs["shim"]), "readOnly": True},
         {"name": "fake-driver-libs", "mountPath": str(fake_dir), "readOnly": True},
-        # the GPU description and the double's host daemon socket (<config>.state/driver.sock)
-        {"name": "fake-driver", "mountPath": str(driver_dir)},
+        # the GPU description and the double's host daemon socket (<config>.state/driver.sock); the
+        # double's state is the daemon's: read-only here as in every container
+        {"name": "fake-driver", "mountPath": str(driver_dir), "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     args = [

@@ -3,7 +3,9 @@
 - PAUSE_IMAGE: the static pause binary that node_binaries compiles from the Kubernetes module's own
   `build/pause/linux/pause.c`; entrypoint ["/pause"], user 65535:65535, as upstream ships it.
 - PROBE_IMAGE: a tenant's view of a slice: `/usr/local/bin/gpuslice-probe` (dynamically linked
-  against glibc, libcuda.so.1 and libnvidia-ml.so.1 by SONAME), Debian's static busybox with its
+  against glibc, libcuda.so.1 and libnvidia-ml.so.1 by SONAME), `/usr/local/bin/gpuslice-cudart-probe`
+  (the same view through NVIDIA's CUDA runtime: linked against libcudart.so.12 from its PyPI wheel,
+  which the image carries as CUDA application images do), Debian's static busybox with its
   applets in /bin, and the glibc runtime that the probe, the shim and the driver test double need
   (from the host's ldd, the dynamic loader included). The driver's own libraries, the shim and
   /etc/ld.so.preload are NOT in the image: the CDI spec mounts them at run time, as on a GPU node
@@ -39,11 +41,14 @@ from pathlib import Path
 from gpuslice_dev.devcluster.binaries import BuildError, Progress, cache_root, default_progress
 from gpuslice_dev.devcluster.node_binaries import CRANE_VERSION, NodeBinaries, ensure_node_binaries
 from gpuslice_dev.gpusim.build import ShimPaths, ensure_built
+from gpuslice_dev.paths import SHIM_SOURCE_DIR
 
 PAUSE_IMAGE = "localhost/gpuslice/pause:3.10"
 PROBE_IMAGE = "localhost/gpuslice/probe:dev"
 #: Where the probe lives in its image (on PATH).
 PROBE_PATH_IN_IMAGE = "/usr/local/bin/gpuslice-probe"
+#: The probe on NVIDIA's CUDA runtime (shim/probe/gpuslice_cudart_probe.c), beside it.
+CUDART_PROBE_PATH_IN_IMAGE = "/usr/local/bin/gpuslice-cudart-probe"
 #: Bump when this module changes what it writes for the same inputs.
 BUILDER_VERSION = "1"
 BUSYBOX = Path("/bin/busybox")
@@ -112,6 +117,24 @@ def images_dir() -> Path:
 def probe_binary(built: ShimPaths) -> Path:
     """Where `make -C shim` puts gpuslice-probe."""
     return built.tests_dir.parent / "probe" / "gpuslice-probe"
+
+
+def cudart_probe_binary(built: ShimPaths) -> Path:
+    """gpuslice-cudart-probe, built against libcudart 12 from its wheel next to gpuslice-probe (once
+    per change of its source; concurrent callers each build into a file of their own, then rename)."""
+    from gpuslice_dev.gpusim.cudart import build_program
+
+    source = SHIM_SOURCE_DIR / "probe" / "gpuslice_cudart_probe.c"
+    out = probe_binary(built).parent / "gpuslice-cudart-probe"
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+        return out
+    staging = out.with_name(f".{out.name}.{os.getpid()}")
+    try:
+        build_program(source, "12", staging)
+    except RuntimeError as exc:
+        raise BuildError(f"building {out.name}: {exc}") from exc
+    os.replace(staging, out)
+    return out
 
 
 def multiarch_triplet() -> str:
@@ -250,9 +273,13 @@ def probe_spec(built: ShimPaths, busybox: Path = BUSYBOX) -> ImageSpec:
         raise BuildError(
             f"{busybox} is missing: install Debian's busybox-static (apt-get install busybox-static)"
         )
-    libs, loader = runtime_libraries([probe, built.shim, built.fake_cuda, built.fake_nvml])
+    cudart_probe = cudart_probe_binary(built)
+    # libcudart.so.12 comes with the cudart probe's libraries (its RPATH names the wheel on this host;
+    # in the image the loader finds it in the lib dir, as in a CUDA application image)
+    libs, loader = runtime_libraries([probe, cudart_probe, built.shim, built.fake_cuda, built.fake_nvml])
     entries: list[Entry] = [
         Entry(PROBE_PATH_IN_IMAGE.lstrip("/"), "file", 0o755, source=probe),
+        Entry(CUDART_PROBE_PATH_IN_IMAGE.lstrip("/"), "file", 0o755, source=cudart_probe),
         Entry("etc/passwd", "file", 0o644, data=_PASSWD),
         Entry("etc/group", "file", 0o644, data=_GROUP),
         Entry("tmp", "dir", 0o1777),

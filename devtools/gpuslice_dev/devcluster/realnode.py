@@ -11,6 +11,11 @@ Each real node `real-node-<i>` gets
 `stop_all` (called by `DevCluster.down`) removes every pod sandbox through CRI (CNI releases the
 addresses, containerd removes the netns), stops kubelet and containerd, kills shims left behind,
 unmounts whatever is still mounted under the node's dirs, deletes its bridge and its cgroups.
+
+Several devclusters may run real nodes on one machine at once (test workers do): each node's bridge
+carries its owner in the link's alias (`gpuslice-dev:<digest of the node's dir>`), and a node only
+ever deletes or adopts a bridge that names it; a bridge name taken meanwhile by another devcluster
+is left alone, and the node moves to a free slot.
 """
 
 from __future__ import annotations
@@ -129,6 +134,13 @@ class NodeDirs:
         return f"gs-br{self.slot}"
 
     @property
+    def bridge_owner(self) -> str:
+        """The alias this node's bridge carries: the node's own dir, so no other devcluster's node
+        (nor another node of this one) claims it."""
+        digest = hashlib.sha256(str(self.base.resolve()).encode()).hexdigest()[:16]
+        return f"gpuslice-dev:{digest}"
+
+    @property
     def subnet(self) -> str:
         return _SUBNET.format(i=self.slot)
 
@@ -159,6 +171,28 @@ def _free_slot(taken: set[int]) -> int:
         if slot not in taken and not Path(f"/sys/class/net/gs-br{slot}").exists():
             return slot
     raise DevClusterError("no free bridge slot (gs-br0..249 all exist); stop other devclusters' real nodes")
+
+
+def bridge_owner_of(bridge: str) -> str | None:
+    """The owner a bridge carries in its alias ("" if none), or None if there is no such link."""
+    try:
+        return Path(f"/sys/class/net/{bridge}/ifalias").read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _slot_is_ours(d: NodeDirs) -> bool:
+    """Whether the node can (re)use its recorded slot: its bridge is gone or is its own."""
+    return bridge_owner_of(d.bridge) in (None, d.bridge_owner)
+
+
+def delete_bridge(d: NodeDirs) -> bool:
+    """Delete the node's bridge if it is the node's own; True if deleted. A bridge of that name made
+    by another devcluster (after this one's was gone) is never touched."""
+    if bridge_owner_of(d.bridge) != d.bridge_owner:
+        return False
+    subprocess.run(["ip", "link", "delete", d.bridge], capture_output=True, check=False)
+    return True
 
 
 @contextlib.contextmanager
@@ -364,8 +398,14 @@ def _make_cgroup_root(cgroup_root: str) -> None:
 def _make_bridge(d: NodeDirs) -> None:
     """The CNI bridge, made before kubelet starts so the node has its address from the start (the
     bridge plugin adopts an existing bridge and its gateway address)."""
-    if not Path(f"/sys/class/net/{d.bridge}").exists():
+    owner = bridge_owner_of(d.bridge)
+    if owner is None:
         subprocess.run(["ip", "link", "add", d.bridge, "type", "bridge"], check=True, capture_output=True)
+        subprocess.run(
+            ["ip", "link", "set", "dev", d.bridge, "alias", d.bridge_owner], check=True, capture_output=True
+        )
+    elif owner != d.bridge_owner:
+        raise DevClusterError(f"bridge {d.bridge} belongs to another devcluster ({owner or 'no owner'})")
     subprocess.run(
         ["ip", "addr", "replace", f"{d.node_ip}/24", "dev", d.bridge], check=True, capture_output=True
     )
@@ -443,8 +483,11 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
         with _slot_lock():
             # The bridge is the slot's reservation: made under the machine-wide lock, so two
             # devclusters starting at once never take the same subnet.
-            if name not in st.node_slots:
-                st.node_slots[name] = _free_slot(set(st.node_slots.values()))
+            recorded = st.node_slots.get(name)
+            if recorded is None or not _slot_is_ours(node_dirs(cluster.dir, name, recorded)):
+                # (a recorded slot whose bridge another devcluster took meanwhile is not ours any more)
+                others = {s for n, s in st.node_slots.items() if n != name}
+                st.node_slots[name] = _free_slot(others)
                 st.save()
             d = node_dirs(cluster.dir, name, st.node_slots[name])
             _make_bridge(d)
@@ -553,7 +596,7 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
     _kill_tree_of(lambda args: "containerd-shim" in args[0] and sock in args)
     _kill_tree_of(lambda args: args[0].endswith("runc") and str(d.runc_root) in args)
     _unmount_all(d.base, d.root)
-    subprocess.run(["ip", "link", "delete", d.bridge], capture_output=True, check=False)
+    delete_bridge(d)
     _remove_cgroups(d.cgroup_root)
     shutil.rmtree(d.root, ignore_errors=True)
     shutil.rmtree(d.containerd_state, ignore_errors=True)
@@ -600,7 +643,7 @@ def leftovers(cluster_dir: Path, nodes: dict[str, int]) -> dict[str, list[str]]:
     for name, slot in nodes.items():
         d = node_dirs(cluster_dir, name, slot)
         out["mounts"] += mounts_under(d.base, d.root)
-        if Path(f"/sys/class/net/{d.bridge}").exists():
+        if bridge_owner_of(d.bridge) == d.bridge_owner:
             out["links"].append(d.bridge)
         ours = (str(d.containerd_socket), str(d.kubelet_root), str(d.runc_root))
         for pid, args in _processes():

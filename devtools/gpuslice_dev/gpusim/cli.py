@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument(
         "--simulate-gpus", metavar="SPEC", help="use the driver test double, e.g. '1x Tesla V100-PCIE-32GB'"
     )
+    run.add_argument(
+        "--simulate-driver",
+        default="535",
+        metavar="BRANCH",
+        help="the double's driver branch with --simulate-gpus: 535 (CUDA 12.2, default) or 580 (CUDA 13.0)",
+    )
     run.add_argument("--gpu-uuid", help="GPU the slice is on (default: GPU 0)")
     run.add_argument("--usage-dir", type=Path, help="keep the usage region here (default: a temporary dir)")
     run.add_argument(
@@ -84,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
             gpu_uuid=args.gpu_uuid,
             usage_dir=args.usage_dir,
             context_overhead_bytes=args.context_overhead or 0,
+            driver=args.simulate_driver,
         )
     except (runner.ShimRunError, ShimBuildError, ValueError) as exc:
         print(f"gpuslice-dev shim run: {exc}", file=sys.stderr)

@@ -7,7 +7,10 @@ the driver's user-space libraries mounted at the paths the loader searches (here
 `libcuda.so.1` and `libnvidia-ml.so.1`, where the real toolkit's hooks would make the same names),
 `NVIDIA_VISIBLE_DEVICES=void` so an NVIDIA runtime hook inside the container does nothing more, and
 what stands in for the kernel module: the node's GPU description and the double's host daemon socket
-under `/run/nvidia-fake` (the double looks there, as the real driver needs no environment).
+under `/run/nvidia-fake` (the double looks there, as the real driver needs no environment), mounted
+read-only like everything the driver brings: the double's state is the daemon's (gpuslice-fake-driverd
+owns it, clients map it read-only and change it only through requests on the socket, which a
+read-only mount still lets them connect to), as the real driver's state is the kernel's.
 
 Device nodes are real character devices (major 195, the NVIDIA driver's) made under the node's
 directory: the runtime creates them in the container and allows them in its device cgroup exactly
@@ -81,8 +84,8 @@ def build_spec(
             "mounts": [
                 _mount(fake_cuda, f"{CONTAINER_LIB_DIR}/libcuda.so.1", ro),
                 _mount(fake_nvml, f"{CONTAINER_LIB_DIR}/libnvidia-ml.so.1", ro),
-                # The kernel module's state: shared by every process of every container on the node.
-                _mount(driver_dir, CONTAINER_DRIVER_DIR, ["rw", "nosuid", "nodev", "noexec", "bind"]),
+                # The kernel module's part: its state is the daemon's, no container writes it.
+                _mount(driver_dir, CONTAINER_DRIVER_DIR, ["ro", "nosuid", "nodev", "noexec", "bind"]),
             ],
         },
     }

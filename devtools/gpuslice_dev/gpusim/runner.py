@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice.shim.config import SliceConfig
+from gpuslice.shim.region import create_usage_region
 from gpuslice_dev.gpusim import patch, simulate
 from gpuslice_dev.gpusim.build import ShimPaths, ensure_built
 
@@ -62,6 +63,7 @@ def prepare(
     workdir: Path | None = None,
     seed: str | None = None,
     built: ShimPaths | None = None,
+    driver: str = "535",
 ) -> PreparedSlice:
     built = built or ensure_built()
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gpuslice-shim-"))
@@ -70,12 +72,15 @@ def prepare(
     fake_gpus = None
     if simulate_gpus:
         fake_gpus = simulate.parse_gpu_spec(simulate_gpus, seed=seed or os.uname().nodename)
-        fake_config = simulate.write_fake_config(fake_gpus, workdir / "fake-gpus.conf")
+        driver_version, cuda_driver_version = simulate.driver_versions(driver)
+        fake_config = simulate.write_fake_config(
+            fake_gpus, workdir / "fake-gpus.conf", driver_version, cuda_driver_version
+        )
         env.update(simulate.fake_driver_env(fake_config, built.fake_dir))
         gpu_uuid = gpu_uuid or fake_gpus[0].uuid
     uuid = gpu_uuid or discover_gpu_uuid()
     usage = Path(usage_dir) if usage_dir else workdir / "usage"
-    usage.mkdir(parents=True, exist_ok=True)
+    create_usage_region(usage)  # as the node agent prepares it: any uid's shim can use it
     config = SliceConfig(
         memory_bytes=memory_bytes,
         compute_share=compute_share,

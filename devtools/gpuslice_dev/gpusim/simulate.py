@@ -23,6 +23,22 @@ FAKE_GPU_CONFIG_ENV = "GPUSLICE_FAKE_GPU_CONFIG"
 DEFAULT_DRIVER_VERSION = "535.183.01"
 DEFAULT_CUDA_DRIVER_VERSION = 12020  # what a 535 driver reports: CUDA 12.2
 
+#: Driver branches the double simulates: the version nvidia-smi shows and the CUDA version
+#: cuDriverGetVersion reports. A CUDA 13 runtime refuses a 535 driver (insufficient driver); a 580
+#: driver runs CUDA 12 and 13 runtimes.
+DRIVERS: dict[str, tuple[str, int]] = {
+    "535": (DEFAULT_DRIVER_VERSION, DEFAULT_CUDA_DRIVER_VERSION),
+    "580": ("580.95.05", 13000),
+}
+
+
+def driver_versions(branch: str) -> tuple[str, int]:
+    """(driver_version, cuda_driver_version) of a driver branch such as "535" or "580"."""
+    try:
+        return DRIVERS[branch]
+    except KeyError:
+        raise GpuSpecError(f"unknown driver branch {branch!r}; known: {', '.join(DRIVERS)}") from None
+
 
 class FakeGpu(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -44,28 +60,43 @@ class _Model(BaseModel):
     compute_capability: str
     multiprocessors: int
     pci_device_id: str
+    # What the driver reports besides (the double's table in shim/fake/cuda_device.c holds the same;
+    # tests/shim/test_cudart.py compares both through the real runtime's cudaGetDeviceProperties).
+    clock_khz: int  # boost clock, CU_DEVICE_ATTRIBUTE_CLOCK_RATE
+    memory_clock_khz: int
+    memory_bus_width: int  # bits
+    l2_cache_bytes: int
 
 
 #: Models the double can impersonate, with what their drivers report.
 KNOWN_MODELS: dict[str, _Model] = {
     "Tesla V100-PCIE-32GB": _Model(memory_bytes=32 * c.GIB, compute_capability="7.0", multiprocessors=80,
-                                   pci_device_id="1DB610DE"),
+                                   pci_device_id="1DB610DE", clock_khz=1380000, memory_clock_khz=877000,
+                                   memory_bus_width=4096, l2_cache_bytes=6 * c.MIB),
     "Tesla V100-PCIE-16GB": _Model(memory_bytes=16 * c.GIB, compute_capability="7.0", multiprocessors=80,
-                                   pci_device_id="1DB410DE"),
+                                   pci_device_id="1DB410DE", clock_khz=1380000, memory_clock_khz=877000,
+                                   memory_bus_width=4096, l2_cache_bytes=6 * c.MIB),
     "Tesla V100-SXM2-16GB": _Model(memory_bytes=16 * c.GIB, compute_capability="7.0", multiprocessors=80,
-                                   pci_device_id="1DB110DE"),
+                                   pci_device_id="1DB110DE", clock_khz=1530000, memory_clock_khz=877000,
+                                   memory_bus_width=4096, l2_cache_bytes=6 * c.MIB),
     "Tesla V100-SXM2-32GB": _Model(memory_bytes=32 * c.GIB, compute_capability="7.0", multiprocessors=80,
-                                   pci_device_id="1DB510DE"),
+                                   pci_device_id="1DB510DE", clock_khz=1530000, memory_clock_khz=877000,
+                                   memory_bus_width=4096, l2_cache_bytes=6 * c.MIB),
     "Tesla T4": _Model(memory_bytes=15360 * c.MIB, compute_capability="7.5", multiprocessors=40,
-                       pci_device_id="1EB810DE"),
+                       pci_device_id="1EB810DE", clock_khz=1590000, memory_clock_khz=5001000,
+                       memory_bus_width=256, l2_cache_bytes=4 * c.MIB),
     "NVIDIA A100-SXM4-40GB": _Model(memory_bytes=40 * c.GIB, compute_capability="8.0", multiprocessors=108,
-                                    pci_device_id="20B010DE"),
+                                    pci_device_id="20B010DE", clock_khz=1410000, memory_clock_khz=1215000,
+                                    memory_bus_width=5120, l2_cache_bytes=40 * c.MIB),
     "NVIDIA A100-PCIE-40GB": _Model(memory_bytes=40 * c.GIB, compute_capability="8.0", multiprocessors=108,
-                                    pci_device_id="20F110DE"),
+                                    pci_device_id="20F110DE", clock_khz=1410000, memory_clock_khz=1215000,
+                                    memory_bus_width=5120, l2_cache_bytes=40 * c.MIB),
     "NVIDIA A100-SXM4-80GB": _Model(memory_bytes=80 * c.GIB, compute_capability="8.0", multiprocessors=108,
-                                    pci_device_id="20B210DE"),
+                                    pci_device_id="20B210DE", clock_khz=1410000, memory_clock_khz=1593000,
+                                    memory_bus_width=5120, l2_cache_bytes=40 * c.MIB),
     "NVIDIA H100 80GB HBM3": _Model(memory_bytes=81559 * c.MIB, compute_capability="9.0", multiprocessors=132,
-                                    pci_device_id="233010DE"),
+                                    pci_device_id="233010DE", clock_khz=1980000, memory_clock_khz=2619000,
+                                    memory_bus_width=5120, l2_cache_bytes=50 * c.MIB),
 }  # fmt: skip
 
 _PART = re.compile(r"^\s*(?:(\d+)\s*[xX]\s+)?(.+?)\s*$")
@@ -180,13 +211,14 @@ def use_fake_driver(config_path: Path | str) -> ctypes.CDLL:
     return ctypes.CDLL(str(built.fake_nvml), mode=ctypes.RTLD_GLOBAL)
 
 
-def write_node_config(spec: str, node: str, state_dir: Path) -> Path:
+def write_node_config(spec: str, node: str, state_dir: Path, driver: str = "535") -> Path:
     """Describe `spec` (e.g. "2x Tesla V100-PCIE-32GB") for `node` in `<state_dir>/fake-gpus.conf`.
 
-    UUIDs are seeded by the node name so every simulated node has distinct, stable GPUs.
+    UUIDs are seeded by the node name so every simulated node has distinct, stable GPUs; `driver` is
+    the simulated driver branch (`DRIVERS`).
     """
     gpus = parse_gpu_spec(spec, seed=node)
-    return write_fake_config(gpus, state_dir / "fake-gpus.conf")
+    return write_fake_config(gpus, state_dir / "fake-gpus.conf", *driver_versions(driver))
 
 
 def driver_socket(config_path: Path | str) -> Path:

@@ -112,6 +112,10 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str] | None:
                 return None  # the controller has not created it yet
             if name:  # None in status: the template produced no claim
                 out.append(name)
+    # A container's `resources.limits: {gpuslice.io/<package>: 1}`: the claim kube-scheduler made.
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        out.append(extended)
     return out
 
 

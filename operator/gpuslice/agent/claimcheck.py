@@ -3,9 +3,12 @@
 Admission keeps tenants to the documented claim form, but a claim for another DeviceClass whose
 selector happens to match gpuslice devices (a class without a driver selector, `allocationMode: All`)
 can still be allocated a gpuslice device by kube-scheduler. The agent prepares a device only when
-the request that got it names that device's own DeviceClass (`<package>.gpuslice.io`), without
-admin access; anything else is refused, so the pod never starts with the device. (The namespace is
-admission's to check: gpuslice DeviceClasses are refused outside entitled namespaces.)
+the request that got it names that device's own DeviceClass (`<package>.gpuslice.io`) for exactly
+one device, without admin access; anything else is refused, so the pod never starts with the device.
+That holds for the claims kube-scheduler makes for a container's `resources.limits:
+{gpuslice.io/<package>: 1}` too: one request `container-<i>-request-<j>` of the class, count 1.
+(The namespace is admission's to check: gpuslice DeviceClasses are refused outside entitled
+namespaces, for claims and for the extended resource names alike.)
 """
 
 from __future__ import annotations
@@ -16,20 +19,21 @@ from typing import Any
 from gpuslice import constants as c
 
 
-def _request_class(claim: Mapping[str, Any], request: str) -> tuple[str | None, bool]:
-    """(deviceClassName, adminAccess) of the request (or `request/subrequest`) named in a result."""
+def _request_class(claim: Mapping[str, Any], request: str) -> tuple[str | None, bool, int | None]:
+    """(deviceClassName, adminAccess, count) of the request (or `request/subrequest`) named in a
+    result; count None for allocationMode All."""
     name, _, sub = request.partition("/")
     for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
         if r.get("name") != name:
             continue
+        one = r.get("exactly") or {}
         if sub:
-            for s in r.get("firstAvailable") or []:
-                if s.get("name") == sub:
-                    return s.get("deviceClassName"), False
-            return None, False
-        exactly = r.get("exactly") or {}
-        return exactly.get("deviceClassName"), bool(exactly.get("adminAccess"))
-    return None, False
+            one = next((s for s in r.get("firstAvailable") or [] if s.get("name") == sub), None) or {}
+            if not one:
+                return None, False, None
+        count = int(one.get("count", 1)) if one.get("allocationMode", "ExactCount") == "ExactCount" else None
+        return one.get("deviceClassName"), bool(one.get("adminAccess")) and not sub, count
+    return None, False, None
 
 
 def _result_admin_access(claim: Mapping[str, Any], request: str, device: str) -> bool:
@@ -46,7 +50,7 @@ def refusal(claim: Mapping[str, Any], request: str, device: str, package: str | 
     if package is None:
         return f"device {device} belongs to no gpuslice package"
     want = c.device_class_name(package)
-    cls, admin = _request_class(claim, request)
+    cls, admin, count = _request_class(claim, request)
     if cls != want:
         return (
             f"request {request!r} asks for DeviceClass {cls!r}, but device {device} is a slice of "
@@ -55,4 +59,10 @@ def refusal(claim: Mapping[str, Any], request: str, device: str, package: str | 
         )
     if admin or _result_admin_access(claim, request, device):
         return "adminAccess to gpuslice devices is not supported: a slice is for one workload"
+    if count != 1:
+        return (
+            f"request {request!r} asks for {'all' if count is None else count} devices of {want}; a "
+            f"request takes one slice (ExactCount, count 1): ask for a larger product, e.g. "
+            f"resources.limits {{gpuslice.io/{package}: 1}} or a GpuSlice (spec.package: {package})"
+        )
     return None

@@ -45,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between usage readings written into GpuSlice status (at most one write per slice each)",
     )
     p.add_argument(
+        "--idle-after",
+        type=float,
+        default=600.0,
+        help="seconds a prepared slice may go without any process using the GPU before status.usage "
+        "says so (gpuIdleSince: software that fell back to the CPU)",
+    )
+    p.add_argument(
         "--stop-violators",
         action="store_true",
         help="deprecated, ignored: each GpuPackage's spec.isolation.onViolation (Report|Stop, default "
@@ -81,6 +88,7 @@ def _main(args: argparse.Namespace) -> int:
         shim_library=args.shim_library,
         metrics_port=args.metrics_port,
         usage_interval=args.usage_interval,
+        idle_after=args.idle_after,
         stop_violators=args.stop_violators,
         nvidia_toolkit_config=args.nvidia_toolkit_config or toolkit.default_config_path(),
     )

@@ -33,6 +33,12 @@ class Kube:
         result: dict[str, Any] = await self.api.get(kubehttp.path(*DRA, "resourceclaims", name, namespace))
         return result
 
+    async def get_gpuslice(self, namespace: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.api.get(
+            kubehttp.path(*GPUSLICE, constants.SLICE_PLURAL, name, namespace)
+        )
+        return result
+
     async def list_pool_slices(self, node: str) -> list[dict[str, Any]]:
         result = await self.api.get(
             kubehttp.path(*DRA, "resourceslices"),

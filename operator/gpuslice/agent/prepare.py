@@ -23,7 +23,7 @@ from gpuslice.api.resourceclaim import allocation_results
 from gpuslice.api.resourceslice import find_device, parse_resource_slices
 from gpuslice.files import atomic_write
 from gpuslice.kubehttp import ApiError
-from gpuslice.shim.region import create_utilization_file, utilization_file_for
+from gpuslice.shim.region import create_usage_region, create_utilization_file, utilization_file_for
 
 log = logs.get(__name__)
 
@@ -189,7 +189,7 @@ class Preparer:
         create_utilization_file(utilization_file_for(limits))
         usage = self.paths.usage_dir(record.uid)
         # an existing usage region is kept: containers of the claim may already be using it
-        usage.mkdir(parents=True, exist_ok=True)
+        create_usage_region(usage)
         spec = cdi.build_spec(
             record.uid,
             preload_file=preload,

@@ -36,6 +36,7 @@ class AgentOptions:
     shim_library: Path | None
     metrics_port: int
     usage_interval: float = 10.0
+    idle_after: float = 600.0
     stop_violators: bool = False  # deprecated, ignored: GpuPackage spec.isolation.onViolation decides
     nvidia_toolkit_config: Path = toolkit.DEFAULT_CONFIG
 
@@ -111,7 +112,7 @@ async def run(opts: AgentOptions) -> int:
     enforcer = ViolationEnforcer(
         opts.node, kube, policy=lambda name: package_policy(publisher.packages, name)
     )
-    reporter = UsageReporter(opts.node, paths, kube, enforcer, opts.usage_interval)
+    reporter = UsageReporter(opts.node, paths, kube, enforcer, opts.usage_interval, opts.idle_after)
     feedback = UtilizationFeedback(paths)
     tasks = [
         asyncio.create_task(c)

@@ -29,14 +29,57 @@ from gpuslice.agent.prepare import NodePaths
 from gpuslice.agent.violations import ViolationEnforcer
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import RegionFormatError, UsageSnapshot, read_usage
+from gpuslice.shim.software import SoftwareState
+
+#: A slice whose pod has held it this long without any process creating a context is reported idle
+#: (`status.usage.gpuIdleSince`): software that checks the GPU itself and falls back to the CPU
+#: leaves no error behind (`gpuslice agent --idle-after`).
+DEFAULT_IDLE_AFTER = 600.0
 
 log = logs.get(__name__)
 
 
+def _iso(unix: float) -> str:
+    return dt.datetime.fromtimestamp(int(unix), dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def software_status(state: SoftwareState) -> dict[str, Any] | None:
+    """`status.usage.software`: the last thing the slice's software could not do on its GPU, until a
+    later kernel image loads fine (then None: the operator's condition clears)."""
+    rec = state.record
+    if rec is None or (state.compatible_time is not None and state.compatible_time > rec.time):
+        return None
+    out: dict[str, Any] = {
+        "reason": rec.kind.value,
+        "process": rec.process,
+        "pid": rec.pid,
+        "imageArchitectures": rec.image_architectures,
+        "imageCount": rec.image_count,
+        "cudaError": rec.cuda_error,
+        "time": _iso(rec.time),
+    }
+    if rec.device_arch:
+        out["gpuArchitecture"] = f"sm_{rec.device_arch}"
+    if rec.driver_version:
+        out["driverCudaVersion"] = _cuda_version(rec.driver_version)
+    if rec.runtime_version:
+        out["runtimeCudaVersion"] = _cuda_version(rec.runtime_version)
+    return out
+
+
 def usage_status(
-    snapshot: UsageSnapshot, limit_bytes: int, now: str, violation: str | None = None
+    snapshot: UsageSnapshot,
+    limit_bytes: int,
+    now: str,
+    violation: str | None = None,
+    idle_since: float | None = None,
 ) -> dict[str, Any]:
-    """`status.usage` of a slice from its usage region."""
+    """`status.usage` of a slice from its usage region (`idle_since`: unix time the slice has been
+    held without GPU use since, once that passed the idle threshold)."""
     usage: dict[str, Any] = {
         "memoryUsedBytes": snapshot.memory_used_bytes,
         "memoryLimitBytes": snapshot.memory_limit_bytes
@@ -59,7 +102,22 @@ def usage_status(
         usage["computeUtilizationPercent"] = round(snapshot.shim_utilization_percent, 1)
     if violation:
         usage["violation"] = violation
+    software = software_status(snapshot.software)
+    if software is not None:
+        usage["software"] = software
+    if snapshot.software.first_use_time is not None:
+        usage["firstGpuUseTime"] = _iso(snapshot.software.first_use_time)
+    elif idle_since is not None:
+        usage["gpuIdleSince"] = _iso(idle_since)
     return usage
+
+
+def idle_since(snapshot: UsageSnapshot, held_since: float, now: float, idle_after: float) -> float | None:
+    """When the slice has been held without any GPU use for at least `idle_after` seconds: since when."""
+    used = snapshot.software.first_use_time is not None or any(
+        p.memory_used_bytes or p.context_overhead_bytes for p in snapshot.processes
+    )
+    return held_since if not used and now - held_since >= idle_after else None
 
 
 def should_write(
@@ -91,6 +149,8 @@ def usage_patch(owner_uid: str, usage: Mapping[str, Any]) -> list[dict[str, Any]
 @dataclass
 class _SliceState:
     owner: ClaimOwner
+    #: unix time this agent first saw the claim prepared (the idle clock starts again after a restart)
+    held_since: float = field(default_factory=time.time)
     last_usage: dict[str, Any] | None = None
     last_write: float | None = None
     write_error: int | None = None  # HTTP status of the last refused usage write (logged once)
@@ -103,6 +163,7 @@ class UsageReporter:
     kube: Kube
     enforcer: ViolationEnforcer
     interval: float = 10.0
+    idle_after: float = DEFAULT_IDLE_AFTER
     _states: dict[str, _SliceState] = field(default_factory=dict)
     # The region holds running totals; these turn them into counter increments.
     _refused: metrics.CounterFromTotal = field(
@@ -118,7 +179,8 @@ class UsageReporter:
         now_s = time.monotonic()
         now_iso = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
         for record in records:
-            if record.uid not in self._states:
+            known = self._states.get(record.uid)
+            if known is None or not known.owner.settled:  # a pod's GpuSlice the operator had yet to make
                 self._states[record.uid] = _SliceState(await lookup_owner(self.kube, self.node, record))
         violations = await self.enforcer.sweep(records, {r.uid: self._states[r.uid].owner for r in records})
         for record in records:
@@ -138,7 +200,12 @@ class UsageReporter:
             self._throttled.update(labels, snapshot.throttled_seconds_total)
             if state.owner.key is None or state.owner.uid is None:
                 continue  # template claims: metrics only (several nodes may serve one GpuSlice)
-            usage = usage_status(snapshot, limit, now_iso, violations.get(record.uid))
+            idle = idle_since(snapshot, state.held_since, time.time(), self.idle_after)
+            usage = usage_status(snapshot, limit, now_iso, violations.get(record.uid), idle)
+            software = (usage.get("software") or {}).get("reason")
+            for reason in metrics.SOFTWARE_REASONS:
+                metrics.SLICE_SOFTWARE_INCOMPATIBLE.labels(*labels, reason).set(reason == software)
+            metrics.SLICE_GPU_IDLE.labels(*labels).set("gpuIdleSince" in usage)
             # a violation found or gone is written at once: a stopped process may be gone next tick
             news = usage.get("violation") != (state.last_usage or {}).get("violation")
             if news or should_write(state.last_usage, usage, state.last_write, now_s, self.interval):

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
 
 
@@ -51,6 +52,15 @@ class GpuPackageSpec(CamelModel):
     compute_share: int | None = Field(default=None, alias="computeShare", ge=1, le=100)
     entitlements: list[Entitlement] = Field(default_factory=list)
     isolation: Isolation = Field(default_factory=Isolation)
+    #: The extended resource a container asks for in `resources.limits` (DeviceClass
+    #: `extendedResourceName`): None means `gpuslice.io/<package>`, "" means none.
+    extended_resource_name: str | None = Field(default=None, alias="extendedResourceName")
+
+    def extended_resource(self, package: str) -> str | None:
+        """The product's extended resource name, or None when the package turns it off."""
+        if self.extended_resource_name is None:
+            return c.extended_resource_name(package)
+        return self.extended_resource_name or None
 
     @property
     def effective_compute_share(self) -> int:
@@ -95,6 +105,8 @@ class Guarantees(CamelModel):
 class GpuPackageStatus(CamelModel):
     device_class_name: str | None = Field(default=None, alias="deviceClassName")
     quota_key: str | None = Field(default=None, alias="quotaKey")
+    #: What a container writes in resources.limits for one slice; None when the package turns it off.
+    resource_name: str | None = Field(default=None, alias="resourceName")
     memory_per_slice: str | None = Field(default=None, alias="memoryPerSlice")
     slices_per_gpu: int | None = Field(default=None, alias="slicesPerGpu")
     capacity: PackageCapacity | None = None

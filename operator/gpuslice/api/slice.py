@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field
 
@@ -15,6 +16,9 @@ class GpuSliceSpec(CamelModel):
     #: False: one ResourceClaim named like the slice. True: a ResourceClaimTemplate named like the slice,
     #: so every pod (every Deployment replica) that references it gets its own slice.
     template: bool = False
+    #: Set by the operator only, on the slice it makes for a pod that asks for the product in
+    #: resources.limits: that pod's name. The pod owns the slice; its claim is kube-scheduler's.
+    pod: str | None = None
 
 
 class Phase(StrEnum):
@@ -56,6 +60,21 @@ class ProcessUsageStatus(CamelModel):
     refused_allocations: int | None = Field(default=None, alias="refusedAllocations")
 
 
+class SoftwareUsage(CamelModel):
+    """status.usage.software: what the slice's software could not do on its GPU (the shim's record)."""
+
+    reason: Literal["NoKernelImageForGpu", "PtxTooNewForDriver", "DriverTooOld"]
+    process: str | None = None
+    pid: int | None = None
+    image_architectures: list[str] = Field(default_factory=list, alias="imageArchitectures")
+    image_count: int | None = Field(default=None, alias="imageCount")
+    cuda_error: int | None = Field(default=None, alias="cudaError")
+    gpu_architecture: str | None = Field(default=None, alias="gpuArchitecture")
+    driver_cuda_version: str | None = Field(default=None, alias="driverCudaVersion")
+    runtime_cuda_version: str | None = Field(default=None, alias="runtimeCudaVersion")
+    time: str | None = None
+
+
 class SliceUsage(CamelModel):
     """status.usage: what the node agent read from the slice's usage region (it alone writes it)."""
 
@@ -68,6 +87,9 @@ class SliceUsage(CamelModel):
     processes: list[ProcessUsageStatus] = Field(default_factory=list)
     time: str | None = None
     violation: str | None = None
+    software: SoftwareUsage | None = None
+    first_gpu_use_time: str | None = Field(default=None, alias="firstGpuUseTime")
+    gpu_idle_since: str | None = Field(default=None, alias="gpuIdleSince")
 
 
 class GpuSliceStatus(CamelModel):

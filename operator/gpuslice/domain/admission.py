@@ -10,13 +10,23 @@ Policies (all prefixed gpuslice-), what they bind to, their action and what they
 
 - pods (tenant namespaces, Deny): raw GPU resource requests; for pods that can reach a GPU node
   (holding claims or tolerating the GPU taint): GPU-control env, envFrom, a runtime class, nodeName.
+- pod-products (all namespaces, Deny): a gpuslice product asked for in resources.limits
+  (`gpuslice.io/<package>: 1`) outside an entitled namespace, or in any other form than one regular
+  container asking for exactly one slice in a pod that holds no claims; the implicit
+  `deviceclass.resource.kubernetes.io/<package>.gpuslice.io` outside tenant namespaces (inside them
+  the pods policy refuses it).
+- workload-products (all namespaces, Deny): the same for the pod templates of Deployments,
+  ReplicaSets, StatefulSets, DaemonSets and Jobs, when the template is created or changed.
+- pod-slices (all namespaces, Deny): a GpuSlice with spec.pod (the one the operator keeps for a
+  pod that asks for a product in resources.limits) written by anyone but the operator.
 - pod-memory (tenant namespaces, Warn): a container holding a slice with a tiny memory limit.
 - gpu-nodes (every namespace but the exempt ones, Deny): tolerating the GPU node taint, unless the
-  pod holds claims in a tenant namespace; the tolerate-everything toleration.
+  pod holds claims (or asks for a product) in a tenant namespace; the tolerate-everything toleration.
 - gpu-node-toleration (MutatingAdmissionPolicy, tenant namespaces): adds the GPU taint's toleration
-  to pods that hold claims, so tenants never write it.
+  to pods that hold claims or ask for a product in resources.limits, so tenants never write it.
 - claims, claim-templates (all namespaces, Deny): gpuslice claims not in the documented form, or
-  in a namespace that holds no entitlement.
+  in a namespace that holds no entitlement; kube-scheduler's own claim for a product in
+  resources.limits has its form too (one request `container-<i>-request-<j>`, ExactCount 1).
 - other-claims, other-claim-templates (all namespaces, Deny): claims for other classes that reach
   gpuslice devices by a selector or config naming gpuslice; in tenant namespaces allocationMode All
   and adminAccess for any class.
@@ -144,6 +154,215 @@ def _resource_request(ct: str) -> str:
 
 #: The pod holds resource claims.
 HOLDS_CLAIMS = "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0"
+
+
+# --- Products in resources.limits -----------------------------------------------------------------
+# A container may ask for one slice as `resources.limits: {gpuslice.io/<package>: 1}`: the package's
+# DeviceClass names that extended resource, and kube-scheduler makes the pod a claim of its own for
+# it. Admitted in exactly that form, in entitled namespaces; the claim the scheduler makes is
+# checked by the claims policy (`_scheduler_claim`).
+
+PRODUCT_PREFIX = c.EXTENDED_RESOURCE_DOMAIN + "/"
+#: The request names kube-scheduler gives the claim it makes: container-<index>-request-<index>.
+SCHEDULER_REQUEST_NAME = "^container-[0-9]+-request-[0-9]+$"
+KUBE_SCHEDULER = "system:kube-scheduler"
+
+
+def _product_keys(resources: str) -> str:
+    """CEL: the gpuslice product names among the keys of `resources` (a limits or requests map)."""
+    return f"{resources}.filter(k, k.startsWith('{PRODUCT_PREFIX}'))"
+
+
+def _asks_product(ct: str) -> str:
+    """CEL: container `ct` asks for a gpuslice product as an extended resource."""
+    limits, requests = _product_keys(f"{ct}.resources.limits"), _product_keys(f"{ct}.resources.requests")
+    return (
+        f"has({ct}.resources) && ((has({ct}.resources.limits) && size({limits}) > 0)"
+        f" || (has({ct}.resources.requests) && size({requests}) > 0))"
+    )
+
+
+def _asks_gpuslice_device(ct: str) -> str:
+    """CEL: `ct` asks for a product, or for a gpuslice DeviceClass by its implicit extended resource
+    name (deviceclass.resource.kubernetes.io/<package>.gpuslice.io)."""
+    implicit = (
+        f"k.lowerAscii().startsWith('{c.IMPLICIT_EXTENDED_RESOURCE_PREFIX}') && "
+        f"k.lowerAscii().endsWith('{c.DEVICE_CLASS_SUFFIX}')"
+    )
+    keys = f"(k.lowerAscii().startsWith('{PRODUCT_PREFIX}') || ({implicit}))"
+    return (
+        f"has({ct}.resources) && ((has({ct}.resources.limits) && {ct}.resources.limits.exists(k, {keys}))"
+        f" || (has({ct}.resources.requests) && {ct}.resources.requests.exists(k, {keys})))"
+    )
+
+
+#: The pod asks for a product in resources.limits (in any container: the products policy admits
+#: only the regular containers' form).
+ASKS_PRODUCT = f"!({_no_container(_asks_product('ct'))})"
+#: The pod will hold a slice: through claims, or through a product in resources.limits.
+HOLDS_SLICE = f"(({HOLDS_CLAIMS}) || ({ASKS_PRODUCT}))"
+
+PRODUCT_FORM = (
+    "resources: {limits: {gpuslice.io/<product>: 1}} in one container of spec.containers (kubectl get "
+    "gpupackages -o wide lists the products under RESOURCE)"
+)
+SLICE_FORM = (
+    "create a GpuSlice (spec.package: <product>) and reference its claim: spec.resourceClaims: "
+    "[{name: gpu, resourceClaimName: <slice>}] and resources.claims: [{name: gpu}] in each container"
+)
+
+
+def _product_validations(spec: str) -> list[dict[str, Any]]:
+    """The rules of `pod_products_policy` for the pod spec at `spec` (a pod's, or a template's)."""
+    tenant = (
+        f"has(namespaceObject.metadata.labels) && '{c.LABEL_TENANT}' in namespaceObject.metadata.labels "
+        f"&& namespaceObject.metadata.labels['{c.LABEL_TENANT}'] == 'true'"
+    )
+    one = "quantity(string(X[k])).compareTo(quantity('1')) == 0"
+    counts_one = (
+        f"size({_product_keys('ct.resources.limits')}) == 1 && "
+        f"{_product_keys('ct.resources.limits')}.all(k, {one.replace('X', 'ct.resources.limits')}) && "
+        f"(!has(ct.resources.requests) || {_product_keys('ct.resources.requests')}"
+        f".all(k, {one.replace('X', 'ct.resources.requests')}))"
+    )
+    no_entitlement = (
+        "holds no gpuslice entitlement, so its pods cannot ask for gpuslice products (gpuslice.io/*, or "
+        "deviceclass.resource.kubernetes.io/*.gpuslice.io). Ask the platform team for an entitlement: a "
+        "GpuPackage entitlement whose namespaceSelector matches this namespace"
+    )
+    no_claims = (
+        "(!has(object.spec.resourceClaims) || size(object.spec.resourceClaims) == 0) && "
+        "object.spec.containers.all(ct, !has(ct.resources) || !has(ct.resources.claims) || "
+        "size(ct.resources.claims) == 0)"
+    )
+    validations: list[dict[str, Any]] = [
+        {
+            "expression": f"({tenant}) || " + _no_container(_asks_gpuslice_device("ct")),
+            "message": f"this namespace {no_entitlement}",
+            "messageExpression": f"'namespace ' + namespaceObject.metadata.name + ' {no_entitlement}'",
+        },
+        {
+            "expression": "(!has(object.spec.initContainers) || "
+            f"!object.spec.initContainers.exists(ct, {_asks_product('ct')})) && "
+            "(!has(object.spec.ephemeralContainers) || "
+            f"!object.spec.ephemeralContainers.exists(ct, {_asks_product('ct')}))",
+            "message": "only a container of spec.containers may ask for a gpuslice product, not an "
+            f"init or ephemeral container. Use {PRODUCT_FORM}; for a slice several containers share, "
+            + SLICE_FORM,
+        },
+        {
+            "expression": f"size(object.spec.containers.filter(ct, {_asks_product('ct')})) <= 1",
+            "message": "only one container of a pod may ask for a gpuslice product in resources.limits "
+            f"(each would get a slice of its own). For a slice the containers share, {SLICE_FORM}; "
+            f"otherwise keep {PRODUCT_FORM}",
+        },
+        {
+            "expression": f"object.spec.containers.all(ct, !({_asks_product('ct')}) || "
+            f"(has(ct.resources.limits) && {counts_one}))",
+            "message": "a container asks for exactly one slice of one gpuslice product: "
+            f"{PRODUCT_FORM}. A count other than 1 is not sold (slices are fixed sizes: ask for a "
+            "larger product), and two products in one container are not either",
+        },
+        {
+            "expression": f"!({ASKS_PRODUCT}) || ({no_claims})",
+            "message": "a pod asks for its GPU either as a gpuslice product in resources.limits or "
+            f"through resource claims, not both. Use {PRODUCT_FORM} alone, or " + SLICE_FORM,
+        },
+    ]
+    for v in validations:
+        v["expression"] = v["expression"].replace("object.spec", spec)
+    return validations
+
+
+def pod_products_policy() -> dict[str, Any]:
+    """Products asked for in resources.limits: only in entitled namespaces, only in the one form."""
+    return _policy(
+        f"{c.POLICY_PREFIX}pod-products",
+        [
+            _rule("", ["pods"], ["CREATE"]),
+            _rule("", ["pods/ephemeralcontainers"], ["UPDATE"]),
+        ],
+        _product_validations("object.spec"),
+    )
+
+
+#: Workload controllers whose pod template is at spec.template.spec.
+TEMPLATE_WORKLOADS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("apps", ("deployments", "replicasets", "statefulsets", "daemonsets")),
+    ("batch", ("jobs",)),
+)
+
+
+def workload_products_policy() -> dict[str, Any]:
+    """The same rules for the pod templates of workload controllers, so a chart's Deployment that
+    could never make its pods is refused when it is applied, not left with a ReplicaFailure. Only
+    when the template is new or changed: other updates (the garbage collector's, a scale) pass."""
+    rules = [_rule(group, list(resources), ["CREATE", "UPDATE"]) for group, resources in TEMPLATE_WORKLOADS]
+    return _policy(
+        f"{c.POLICY_PREFIX}workload-products",
+        rules,
+        _product_validations("object.spec.template.spec"),
+        match_conditions=[
+            {
+                "name": "template-set-or-changed",
+                "expression": "request.operation == 'CREATE' || "
+                "object.spec.template != oldObject.spec.template",
+            }
+        ],
+    )
+
+
+def pod_slices_policy(config: AdmissionConfig) -> dict[str, Any]:
+    """Only the operator writes the GpuSlice of a pod (spec.pod): a tenant's would claim another
+    pod's slice as its own in `kubectl get gpuslices`."""
+    allowed = _cel_list([*config.operator_identities, *config.extra_identities, *CONTROLLER_IDENTITIES])
+    pod = "(has(object.spec.pod) || (oldObject != null && has(oldObject.spec.pod)))"
+    return _policy(
+        f"{c.POLICY_PREFIX}pod-slices",
+        [_rule(c.API_GROUP, [c.SLICE_PLURAL], ["CREATE", "UPDATE"])],
+        [
+            {
+                "expression": f"!{pod} || request.userInfo.username in {allowed}",
+                "message": "spec.pod is set by the gpuslice operator on the GpuSlice it keeps for a pod "
+                f"that asks for a product in resources.limits; leave it out. Use {PRODUCT_FORM} in the "
+                "pod, or create a GpuSlice of your own without spec.pod",
+            }
+        ],
+    )
+
+
+def _scheduler_claim() -> str:
+    """CEL: the claim is the one kube-scheduler makes for a pod's product request: created by
+    kube-scheduler's own identity with its annotation (whatever a tenant writes), or an update of
+    such a claim (kube-controller-manager removes its finalizer when the pod is gone; the spec cannot
+    change after creation)."""
+    ann = c.ANNOTATION_EXTENDED_RESOURCE_CLAIM
+
+    def annotated(obj: str) -> str:
+        return (
+            f"has({obj}.metadata.annotations) && '{ann}' in {obj}.metadata.annotations && "
+            f"{obj}.metadata.annotations['{ann}'] == 'true'"
+        )
+
+    return (
+        f"({annotated('object')}) && ((request.operation == 'CREATE' && "
+        f"request.userInfo.username == '{KUBE_SCHEDULER}') || "
+        f"(request.operation == 'UPDATE' && oldObject != null && {annotated('oldObject')}))"
+    )
+
+
+def _scheduler_claim_form(requests: str) -> str:
+    """CEL: what kube-scheduler makes for one container's `gpuslice.io/<package>: 1`: one request of
+    the class, ExactCount 1, nothing else (the products policy admits no other pod)."""
+    return (
+        f"size({requests}) == 1 && {requests}.all(r, r.name.matches('{SCHEDULER_REQUEST_NAME}') && "
+        "has(r.exactly) && r.exactly.allocationMode == 'ExactCount' && r.exactly.count == 1 && "
+        "(!has(r.exactly.selectors) || size(r.exactly.selectors) == 0) && "
+        "(!has(r.exactly.adminAccess) || !r.exactly.adminAccess) && !has(r.exactly.capacity) && "
+        "(!has(r.exactly.tolerations) || size(r.exactly.tolerations) == 0))"
+    )
+
+
 #: The pod tolerates the GPU node taint (by its key, or by the tolerate-everything toleration).
 TOLERATES_GPU = (
     "has(object.spec.tolerations) && object.spec.tolerations.exists(t, "
@@ -151,7 +370,7 @@ TOLERATES_GPU = (
     "((!has(t.key) || t.key == '') && has(t.operator) && t.operator == 'Exists'))"
 )
 #: A pod that can land on a GPU node.
-REACHES_GPU = f"(({HOLDS_CLAIMS}) || ({TOLERATES_GPU}))"
+REACHES_GPU = f"(({HOLDS_SLICE}) || ({TOLERATES_GPU}))"
 
 
 def pods_policy() -> dict[str, Any]:
@@ -171,8 +390,8 @@ def pods_policy() -> dict[str, Any]:
                 "expression": _no_container(_resource_request("ct")),
                 "message": "GPUs in this namespace are sold as gpuslice products: a container may not "
                 "request nvidia.com/gpu or other GPUs as extended resources (any nvidia.com/*, "
-                "amd.com/gpu, gpu.intel.com/*, gpuslice.io/*, deviceclass.resource.kubernetes.io/*). "
-                "Instead " + slice_hint,
+                "amd.com/gpu, gpu.intel.com/*, deviceclass.resource.kubernetes.io/*). "
+                f"Instead ask for a product: {PRODUCT_FORM}; or " + slice_hint,
             },
             {
                 "expression": f"{not_gpu} || "
@@ -242,7 +461,7 @@ def gpu_nodes_policy() -> dict[str, Any]:
             },
             {
                 "expression": f"!{tolerations}.exists(t, has(t.key) && t.key == '{c.TAINT_GPU_KEY}') || "
-                f"(({tenant}) && {HOLDS_CLAIMS})",
+                f"(({tenant}) && {HOLDS_SLICE})",
                 "message": f"only pods that hold a GpuSlice's claim in a namespace entitled to gpuslice "
                 f"may tolerate {c.TAINT_GPU_KEY} (the GPU nodes). Remove the toleration; to use a GPU, "
                 "create a GpuSlice and reference its claim (gpuslice adds the toleration itself), or "
@@ -283,7 +502,7 @@ def gpu_toleration_mutation() -> dict[str, Any]:
             "matchConditions": [
                 {
                     "name": "holds-claims-without-the-toleration",
-                    "expression": f"{HOLDS_CLAIMS} && !(has(object.spec.tolerations) && "
+                    "expression": f"{HOLDS_SLICE} && !(has(object.spec.tolerations) && "
                     f"object.spec.tolerations.exists(t, has(t.key) && t.key == '{c.TAINT_GPU_KEY}'))",
                 }
             ],
@@ -330,7 +549,10 @@ def namespace_labels_policy(config: AdmissionConfig) -> dict[str, Any]:
 
 
 def pod_memory_policy(floor: str) -> dict[str, Any]:
-    holds = "has(ct.resources) && has(ct.resources.claims) && size(ct.resources.claims) > 0"
+    holds = (
+        f"has(ct.resources) && ((has(ct.resources.claims) && size(ct.resources.claims) > 0) || "
+        f"({_asks_product('ct')}))"
+    )
     small = (
         "has(ct.resources.limits) && 'memory' in ct.resources.limits && "
         f"quantity(string(ct.resources.limits['memory'])).compareTo(quantity({json.dumps(floor)})) < 0"
@@ -363,6 +585,7 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
         f". Create a GpuSlice instead (it writes the claim for you), or use exactly this form "
         f"(labels under {where}): {form}"
     )
+    scheduler = _scheduler_claim() if resource == "resourceclaims" else "false"
     exact = (
         "r.name == 'gpu' && has(r.exactly) && r.exactly.allocationMode == 'ExactCount' && "
         "r.exactly.count == 1 && (!has(r.exactly.selectors) || size(r.exactly.selectors) == 0) && "
@@ -381,7 +604,8 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
                 "this namespace",
             },
             {
-                "expression": f"size({requests}) == 1 && {requests}.all(r, {exact})",
+                "expression": f"(({scheduler}) && {_scheduler_claim_form(requests)}) || "
+                f"(size({requests}) == 1 && {requests}.all(r, {exact}))",
                 "message": "a claim for a gpuslice DeviceClass has one request named gpu with "
                 "allocationMode ExactCount and count 1, and no selectors, capacity, adminAccess, "
                 "tolerations or firstAvailable" + tail,
@@ -393,9 +617,10 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
                 "the product fixes them" + tail,
             },
             {
-                "expression": f"has({labels}) && '{c.LABEL_PACKAGE}' in {labels} && "
+                "expression": f"(({scheduler}) && {_scheduler_claim_form(requests)}) || "
+                f"(has({labels}) && '{c.LABEL_PACKAGE}' in {labels} && "
                 f"{requests}.all(r, !has(r.exactly) || "
-                f"{labels}['{c.LABEL_PACKAGE}'] + '{c.DEVICE_CLASS_SUFFIX}' == r.exactly.deviceClassName)",
+                f"{labels}['{c.LABEL_PACKAGE}'] + '{c.DEVICE_CLASS_SUFFIX}' == r.exactly.deviceClassName))",
                 "message": f"a claim for a gpuslice DeviceClass carries the label {c.LABEL_PACKAGE}: "
                 "<package>, matching its DeviceClass <package>.gpuslice.io" + tail,
             },
@@ -532,6 +757,9 @@ def admission_objects(config: AdmissionConfig) -> list[dict[str, Any]]:
     }
     pairs: list[tuple[dict[str, Any], list[str], dict[str, Any] | None]] = [
         (pods_policy(), ["Deny"], tenant),
+        (pod_products_policy(), ["Deny"], None),
+        (workload_products_policy(), ["Deny"], None),
+        (pod_slices_policy(config), ["Deny"], None),
         (pod_memory_policy(config.memory_floor), ["Warn"], tenant),
         (gpu_nodes_policy(), ["Deny"], not_exempt),
         (

@@ -1,7 +1,12 @@
-"""GpuPackage -> its DeviceClass: selects exactly that package's devices of DRA driver gpuslice.io."""
+"""GpuPackage -> its DeviceClass: selects exactly that package's devices of DRA driver gpuslice.io,
+and names the extended resource (`gpuslice.io/<package>` unless the package chose another or none)
+that kube-scheduler serves from the class: a container's `resources.limits: {gpuslice.io/<package>: 1}`
+gets a claim for one device of it, made by the scheduler for the pod."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from gpuslice import constants as c
@@ -28,16 +33,36 @@ def _cel_string(value: str) -> str:
     return f'"{escaped}"'
 
 
-def device_class(package: str, package_uid: str | None, spec: GpuPackageSpec) -> dict[str, Any]:
+def device_class(
+    package: str, package_uid: str | None, spec: GpuPackageSpec, resource: str | None
+) -> dict[str, Any]:
+    """`resource`: the extended resource the class names (`pod_slices.resource_of`), None for none."""
     meta: dict[str, Any] = {
         "name": c.device_class_name(package),
         "labels": managed_labels(package=package),
     }
     if package_uid:
         meta["ownerReferences"] = [owner_reference(c.PACKAGE_KIND, package, package_uid)]
+    expression = device_selector_expression(package, spec)
+    class_spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}
+    # Absent, not null, when turned off: a server-side apply without the field releases it.
+    if resource is not None:
+        class_spec["extendedResourceName"] = resource
     return {
         "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
         "kind": "DeviceClass",
         "metadata": meta,
-        "spec": {"selectors": [{"cel": {"expression": device_selector_expression(package, spec)}}]},
+        "spec": class_spec,
     }
+
+
+def fingerprint(class_spec: Mapping[str, Any]) -> str:
+    """What of a DeviceClass's spec gpuslice sets (selector, extended resource name), as one string:
+    the operator's index keeps this to tell a class someone edited from its own."""
+    selectors = class_spec.get("selectors") or [{}]
+    expression = str((selectors[0].get("cel") or {}).get("expression", ""))
+    return json.dumps([expression, class_spec.get("extendedResourceName")])
+
+
+def desired_fingerprint(package: str, spec: GpuPackageSpec, resource: str | None) -> str:
+    return fingerprint(device_class(package, None, spec, resource)["spec"])

@@ -68,6 +68,7 @@ def package_status(
     blocking: Sequence[str] = (),
     previous: Sequence[Condition] = (),
     now: str = "",
+    resource: str | None = None,
 ) -> GpuPackageStatus:
     dc = c.device_class_name(name)
     conditions = health_conditions(
@@ -83,6 +84,7 @@ def package_status(
     return GpuPackageStatus(
         deviceClassName=c.device_class_name(name),
         quotaKey=c.quota_key(name),
+        resourceName=resource,
         memoryPerSlice=format_bytes(capacity.memory_per_slice_bytes)
         if capacity.memory_per_slice_bytes
         else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
@@ -17,6 +18,7 @@ from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QuotaUsage, 
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
 from gpuslice.domain.conditions import Health, health_conditions, stamp
+from gpuslice.domain.software import software_conditions
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
 
@@ -102,13 +104,47 @@ class SliceFacts:
     #: quota may count more (Kubernetes charges a create before storing it, and one that then fails
     #: stays counted until kube-controller-manager recounts).
     held: int | None = None
+    #: The slice the operator keeps for a pod that asks for the product in resources.limits: that
+    #: pod's name (`pods` holds the pod while it exists, `claims` kube-scheduler's claim for it).
+    pod: str | None = None
+    #: status.usage as the node agent wrote it (software compatibility, GPU use).
+    usage: Mapping[str, Any] | None = None
+
+
+def _pod_form(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
+    """A pod's slice: kube-scheduler makes the claim when it schedules the pod, so until then the
+    slice waits on the scheduler, and the scheduler's word on the pod is the reason."""
+    pod = next((p for p in facts.pods if p.name == facts.pod), None)
+    if pod is None:
+        return _Verdict(
+            Phase.RELEASED,
+            Reason.RELEASED,
+            f"pod {facts.pod} is gone; this slice is deleted with it (the pod owns it)",
+        )
+    claim = next(iter(facts.claims), None)
+    if claim is not None:
+        return _claim_verdict(facts, claim, [pod])
+    if pod.unschedulable:
+        if is_quota_refusal(pod.unschedulable):
+            return _quota_verdict(facts, usage) or _Verdict(
+                Phase.PENDING,
+                Reason.QUOTA_EXCEEDED,
+                f"pod {pod.name} waits: kube-scheduler's claim for it is refused by the namespace's "
+                f"quota: {pod.unschedulable}",
+            )
+        return _unschedulable_verdict(facts, pod)
+    return _Verdict(
+        Phase.PENDING,
+        Reason.SCHEDULING,
+        f"pod {pod.name} is being scheduled; kube-scheduler makes its claim for {facts.package}",
+    )
 
 
 def predecessor_claim(facts: SliceFacts) -> ClaimView | None:
     """Direct form: the claim named like the slice when it belongs to another GpuSlice of that name,
     one deleted before this one was created, which the garbage collector deletes (once no pod holds
     it). It is not this slice's: neither its claim nor its allocation, and none is created meanwhile."""
-    if facts.template or facts.uid is None:
+    if facts.template or facts.pod is not None or facts.uid is None:
         return None
     return next(
         (
@@ -390,6 +426,8 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
         )
     elif facts.template:
         verdict = _template(facts, usage)
+    elif facts.pod is not None:
+        verdict = _pod_form(facts, usage)
     else:
         verdict = _direct(facts, usage)
     own = own_claims(facts)
@@ -397,6 +435,9 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
     first = allocations[0] if allocations else None
     exists = bool(own) if not facts.template else (facts.package_found and not facts.create_error)
     claim_reason = "ClaimCreated" if exists else verdict.reason
+    claim_name = facts.name
+    if facts.pod is not None:
+        claim_name = own[0].name if own else ""
     conditions = [
         *health_conditions(
             slice_health(verdict.phase, verdict.reason), verdict.reason, verdict.message, facts.generation
@@ -405,7 +446,7 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
             "ClaimReady",
             exists,
             claim_reason,
-            (f"{'ResourceClaimTemplate' if facts.template else 'ResourceClaim'} {facts.name} exists")
+            (f"{'ResourceClaimTemplate' if facts.template else 'ResourceClaim'} {claim_name} exists")
             if exists
             else verdict.message,
             facts.generation,
@@ -437,11 +478,12 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
                 facts.generation,
             )
         )
+        conditions.extend(software_conditions(facts.usage, facts.gpu_model, facts.generation))
     return GpuSliceStatus(
         phase=verdict.phase,
         reason=verdict.reason,
         message=verdict.message,
-        claimName=None if facts.template else facts.name,
+        claimName=None if facts.template else (claim_name or None),
         claimTemplateName=facts.name if facts.template else None,
         node=first.node if first else None,
         gpuUUID=first.gpu_uuid if first else None,

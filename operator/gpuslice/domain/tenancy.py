@@ -16,6 +16,7 @@ from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.domain.isolation import pod_security_labels
 from gpuslice.domain.ownership import managed_labels
+from gpuslice.domain.pod_slices import product_packages
 from gpuslice.domain.selectors import matches
 
 
@@ -77,8 +78,29 @@ def tenant_state(
     entitled = {name: entitled_slices(spec, namespace_labels) for name, spec in packages.items()}
     tenant = any(v is not None for v in entitled.values())
     hard = {c.quota_key(name): str(v or 0) for name, v in sorted(entitled.items())} if tenant else {}
+    if tenant:
+        hard.update(extended_resource_quota(packages, entitled))
     labels = {c.LABEL_TENANT: "true", **pod_security_labels(namespace_labels, pod_security)} if tenant else {}
     return TenantState(namespace=namespace, tenant=tenant, hard=hard, labels=labels)
+
+
+def extended_resource_quota(
+    packages: Mapping[str, GpuPackageSpec], entitled: Mapping[str, int | None]
+) -> dict[str, str]:
+    """`requests.<extended resource>` of every product requestable in resources.limits, at the
+    same count as its devices key.
+
+    The devices key already counts the claim kube-scheduler makes for such a pod, but only once the
+    pod is scheduled. kube-apiserver charges `requests.gpuslice.io/<package>` at pod creation (the
+    pod's request) and for every claim of the class (a GpuSlice's claim included; the scheduler's
+    claim for a pod is not charged twice), so with this key a pod past the entitlement is refused
+    when it is created, and `kubectl describe quota` shows slices of both forms under the name
+    tenants write.
+    """
+    return {
+        c.QUOTA_REQUESTS_PREFIX + resource: str(entitled.get(name) or 0)
+        for resource, name in sorted(product_packages(packages).items())
+    }
 
 
 @dataclass(frozen=True)

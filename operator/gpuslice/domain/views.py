@@ -78,6 +78,11 @@ class PodView:
     templates: Mapping[str, str]
     unschedulable: str | None = None
     deleting: bool = False
+    uid: str | None = None
+    #: The gpuslice product a container asks for in resources.limits (`gpuslice.io/<package>`).
+    product: str | None = None
+    #: The claim kube-scheduler made for that request (status.extendedResourceClaimStatus).
+    extended_claim: str | None = None
 
     @property
     def waiting(self) -> bool:
@@ -89,13 +94,25 @@ class PodView:
         return tuple(claim for ref, claim in self.claims.items() if ref not in self.templates and claim)
 
 
+def asked_product(pod_spec: Mapping[str, Any]) -> str | None:
+    """The gpuslice product (`gpuslice.io/<name>`) a container of the pod asks for in
+    resources.limits; admission lets a pod ask for one, in one regular container."""
+    prefix = c.EXTENDED_RESOURCE_DOMAIN + "/"
+    for ct in pod_spec.get("containers") or []:
+        for key in (ct.get("resources") or {}).get("limits") or {}:
+            if str(key).startswith(prefix):
+                return str(key)
+    return None
+
+
 def pod_view(obj: Mapping[str, Any]) -> PodView | None:
-    """None for pods that reference no ResourceClaim."""
+    """None for pods that reference no ResourceClaim and ask for no gpuslice product."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     refs = claim_refs(spec)
-    if not refs:
+    product = asked_product(spec)
+    if not refs and product is None:
         return None
     generated = generated_claims(obj)
     claims: dict[str, str | None] = {}
@@ -119,6 +136,9 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
         templates=templates,
         unschedulable=unschedulable,
         deleting=meta.get("deletionTimestamp") is not None,
+        uid=meta.get("uid"),
+        product=product,
+        extended_claim=(status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName") or None,
     )
 
 

@@ -17,6 +17,8 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceclaim import allocated_devices
 from gpuslice.api.resourceslice import PublishedSlice, parse_resource_slice
+from gpuslice.domain.deviceclass import fingerprint
+from gpuslice.domain.pod_slices import pod_owner_uid
 from gpuslice.domain.views import (
     ClaimView,
     PodView,
@@ -59,6 +61,10 @@ class SliceView:
     package: str
     template: bool
     phase: str | None = None
+    #: The pod this slice was made for (spec.pod), when the pod asks for the product in resources.limits,
+    #: and the uid of the pod that owns it (a pod re-created under the name is another pod).
+    pod: str | None = None
+    pod_uid: str | None = None
     #: The status as the API server last showed it, as compact JSON: the baseline a refresh compares
     #: with. Decoded, five conditions and the allocation cost ~5 KB a slice; the text ~1.3 KB.
     status_json: str = "{}"
@@ -106,10 +112,13 @@ class Indexes:
         self.template_pods: Lookup[Ref, PodView] = workloads.pods.by_template
         self.claim_workloads: Lookup[Ref, WorkloadView] = workloads.replicasets.by_claim
         self.template_workloads: Lookup[Ref, WorkloadView] = workloads.replicasets.by_template
+        #: (namespace, pod) -> the pod, for pods that ask for a product in resources.limits.
+        self.product_pods: Lookup[Ref, PodView] = workloads.pods.by_product
         self.quotas: kopf.Index[str, QuotaView] = kw["gs_quotas"]
         self.resource_slices: kopf.Index[str, PublishedSlice] = kw["gs_resource_slices"]
         self.namespaces: kopf.Index[str, NamespaceView] = kw["gs_namespaces"]
-        #: DeviceClass name -> its selector expression (to tell a changed one from ours).
+        #: DeviceClass name -> what gpuslice sets of it (`deviceclass.fingerprint`: to tell a changed
+        #: one from ours).
         self.device_classes: kopf.Index[str, str] = kw["gs_device_classes"]
         self.admission_policies: kopf.Index[str, AdmissionView] = kw["gs_admission_policies"]
         self.admission_bindings: kopf.Index[str, AdmissionView] = kw["gs_admission_bindings"]
@@ -146,6 +155,8 @@ def slice_view(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, 
         package=spec.get("package", ""),
         template=bool(spec.get("template", False)),
         phase=status.get("phase"),
+        pod=spec.get("pod") or None,
+        pod_uid=pod_owner_uid(meta),
         status_json=json.dumps(dict(status), separators=(",", ":")),
     )
 
@@ -190,8 +201,7 @@ async def gs_quotas(namespace: str | None, body: kopf.Body, **_: Any) -> dict[st
 
 @kopf.index(c.DRA_GROUP, c.DRA_VERSION, "deviceclasses", labels=MANAGED)
 async def gs_device_classes(name: str, spec: kopf.Spec, **_: Any) -> dict[str, str]:
-    selectors = spec.get("selectors") or [{}]
-    return {name: str((selectors[0].get("cel") or {}).get("expression", ""))}
+    return {name: fingerprint(spec)}
 
 
 @kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", labels=MANAGED)

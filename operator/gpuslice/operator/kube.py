@@ -73,6 +73,15 @@ class Kube:
             )
         return out
 
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST: refused (409) when an object of that name exists, whoever made it."""
+        meta = body["metadata"]
+        url = object_path(body["apiVersion"], body["kind"], meta["name"], meta.get("namespace"))
+        async with self._slots:
+            WRITES.labels(body["kind"], "create").inc()
+            out: dict[str, Any] = await self.api.create(url.rsplit("/", 1)[0], body)
+        return out
+
     async def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict[str, Any] | None:

@@ -16,8 +16,9 @@ from gpuslice.api.package import GpuPackageSpec, GpuPackageStatus
 from gpuslice.api.slice import Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import same_status
-from gpuslice.domain.deviceclass import device_class, device_selector_expression
+from gpuslice.domain.deviceclass import desired_fingerprint, device_class
 from gpuslice.domain.package_status import deletion_condition, package_status
+from gpuslice.domain.pod_slices import resource_of
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.logs import get
 from gpuslice.metrics import (
@@ -30,6 +31,7 @@ from gpuslice.metrics import (
 from gpuslice.operator import heap
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
+from gpuslice.operator.pod_slices import package_specs
 from gpuslice.operator.policies import ensure_policies
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import recheck, refresh_routed
@@ -41,14 +43,35 @@ DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
 TIMER = "package_timer"
 
 
-def device_class_current(idx: Indexes, package: str, spec: GpuPackageSpec) -> bool:
-    """The DeviceClass exists and selects what it should (someone may have edited it)."""
-    return one(idx.device_classes, c.device_class_name(package)) == device_selector_expression(package, spec)
+def resource_name(state: OperatorState, idx: Indexes, package: str, spec: GpuPackageSpec) -> str | None:
+    """The extended resource the package's DeviceClass names (None: off, another package has it, or
+    the API server drops the field)."""
+    if state.extended_resource_dropped:
+        return None
+    return resource_of(package, {**package_specs(idx), package: spec})
 
 
-async def ensure_device_class(state: OperatorState, name: str, uid: str | None, spec: GpuPackageSpec) -> None:
+def device_class_current(state: OperatorState, idx: Indexes, package: str, spec: GpuPackageSpec) -> bool:
+    """The DeviceClass exists, selects what it should and names the package's extended resource
+    (someone may have edited it, or the package changed its extendedResourceName)."""
+    desired = desired_fingerprint(package, spec, resource_name(state, idx, package, spec))
+    return one(idx.device_classes, c.device_class_name(package)) == desired
+
+
+async def ensure_device_class(
+    state: OperatorState, idx: Indexes, name: str, uid: str | None, spec: GpuPackageSpec
+) -> None:
+    body = device_class(name, uid, spec, resource_name(state, idx, name, spec))
     with refusal_is_temporary(f"DeviceClass of {name}", state.config.recheck_seconds):
-        await state.kube.apply(device_class(name, uid, spec))
+        stored = await state.kube.apply(body)
+    if "extendedResourceName" in body["spec"] and "extendedResourceName" not in (stored.get("spec") or {}):
+        # Applying it again would only be dropped again, every recheck: compare without it.
+        state.extended_resource_dropped = True
+        log.warning(
+            "the API server dropped DeviceClass.spec.extendedResourceName: products cannot be asked for "
+            "in resources.limits; turn on the DRAExtendedResource feature gate (GA from 1.37)",
+            device_class=body["metadata"]["name"],
+        )
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
@@ -63,10 +86,11 @@ async def package_event(name: str, type: str | None, body: kopf.Body, memo: kopf
     meta = body.get("metadata", {})
     if meta.get("deletionTimestamp") is None:
         spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
-        # The DeviceClass depends only on name and gpuModel, which cannot change: apply it on first
-        # sight (a no-op when it is already right) and whenever the index lacks it.
-        if type in (None, "ADDED") or not device_class_current(idx, name, spec):
-            await fast_path(ensure_device_class(state, name, meta.get("uid"), spec), TIMER)
+        # The DeviceClass depends on name and gpuModel, which cannot change, and on
+        # extendedResourceName, which can: apply it on first sight (a no-op when it is already
+        # right) and whenever the index shows it different.
+        if type in (None, "ADDED") or not device_class_current(state, idx, name, spec):
+            await fast_path(ensure_device_class(state, idx, name, meta.get("uid"), spec), TIMER)
     await fast_path(reconcile_all(state, idx), TIMER)
     if type == "ADDED":
         # Slices that named this package before it existed were Failed (PackageNotFound): go on now.
@@ -81,7 +105,7 @@ async def device_class_event(name: str, type: str | None, memo: kopf.Memo, **kw:
     if package is None or package.deleting:
         return
     if type in ("DELETED", "MODIFIED"):
-        await fast_path(ensure_device_class(memo.state, package.name, package.uid, package.spec), TIMER)
+        await fast_path(ensure_device_class(memo.state, idx, package.name, package.uid, package.spec), TIMER)
 
 
 @kopf.on.delete(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL)
@@ -116,8 +140,8 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
     recheck(state, name, idx)
     await _write_status(state, name, spec, body, idx)
-    if not device_class_current(idx, name, spec):
-        await ensure_device_class(state, name, meta.get("uid"), spec)
+    if not device_class_current(state, idx, name, spec):
+        await ensure_device_class(state, idx, name, meta.get("uid"), spec)
     await retry_unsynced(state, idx)
     await ensure_policies(state, idx)
     heap.trim(state.config.recheck_seconds)
@@ -157,6 +181,7 @@ async def _write_status(
         present,
         previous=previous,
         now=now(),
+        resource=resource_name(state, idx, name, spec),
     )
     desired = new.model_dump(by_alias=True, exclude_none=True)
     if same_status(current, desired):

@@ -26,6 +26,7 @@ from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.package_status import capacity_behind, capacity_status
 from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, slice_status
+from gpuslice.domain.software import warnings_raised
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -33,6 +34,7 @@ from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, 
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, Ref, SliceView, ns_of
 from gpuslice.operator.kube import error_message
+from gpuslice.operator.pod_slices import ensure_pod_slices, pods_without_slice, product_pod_package
 from gpuslice.operator.state import OperatorState, now, one, values
 
 log = get(__name__)
@@ -66,7 +68,13 @@ def _facts(
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
     claims: list[ClaimView]
-    if entry.template:
+    if entry.pod is not None:
+        pod = one(idx.product_pods, (ns, entry.pod))
+        pods = [pod] if pod is not None and pod.uid == entry.pod_uid else []
+        claim = one(idx.claims, (ns, pods[0].extended_claim)) if pods and pods[0].extended_claim else None
+        claims = [claim] if claim else []
+        workloads = []
+    elif entry.template:
         claims = [v for ref in values(idx.template_claims, entry.ref) if (v := one(idx.claims, ref))]
         pods = values(idx.template_pods, entry.ref)
         workloads = values(idx.template_workloads, entry.ref)
@@ -95,7 +103,9 @@ def _facts(
         uuids=snapshot.uuids,
         previous=GpuSliceStatus.model_validate(baseline) if baseline else None,
         memory_violation=(usage or {}).get("violation"),
+        usage=usage,
         uid=entry.uid,
+        pod=entry.pod,
         held=_held(idx, ns, pkg) if is_quota_refusal(state.create_errors.get((ns, name))) else None,
     )
 
@@ -116,8 +126,8 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
     Returns the claim as the API server answered its create (direct form only)."""
     ns, name, pkg = entry.namespace, entry.name, entry.package
     package = one(idx.packages, pkg)
-    if package is None or package.deleting or not entry.uid:
-        return None
+    if package is None or package.deleting or not entry.uid or entry.pod is not None:
+        return None  # a pod's slice: kube-scheduler makes its claim
     key = entry.ref
     if entry.template:
         if one(idx.templates, entry.ref) is not None:
@@ -221,6 +231,8 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         STATUS_UPDATES.labels("GpuSlice").inc()
         if (baseline.get("phase"), baseline.get("reason")) != (desired.get("phase"), desired.get("reason")):
             _announce(entry, baseline, desired)
+        for reason, message in warnings_raised(baseline, desired):
+            _warn(entry, reason, message)
 
 
 async def sync_package_capacity(state: OperatorState, package: str, live: Capacity, idx: Indexes) -> None:
@@ -245,6 +257,16 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
 #: Steps every slice passes through in a second or two: an Event for each would be two more writes per
 #: slice that tell a user nothing (status still shows them).
 QUIET_REASONS = frozenset({Reason.CREATING_CLAIM, Reason.SCHEDULING})
+
+
+def _warn(entry: SliceView, reason: str, message: str) -> None:
+    ref = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.SLICE_KIND,
+        "metadata": {"name": entry.name, "namespace": entry.namespace, "uid": entry.uid},
+    }
+    kopf.event(cast(kopf.Body, ref), type="Warning", reason=reason, message=message[:1000])
+    WRITES.labels("Event", "create").inc()
 
 
 def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any]) -> None:
@@ -353,8 +375,11 @@ def due_for_recheck(state: OperatorState, package: str, idx: Indexes, now: float
 def recheck(state: OperatorState, package: str, idx: Indexes) -> None:
     """Run by the package's timer (so a standby replica, paused by peering, does not): GpuSlices get
     no Kopf timer of their own, which would be a task, a finalizer and metadata patches per slice.
-    Marks them for the package's daemon, which refreshes them with whatever events marked."""
+    Marks them for the package's daemon, which refreshes them with whatever events marked; and the
+    pods of the package that still lack their slice (its create was refused, or a predecessor of the
+    pod's name was still being deleted)."""
     state.changes.mark(due_for_recheck(state, package, idx), package)
+    state.changes.mark(pods_without_slice(idx, package), package)
 
 
 async def refresh_logged(state: OperatorState, targets: list[Ref], idx: Indexes, failed: str) -> None:
@@ -412,7 +437,8 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
 
     def package_of(ref: Ref) -> str | None:
         entry = one(idx.slices, ref)
-        return None if entry is None else entry.package
+        # No slice yet: a pod that asks for a product in resources.limits, whose slice is made here.
+        return product_pod_package(idx, ref) if entry is None else entry.package
 
     try:
         while not stopped:
@@ -422,6 +448,7 @@ async def refresh_changed(name: str, stopped: kopf.DaemonStopped, memo: kopf.Mem
                 continue
             wakeup.clear()
             targets = state.changes.take(name, package_of)
+            await ensure_pod_slices(state, [t for t in targets if one(idx.slices, t) is None], idx)
             await refresh_logged(state, targets, idx, "slice refresh failed; the next recheck retries")
     finally:
         state.changes.unlisten(name)

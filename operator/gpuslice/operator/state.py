@@ -80,6 +80,9 @@ class OperatorState:
     #: package -> the status.capacity this process last wrote for it (the index may lag behind).
     package_capacity: dict[str, dict[str, int]] = field(default_factory=dict)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    #: The API server dropped a DeviceClass's extendedResourceName (DRAExtendedResource off, Kubernetes
+    #: 1.34/1.35): products are not requestable in resources.limits, and classes are compared without it.
+    extended_resource_dropped: bool = False
     #: Namespaces whose last tenancy write was refused: the package timers retry them.
     unsynced_namespaces: set[str] = field(default_factory=set)
     #: (kind, name) -> the admission policies and bindings this configuration wants (see policies).

@@ -80,23 +80,28 @@ class ViewIndex(Mapping[K, tuple[V, ...]], Generic[K, V]):
         return len(self._values)
 
 
-def pod_entries(body: Mapping[str, Any]) -> tuple[dict[Ref, PodView], dict[Ref, PodView]]:
+Entries = tuple[dict[Ref, V], dict[Ref, V], dict[Ref, V]]
+
+
+def pod_entries(body: Mapping[str, Any]) -> Entries[PodView]:
     """(namespace, claim) -> the pod, for claims it names; (namespace, template) -> the pod, for the
-    templates its claims come from. Empty for a pod that references no claim."""
+    templates its claims come from; (namespace, pod) -> the pod, when it asks for a gpuslice product
+    in resources.limits (its GpuSlice is named like the pod). Empty for a pod that does neither."""
     view = pod_view(body)
     if view is None:
-        return {}, {}
+        return {}, {}, {}
     claims = {(view.namespace, claim): view for claim in view.direct_claims}
-    return claims, {(view.namespace, t): view for t in view.templates.values()}
+    products = {(view.namespace, view.name): view} if view.product else {}
+    return claims, {(view.namespace, t): view for t in view.templates.values()}, products
 
 
-def workload_entries(body: Mapping[str, Any]) -> tuple[dict[Ref, WorkloadView], dict[Ref, WorkloadView]]:
-    """The same for a ReplicaSet's pod template."""
+def workload_entries(body: Mapping[str, Any]) -> Entries[WorkloadView]:
+    """The same for a ReplicaSet's pod template (no product entries: a pod's slice is the pod's)."""
     view = workload_view(body)
     if view is None:
-        return {}, {}
+        return {}, {}, {}
     claims = {(view.namespace, n): view for n in view.claim_names}
-    return claims, {(view.namespace, n): view for n in view.template_names}
+    return claims, {(view.namespace, n): view for n in view.template_names}, {}
 
 
 @dataclass
@@ -104,26 +109,36 @@ class Source(Generic[V]):
     """One watched resource: two indexes (by claim, by template) and what a body puts in them."""
 
     url: str
-    entries: Callable[[Mapping[str, Any]], tuple[dict[Ref, V], dict[Ref, V]]]
+    entries: Callable[[Mapping[str, Any]], Entries[V]]
     by_claim: ViewIndex[Ref, V] = field(default_factory=ViewIndex)
     by_template: ViewIndex[Ref, V] = field(default_factory=ViewIndex)
+    #: (namespace, pod) -> pods that ask for a gpuslice product in resources.limits.
+    by_product: ViewIndex[Ref, V] = field(default_factory=ViewIndex)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _indexes(self) -> tuple[ViewIndex[Ref, V], ...]:
+        return (self.by_claim, self.by_template, self.by_product)
 
     def put(self, body: Mapping[str, Any], deleted: bool = False) -> tuple[set[Ref], str]:
         meta = body.get("metadata") or {}
         uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-        claims, templates = ({}, {}) if deleted else self.entries(body)
-        return self.by_claim.put(uid, claims) | self.by_template.put(uid, templates), uid
+        entries = ({}, {}, {}) if deleted else self.entries(body)
+        changed: set[Ref] = set()
+        for index, entry in zip(self._indexes(), entries, strict=True):
+            changed |= index.put(uid, entry)
+        return changed, uid
 
     def holds(self, uid: str) -> bool:
         """Whether the views hold anything of object `uid`."""
-        return self.by_claim.holds(uid) or self.by_template.holds(uid)
+        return any(index.holds(uid) for index in self._indexes())
 
     def drop_except(self, seen: set[str]) -> set[Ref]:
         """After a relist: forget the objects it no longer showed."""
         changed: set[Ref] = set()
-        for uid in (self.by_claim.objects() | self.by_template.objects()) - seen:
-            changed |= self.by_claim.put(uid, {}) | self.by_template.put(uid, {})
+        held: set[str] = set().union(*(index.objects() for index in self._indexes()))
+        for uid in held - seen:
+            for index in self._indexes():
+                changed |= index.put(uid, {})
         return changed
 
 

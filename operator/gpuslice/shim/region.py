@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from gpuslice.shim.software import SoftwareState, parse_software
+
 REGION_FILE = "usage.bin"
 MAGIC = b"GPUSLICE"
 VERSION = 1
@@ -65,6 +67,8 @@ class UsageSnapshot(BaseModel):
     throttle_delay_ns: int
     #: times a process died holding the region lock and the next one recovered it
     lock_recoveries_total: int
+    #: what the slice's software could not do on the GPU, and when the GPU was first used
+    software: SoftwareState = SoftwareState(record=None, compatible_time=None, first_use_time=None)
 
 
 def _decode_utilization(word: int) -> tuple[float | None, float | None]:
@@ -79,30 +83,35 @@ def _entry_alive(fd: int, index: int) -> bool:
     return bool(_FLOCK.unpack(result)[0] != fcntl.F_UNLCK)
 
 
+def _unused() -> UsageSnapshot:
+    return UsageSnapshot(
+        initialized=False,
+        version=VERSION,
+        memory_limit_bytes=None,
+        memory_used_bytes=0,
+        compute_share=100,
+        processes=[],
+        refused_allocations_total=0,
+        throttled_seconds_total=0.0,
+        shim_utilization_percent=None,
+        shim_utilization_time=None,
+        throttle_delay_ns=0,
+        lock_recoveries_total=0,
+    )
+
+
 def read_usage(usage_dir: Path | str) -> UsageSnapshot:
-    """Snapshot of the slice's usage. An absent region (no GPU use yet) reads as empty."""
+    """Snapshot of the slice's usage. An absent or empty region (no GPU use yet) reads as unused."""
     path = Path(usage_dir) / REGION_FILE
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return UsageSnapshot(
-            initialized=False,
-            version=VERSION,
-            memory_limit_bytes=None,
-            memory_used_bytes=0,
-            compute_share=100,
-            processes=[],
-            refused_allocations_total=0,
-            throttled_seconds_total=0.0,
-            shim_utilization_percent=None,
-            shim_utilization_time=None,
-            throttle_delay_ns=0,
-            lock_recoveries_total=0,
-        )
+        return _unused()
     try:
         data = os.pread(fd, HEADER_SIZE + MAX_ENTRIES * ENTRY_SIZE, 0)
         if len(data) == 0:
-            raise RegionFormatError(f"{path} is empty: a shim process is initializing it, read again")
+            # created by the agent, not laid out yet: no process of the slice has used the GPU
+            return _unused()
         header = _HEADER.unpack_from(data, 0)
         magic, version, header_size, entry_size, max_entries, limit, share = header[:7]
         refused, throttled_ns, _agent, shim_util, delay, recoveries = header[8:]
@@ -143,6 +152,7 @@ def read_usage(usage_dir: Path | str) -> UsageSnapshot:
         shim_utilization_time=util_time,
         throttle_delay_ns=delay,
         lock_recoveries_total=recoveries,
+        software=parse_software(data),
     )
 
 
@@ -152,6 +162,26 @@ def read_usage(usage_dir: Path | str) -> UsageSnapshot:
 UTILIZATION_FILE = "utilization"
 UTILIZATION_MAGIC = b"GSUTIL01"
 UTILIZATION_SIZE = 16  # magic, then one u64: (unix_ms << 16) | basis points; 0 = none yet
+
+
+def create_usage_region(usage_dir: Path | str) -> Path:
+    """Create (or keep) the slice's usage region for containers running as any uid.
+
+    The directory is the agent's (mode 0755): a tenant cannot remove, rename or add entries in it (no
+    FIFO, symlink or other file in place of the region). The region file is created empty with mode
+    0666, so the shim of every process of the slice maps it read-write whatever its uid and group;
+    the first one to open it lays it out. Kept, never replaced: containers may be using it.
+    """
+    usage = Path(usage_dir)
+    usage.mkdir(parents=True, exist_ok=True)
+    os.chmod(usage, 0o755)  # whatever the umask was
+    path = usage / REGION_FILE
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        os.fchmod(fd, 0o666)
+    finally:
+        os.close(fd)
+    return path
 
 
 def utilization_file_for(limits_file: Path | str) -> Path:

@@ -119,6 +119,7 @@ int charge_context(CUdevice dev)
     if (dev < 0 || dev >= 64 || !device_is_slice(dev)) return 0;
     uint64_t bit = 1ull << dev;
     if (atomic_fetch_or(&ctx_charged, bit) & bit) return 0;
+    gs_region_note_first_use(&gs_reg); /* the slice's GPU is used: not a silent CPU fallback */
     /* Attaching to the region here lists the process even before it allocates. */
     if (gs_region_reserve(&gs_reg, gs_cfg.context_overhead_bytes) != 0) {
         atomic_fetch_and(&ctx_charged, ~bit);

@@ -27,19 +27,61 @@ _Atomic int has_graph_mem; /* some graph has alloc nodes: launches look their ex
 static _Atomic uint64_t graph_spare;
 static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A graph gained an alloc node of `bytes` (rc: the driver's answer). */
+static CUresult graph_gained(CUresult rc, CUgraph g, uint64_t bytes)
+{
+    if (rc != CUDA_SUCCESS || bytes == 0 || gs_ensure_init() != GS_MODE_ACTIVE) return rc;
+    pthread_mutex_lock(&graph_lock);
+    uint64_t v = 0;
+    (void)gs_table_take(&tab_graph, (uint64_t)(uintptr_t)g, &v);
+    if (remember(&tab_graph, (uint64_t)(uintptr_t)g, v + bytes) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    atomic_store(&has_graph_mem, 1);
+    pthread_mutex_unlock(&graph_lock);
+    return rc;
+}
+
 GS_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                           size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
 {
     NEED_REAL(cuGraphAddMemAllocNode);
     CUresult rc = real_cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
-    if (rc != CUDA_SUCCESS || nodeParams == NULL || gs_ensure_init() != GS_MODE_ACTIVE) return rc;
-    pthread_mutex_lock(&graph_lock);
+    return graph_gained(rc, hGraph, nodeParams ? nodeParams->bytesize : 0);
+}
+
+/* The generic node API (CUDA 12.2+) adds alloc nodes too. */
+static uint64_t alloc_node_bytes(const CUgraphNodeParams *p)
+{
+    return p != NULL && p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? p->alloc.bytesize : 0;
+}
+
+GS_EXPORT CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                  size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+    NEED_REAL(cuGraphAddNode);
+    CUresult rc = real_cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    return graph_gained(rc, hGraph, alloc_node_bytes(nodeParams));
+}
+
+GS_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                     const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                     CUgraphNodeParams *nodeParams)
+{
+    NEED_REAL(cuGraphAddNode_v2);
+    CUresult rc = real_cuGraphAddNode_v2(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
+    return graph_gained(rc, hGraph, alloc_node_bytes(nodeParams));
+}
+
+/* A clone carries its original's alloc nodes. */
+GS_EXPORT CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph)
+{
+    NEED_REAL(cuGraphClone);
+    CUresult rc = real_cuGraphClone(phGraphClone, originalGraph);
     uint64_t v = 0;
-    (void)gs_table_take(&tab_graph, (uint64_t)(uintptr_t)hGraph, &v);
-    if (remember(&tab_graph, (uint64_t)(uintptr_t)hGraph, v + nodeParams->bytesize) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
-    atomic_store(&has_graph_mem, 1);
+    if (rc != CUDA_SUCCESS || phGraphClone == NULL || !atomic_load(&has_graph_mem)) return rc;
+    pthread_mutex_lock(&graph_lock);
+    int has = gs_table_get(&tab_graph, (uint64_t)(uintptr_t)originalGraph, &v) == 0 && v != 0;
     pthread_mutex_unlock(&graph_lock);
-    return rc;
+    return has ? graph_gained(rc, *phGraphClone, v) : rc;
 }
 
 static void graph_instantiated(CUresult rc, CUgraphExec *exec, CUgraph g)
@@ -66,6 +108,34 @@ GS_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgrap
 {
     NEED_REAL(cuGraphInstantiateWithParams);
     CUresult rc = real_cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams);
+    graph_instantiated(rc, phGraphExec, hGraph);
+    return rc;
+}
+
+GS_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                     CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    NEED_REAL(cuGraphInstantiateWithParams_ptsz);
+    CUresult rc = real_cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, instantiateParams);
+    graph_instantiated(rc, phGraphExec, hGraph);
+    return rc;
+}
+
+/* cuGraphInstantiate as CUDA 10.0 and 11.x callers get it (error node and log buffer). */
+GS_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                      char *logBuffer, size_t bufferSize)
+{
+    NEED_REAL(cuGraphInstantiate);
+    CUresult rc = real_cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    graph_instantiated(rc, phGraphExec, hGraph);
+    return rc;
+}
+
+GS_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                         char *logBuffer, size_t bufferSize)
+{
+    NEED_REAL(cuGraphInstantiate_v2);
+    CUresult rc = real_cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     graph_instantiated(rc, phGraphExec, hGraph);
     return rc;
 }

@@ -121,19 +121,6 @@ static void *wrapper_named(const char *name, gs_sym *syms, size_t n)
     return NULL;
 }
 
-/* 1 when `base` names an entry point the shim wraps in some variant (cuMemAlloc: cuMemAlloc_v2, ...). */
-static int wraps_base(const char *base)
-{
-    size_t n = strlen(base);
-    for (size_t i = 0; i < GS_NSYMS(cuda_syms); i++) {
-        const char *w = cuda_syms[i].name;
-        if (cuda_syms[i].wrapper != NULL && strncmp(w, base, n) == 0 &&
-            (w[n] == '\0' || (w[n] == '_' && (w[n + 1] == 'v' || strcmp(w + n, "_ptsz") == 0))))
-            return 1;
-    }
-    return 0;
-}
-
 typedef struct {
     const char *base;
     int since;
@@ -141,34 +128,73 @@ typedef struct {
 } gs_proc;
 #define GS_PROC(base, since, fn) {#base, since, #fn, NULL},
 #define GS_PROC_PTSZ(base, since, fn, ptsz) {#base, since, #fn, #ptsz},
+
+/* Generated from NVIDIA's headers (tools/gen_procs.py): every variant of every name, aliases included. */
 static const gs_proc procs[] = {GS_DRIVER_PROCS(GS_PROC, GS_PROC_PTSZ)};
+#define GS_NPROCS (sizeof(procs) / sizeof(procs[0]))
+
+/* A wrapper the shim holds under `name` by the naming convention alone (cuMemAlloc: cuMemAlloc_v2,
+ * cuLaunchKernel: cuLaunchKernel_ptsz), for names the list does not place: the exact name, its per-thread
+ * variant when asked for, else its newest _vN. NULL when the shim wraps nothing by that name. */
+static void *wrapper_by_convention(const char *base, cuuint64_t flags)
+{
+    size_t n = strlen(base);
+    void *exact = NULL, *ptsz = NULL, *newest = NULL;
+    int newest_v = -1;
+    for (size_t i = 0; i < GS_NSYMS(cuda_syms); i++) {
+        const char *w = cuda_syms[i].name;
+        if (cuda_syms[i].wrapper == NULL || strncmp(w, base, n) != 0) continue;
+        if (w[n] == '\0') exact = cuda_syms[i].wrapper;
+        else if (strcmp(w + n, "_ptsz") == 0) ptsz = cuda_syms[i].wrapper;
+        else if (w[n] == '_' && w[n + 1] == 'v' && atoi(w + n + 2) > newest_v) {
+            newest_v = atoi(w + n + 2);
+            newest = cuda_syms[i].wrapper;
+        }
+    }
+    if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && ptsz) return ptsz;
+    return newest ? newest : exact;
+}
 
 /*
  * cuGetProcAddress handed out a pointer that is not the driver's exported symbol of any wrapped
- * variant (real drivers may return internal entry points). Decide by name which variant the caller
- * gets for (symbol, cudaVersion, flags) and return the shim's wrapper for it; a wrapped entry point
- * whose variant cannot be told is refused, never passed through unenforced.
+ * variant (real drivers hand out internal entry points). Decide by name which variant the caller got
+ * for (symbol, cudaVersion, flags) and return the shim's wrapper for it. A wrapped entry point is never
+ * refused: where the list holds the name, the variant it names is wrapped or needs no wrapper (it is
+ * passed through); where it does not (a driver newer than the list), the shim's wrapper by naming convention stands in for it.
  */
-static CUresult procaddr_by_name(const char *symbol, void **pfn, int version, cuuint64_t flags)
+static void procaddr_by_name(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
-    if (symbol == NULL || !wraps_base(symbol)) return CUDA_SUCCESS; /* nothing of ours: keep it */
-    const gs_proc *best = NULL;
-    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++)
-        if (strcmp(procs[i].base, symbol) == 0 && procs[i].since <= version && (!best || procs[i].since > best->since))
-            best = &procs[i];
-    void *w = NULL;
+    if (symbol == NULL) return;
+    /* A driver serves no variant newer than itself: a 12.2 driver asked for cuGraphAddNode at 12030
+     * hands out the 12020 variant, whose arguments differ. */
+    static _Atomic int driver_version;
+    int dv = atomic_load_explicit(&driver_version, memory_order_relaxed);
+    if (dv == 0) {
+        if (real_cuDriverGetVersion == NULL || real_cuDriverGetVersion(&dv) != CUDA_SUCCESS || dv <= 0) dv = -1;
+        atomic_store_explicit(&driver_version, dv, memory_order_relaxed);
+    }
+    if (dv > 0 && dv < version) version = dv;
+    const gs_proc *best = NULL, *oldest = NULL;
+    for (size_t i = 0; i < GS_NPROCS; i++) {
+        const gs_proc *e = &procs[i];
+        if (strcmp(e->base, symbol) != 0) continue;
+        if (oldest == NULL || e->since < oldest->since) oldest = e;
+        if (e->since <= version && (best == NULL || e->since > best->since)) best = e;
+    }
+    /* A driver that serves a version the list says is too old for the name: the oldest variant. */
+    if (best == NULL) best = oldest;
     if (best != NULL) {
         const char *name = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
-        w = wrapper_named(name, cuda_syms, GS_NSYMS(cuda_syms));
-        if (w == NULL && !wraps_base(name)) return CUDA_SUCCESS; /* a variant the shim has no business with */
+        void *w = wrapper_named(name, cuda_syms, GS_NSYMS(cuda_syms));
+        if (w != NULL) *pfn = w;
+        return; /* else a variant the shim has no business with: the driver's pointer stands */
     }
-    if (w == NULL) {
-        gs_log("cuGetProcAddress(%s): the driver's entry point is unknown to the shim; refusing it", symbol);
-        *pfn = NULL;
-        return CUDA_ERROR_NOT_FOUND;
+    void *w = wrapper_by_convention(symbol, flags);
+    if (w != NULL) {
+        gs_log("cuGetProcAddress(%s, %d): the list does not place this name; handing out the shim's wrapper by its name",
+               symbol, version);
+        *pfn = w;
     }
-    *pfn = w;
-    return CUDA_SUCCESS;
 }
 
 /* A wrapped name that resolves to something other than the driver's own symbol comes from another
@@ -208,12 +234,12 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
                                        CUdriverProcAddressQueryResult *symbolStatus)
 {
     NEED_REAL(cuGetProcAddress_v2);
+    if (GS_UNLIKELY(cudaVersion >= 13000)) gs_module_runtime_version(cudaVersion);
     CUresult rc = real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
     if (rc == CUDA_SUCCESS && pfn != NULL) {
         void *got = *pfn;
         *pfn = substitute(got, cuda_syms, GS_NSYMS(cuda_syms));
-        if (*pfn == got && got != NULL) rc = procaddr_by_name(symbol, pfn, cudaVersion, flags);
-        if (rc != CUDA_SUCCESS && symbolStatus) *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        if (*pfn == got && got != NULL) procaddr_by_name(symbol, pfn, cudaVersion, flags);
     }
     return rc;
 }
@@ -221,11 +247,12 @@ GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
     NEED_REAL(cuGetProcAddress);
+    if (GS_UNLIKELY(cudaVersion >= 13000)) gs_module_runtime_version(cudaVersion);
     CUresult rc = real_cuGetProcAddress(symbol, pfn, cudaVersion, flags);
     if (rc == CUDA_SUCCESS && pfn != NULL) {
         void *got = *pfn;
         *pfn = substitute(got, cuda_syms, GS_NSYMS(cuda_syms));
-        if (*pfn == got && got != NULL) rc = procaddr_by_name(symbol, pfn, cudaVersion, flags);
+        if (*pfn == got && got != NULL) procaddr_by_name(symbol, pfn, cudaVersion, flags);
     }
     return rc;
 }

@@ -1,0 +1,657 @@
+/*
+ * Modules, libraries, functions and launches of the fake libcuda.so.1. Images are chosen as the
+ * driver chooses (fatbin.c): a cubin for the device's architecture, else PTX the simulated driver
+ * can JIT, else CUDA_ERROR_NO_BINARY_FOR_GPU / CUDA_ERROR_UNSUPPORTED_PTX_VERSION. Functions are
+ * found by name in the chosen cubin's symbol table or PTX's .entry list. Kernels are not executed:
+ * each launch occupies the device for the module's duration (a PTX comment
+ * `// gpuslice-fake: duration_us=N`, else 10 us) on the timeline NVML utilization is computed from.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fake_cuda.h"
+#include "fake_module.h"
+#include "../src/fatbin.h"
+
+#define DEFAULT_DURATION_NS 10000ull
+#define DURATION_TAG "gpuslice-fake: duration_us="
+#define MAX_ENTRIES 256
+
+static uint64_t duration_of(const void *image, size_t size)
+{
+    const char *tag = memmem(image, size, DURATION_TAG, strlen(DURATION_TAG));
+    if (!tag) return DEFAULT_DURATION_NS;
+    return strtoull(tag + strlen(DURATION_TAG), NULL, 10) * 1000ull;
+}
+
+/* Chooses what runs from a fatbin: the entry's data (decompressed) in *image, its kind in *kind. */
+static CUresult pick_from_fatbin(const void *fatbin, const fake_gpu *g, void **image, size_t *size, int *kind)
+{
+    fatbin_entry entries[MAX_ENTRIES];
+    unsigned isa[MAX_ENTRIES];
+    int n = fatbin_entries(fatbin, entries, MAX_ENTRIES);
+    if (n < 0) return CUDA_ERROR_INVALID_IMAGE;
+    if (n > MAX_ENTRIES) n = MAX_ENTRIES;
+    void *data[MAX_ENTRIES] = {0};
+    for (int i = 0; i < n; i++) { /* a PTX entry's ISA version decides whether this driver can JIT it */
+        isa[i] = 0;
+        if (entries[i].kind != FATBIN_PTX || entries[i].compression == FATBIN_ZSTD) continue;
+        data[i] = malloc(entries[i].raw_size + 1);
+        if (!data[i] || fatbin_entry_data(&entries[i], data[i], entries[i].raw_size) != 0) {
+            free(data[i]);
+            data[i] = NULL;
+            continue;
+        }
+        ((char *)data[i])[entries[i].raw_size] = '\0';
+        isa[i] = ptx_isa_version(data[i], entries[i].raw_size);
+    }
+    int why = 0;
+    int pick = fatbin_pick(entries, isa, n, g->cc_major, g->cc_minor, ptx_isa_max_for_driver(sys()->cuda_driver_version),
+                           &why);
+    CUresult rc = CUDA_SUCCESS;
+    if (pick < 0) {
+        rc = why == 222 ? CUDA_ERROR_UNSUPPORTED_PTX_VERSION : CUDA_ERROR_NO_BINARY_FOR_GPU;
+    } else if (data[pick]) {
+        *image = data[pick];
+        data[pick] = NULL;
+        *size = entries[pick].raw_size;
+        *kind = entries[pick].kind;
+    } else if (entries[pick].compression == FATBIN_ZSTD) { /* runs, but its functions cannot be listed here */
+        *image = NULL;
+        *size = 0;
+        *kind = 0;
+    } else {
+        *image = malloc(entries[pick].raw_size + 1);
+        if (!*image) rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else if (fatbin_entry_data(&entries[pick], *image, entries[pick].raw_size) != 0) rc = CUDA_ERROR_INVALID_IMAGE;
+        else {
+            ((char *)*image)[entries[pick].raw_size] = '\0';
+            *size = entries[pick].raw_size;
+            *kind = entries[pick].kind;
+        }
+        if (rc != CUDA_SUCCESS) free(*image);
+    }
+    for (int i = 0; i < n; i++) free(data[i]);
+    return rc;
+}
+
+CUresult fake_module_load(CUmodule *module, const void *image, int how)
+{
+    (void)how;
+    CHECK_INIT();
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    const fake_gpu *g = &sys()->gpus[current_ctx->dev];
+    unsigned dev_arch = (unsigned)(g->cc_major * 10 + g->cc_minor);
+    void *chosen = NULL;
+    size_t size = 0;
+    int kind = 0;
+    CUresult rc = CUDA_SUCCESS;
+    switch (image_type_of(image)) {
+    case IMAGE_FATBIN:
+    case IMAGE_WRAPPER: rc = pick_from_fatbin(fatbin_of(image), g, &chosen, &size, &kind); break;
+    case IMAGE_CUBIN: {
+        const unsigned char *p = image;
+        uint64_t shoff, end;
+        uint16_t shnum;
+        memcpy(&shoff, p + 0x28, 8);
+        memcpy(&shnum, p + 0x3c, 2);
+        end = shoff + (uint64_t)shnum * 64; /* the section headers come last in a cubin */
+        int specific = 0;
+        unsigned a = cubin_arch(image, (size_t)end, &specific);
+        if (a == 0) return CUDA_ERROR_INVALID_IMAGE;
+        if (specific ? a != dev_arch : a / 10 != (unsigned)g->cc_major || a > dev_arch)
+            return CUDA_ERROR_NO_BINARY_FOR_GPU;
+        chosen = malloc((size_t)end);
+        if (!chosen) return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(chosen, image, (size_t)end);
+        size = (size_t)end;
+        kind = FATBIN_CUBIN;
+        break;
+    }
+    case IMAGE_PTX: {
+        size = strlen(image);
+        unsigned isa = ptx_isa_version(image, size), target = ptx_target(image, size);
+        if (isa > ptx_isa_max_for_driver(sys()->cuda_driver_version)) return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+        if (target > dev_arch) return CUDA_ERROR_NO_BINARY_FOR_GPU;
+        chosen = malloc(size + 1);
+        if (!chosen) return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(chosen, image, size + 1);
+        kind = FATBIN_PTX;
+        break;
+    }
+    default: return CUDA_ERROR_INVALID_IMAGE;
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    struct CUmod_st *m = calloc(1, sizeof(*m));
+    if (!m) {
+        free(chosen);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->magic = MOD_MAGIC;
+    m->image = chosen;
+    m->size = size;
+    m->kind = kind;
+    m->dev = current_ctx->dev;
+    m->duration_ns = chosen ? duration_of(chosen, size) : DEFAULT_DURATION_NS;
+    *module = m;
+    return CUDA_SUCCESS;
+}
+
+static int valid_module(CUmodule m)
+{
+    return m && m->magic == MOD_MAGIC;
+}
+
+/* 1 if the module has a kernel of that name (or its functions cannot be listed). */
+static int module_has(CUmodule m, const char *name)
+{
+    if (m->kind == FATBIN_CUBIN) return cubin_has_function(m->image, m->size, name) == 1;
+    if (m->kind == FATBIN_PTX) return ptx_has_entry(m->image, m->size, name) != 0;
+    return 1;
+}
+
+static void module_free(CUmodule m)
+{
+    m->magic = 0;
+    free(m->image);
+    free(m);
+}
+
+FAKE_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    return fake_module_load(module, image, FAKE_LOAD_DRIVER);
+}
+
+FAKE_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, CUjit_option *options,
+                                        void **values)
+{
+    (void)n;
+    (void)options;
+    (void)values;
+    return fake_module_load(module, image, FAKE_LOAD_DRIVER);
+}
+
+FAKE_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin)
+{
+    if (fatbin && !fatbin_of(fatbin)) return CUDA_ERROR_INVALID_IMAGE;
+    return fake_module_load(module, fatbin, FAKE_LOAD_DRIVER);
+}
+
+static void *read_whole_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, 4096, f);
+        n += r;
+        if (r < 4096) break;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+FAKE_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    CHECK_INIT();
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    size_t len = 0;
+    void *data = read_whole_file(fname, &len);
+    if (!data) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult rc = fake_module_load(module, data, FAKE_LOAD_DRIVER);
+    free(data);
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    CHECK_INIT();
+    if (!valid_module(m)) return CUDA_ERROR_INVALID_HANDLE;
+    module_free(m);
+    return CUDA_SUCCESS;
+}
+
+static CUresult new_function(struct CUfunc_st **out, CUmodule m, const char *name, int magic)
+{
+    struct CUfunc_st *fn = calloc(1, sizeof(*fn));
+    if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
+    fn->magic = magic;
+    fn->duration_ns = m->duration_ns;
+    fn->dev = m->dev;
+    fn->mod = m;
+    snprintf(fn->name, sizeof(fn->name), "%s", name);
+    *out = fn;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    CHECK_INIT();
+    if (!f || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(m)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!module_has(m, name)) return CUDA_ERROR_NOT_FOUND;
+    return new_function(f, m, name, FUNC_MAGIC);
+}
+
+FAKE_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name)
+{
+    (void)dptr;
+    (void)bytes;
+    CHECK_INIT();
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(m)) return CUDA_ERROR_INVALID_HANDLE;
+    return CUDA_ERROR_NOT_FOUND; /* device variables are not modeled */
+}
+
+FAKE_EXPORT CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
+{
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    *mode = CU_MODULE_LAZY_LOADING;
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- libraries and kernels */
+
+#define LIB_MAGIC 0x4c494231
+struct CUlib_st {
+    int magic;
+    struct CUmod_st *mod;
+};
+
+FAKE_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jit_options,
+                                       void **jit_values, unsigned int njit, CUlibraryOption *lib_options,
+                                       void **lib_values, unsigned int nlib)
+{
+    (void)jit_options;
+    (void)jit_values;
+    (void)njit;
+    (void)lib_options;
+    (void)lib_values;
+    (void)nlib;
+    CHECK_INIT();
+    if (!library || !code) return CUDA_ERROR_INVALID_VALUE;
+    /* A library is context-independent; the double loads it for the current device (or device 0). */
+    struct CUctx_st *saved = current_ctx;
+    if (!current_ctx) current_ctx = &primary_ctx[0];
+    CUmodule m = NULL;
+    CUresult rc = fake_module_load(&m, code, FAKE_LOAD_DRIVER);
+    current_ctx = saved;
+    if (rc != CUDA_SUCCESS) return rc;
+    struct CUlib_st *l = calloc(1, sizeof(*l));
+    if (!l) {
+        module_free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    l->magic = LIB_MAGIC;
+    l->mod = m;
+    *library = l;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fname, CUjit_option *jo, void **jv,
+                                           unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl)
+{
+    CHECK_INIT();
+    if (!library || !fname) return CUDA_ERROR_INVALID_VALUE;
+    size_t len = 0;
+    void *data = read_whole_file(fname, &len);
+    if (!data) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult rc = cuLibraryLoadData(library, data, jo, jv, nj, lo, lv, nl);
+    free(data);
+    return rc;
+}
+
+static int valid_library(CUlibrary l)
+{
+    return l && l->magic == LIB_MAGIC;
+}
+
+FAKE_EXPORT CUresult cuLibraryUnload(CUlibrary l)
+{
+    CHECK_INIT();
+    if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
+    l->magic = 0;
+    module_free(l->mod);
+    free(l);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name)
+{
+    CHECK_INIT();
+    if (!k || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!module_has(l->mod, name)) return CUDA_ERROR_NOT_FOUND;
+    return new_function((struct CUfunc_st **)k, l->mod, name, KERNEL_MAGIC);
+}
+
+FAKE_EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l)
+{
+    CHECK_INIT();
+    if (!m) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
+    *m = l->mod;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name)
+{
+    (void)dptr;
+    (void)bytes;
+    CHECK_INIT();
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+FAKE_EXPORT CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name)
+{
+    return cuLibraryGetGlobal(dptr, bytes, l, name);
+}
+
+FAKE_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    CHECK_INIT();
+    if (!f) return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *kk = (struct CUfunc_st *)k;
+    if (!kk || kk->magic != KERNEL_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult rc = new_function(f, kk->mod, kk->name, FUNC_MAGIC);
+    if (rc == CUDA_SUCCESS) (*f)->dev = current_ctx->dev;
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuKernelGetName(const char **name, CUkernel k)
+{
+    struct CUfunc_st *kk = (struct CUfunc_st *)k;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!kk || kk->magic != KERNEL_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    *name = kk->name;
+    return CUDA_SUCCESS;
+}
+
+static int valid_function(CUfunction f)
+{
+    return f && (f->magic == FUNC_MAGIC || f->magic == KERNEL_MAGIC);
+}
+
+FAKE_EXPORT CUresult cuFuncGetName(const char **name, CUfunction f)
+{
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuFuncGetModule(CUmodule *m, CUfunction f)
+{
+    if (!m) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    *m = f->mod;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuFuncIsLoaded(CUfunctionLoadingState *state, CUfunction f)
+{
+    if (!state) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    *state = CU_FUNCTION_LOADING_STATE_LOADED;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuFuncLoad(CUfunction f)
+{
+    return valid_function(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult func_attribute(int *v, CUfunction_attribute a, CUfunction f)
+{
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    const fake_gpu *g = &sys()->gpus[f->dev >= 0 && f->dev < sys()->count ? f->dev : 0];
+    int arch = g->cc_major * 10 + g->cc_minor;
+    switch (a) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *v = 0; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 16; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *v = arch; break;
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *v = 0; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = 49152; break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *v = -1; break;
+    default: *v = 0; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f)
+{
+    CHECK_INIT();
+    return func_attribute(v, a, f);
+}
+
+FAKE_EXPORT CUresult cuKernelGetAttribute(int *v, CUfunction_attribute a, CUkernel k, CUdevice dev)
+{
+    (void)dev;
+    CHECK_INIT();
+    return func_attribute(v, a, (CUfunction)k);
+}
+
+FAKE_EXPORT CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v)
+{
+    (void)a;
+    (void)v;
+    CHECK_INIT();
+    return valid_function(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+FAKE_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute a, int v, CUkernel k, CUdevice dev)
+{
+    (void)dev;
+    return cuFuncSetAttribute((CUfunction)k, a, v);
+}
+
+FAKE_EXPORT CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c)
+{
+    (void)c;
+    CHECK_INIT();
+    return valid_function(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+FAKE_EXPORT CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev)
+{
+    (void)dev;
+    return cuFuncSetCacheConfig((CUfunction)k, c);
+}
+
+FAKE_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction f, CUsharedconfig c)
+{
+    (void)c;
+    CHECK_INIT();
+    return valid_function(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ---------------------------------------------------------------- occupancy */
+
+static int blocks_per_sm(CUfunction f, int block, size_t smem)
+{
+    int dev = f && f->dev >= 0 && f->dev < sys()->count ? f->dev : 0;
+    int threads = 0, blocks = 0, shared = 0;
+    cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev);
+    cuDeviceGetAttribute(&blocks, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, dev);
+    cuDeviceGetAttribute(&shared, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev);
+    if (block <= 0) return 0;
+    int warps = (block + 31) / 32;
+    int n = threads / (warps * 32);
+    if (n > blocks) n = blocks;
+    if (smem && (int)(shared / (int)smem) < n) n = shared / (int)smem;
+    return n;
+}
+
+FAKE_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f, int block, size_t smem,
+                                                                          unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    *n = blocks_per_sm(f, block, smem);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block, size_t smem)
+{
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, block, smem, 0);
+}
+
+FAKE_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *grid, int *block, CUfunction f,
+                                                               CUoccupancyB2DSize smem_fn, size_t smem, int limit,
+                                                               unsigned int flags)
+{
+    (void)flags;
+    CHECK_INIT();
+    if (!grid || !block) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    int b = limit > 0 && limit < 1024 ? limit : 1024;
+    size_t s = smem_fn ? smem_fn(b) : smem;
+    int sms = sys()->gpus[f->dev >= 0 && f->dev < sys()->count ? f->dev : 0].multiprocessors;
+    *block = b;
+    *grid = blocks_per_sm(f, b, s) * sms;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *grid, int *block, CUfunction f, CUoccupancyB2DSize smem_fn,
+                                                      size_t smem, int limit)
+{
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(grid, block, f, smem_fn, smem, limit, 0);
+}
+
+FAKE_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfunction f, int blocks, int block)
+{
+    (void)block;
+    CHECK_INIT();
+    if (!smem || blocks <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    int optin = 0;
+    cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, f->dev);
+    *smem = (size_t)optin;
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- launches */
+
+CUresult occupy(CUdevice dev, uint64_t duration_ns)
+{
+    uint64_t end = fake_record_busy(sys()->state[dev], duration_ns);
+    uint64_t now = fake_now_ns();
+    if (end > now + QUEUE_AHEAD_NS) { /* the launch queue is full: block like the driver */
+        uint64_t wait = end - now - QUEUE_AHEAD_NS;
+        struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A launch into a capturing stream becomes a kernel node of the capture's graph instead of running. */
+static CUresult launch_on(CUstream s, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz)
+{
+    CHECK_INIT();
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || (uint64_t)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->capturing) {
+        struct CUgraphNode_st *n = fake_graph_node(s->capture_graph, CU_GRAPH_NODE_TYPE_KERNEL);
+        if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+        n->duration_ns = f->duration_ns;
+        s->capture_graph->duration_ns += f->duration_ns;
+        return CUDA_SUCCESS;
+    }
+    return occupy(current_ctx->dev, f->duration_ns);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                    unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
+                                    void **extra)
+{
+    (void)shmem;
+    (void)params;
+    (void)extra;
+    return launch_on(s, f, gx, gy, gz, bx, by, bz);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                         CUstream s, void **params, void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    (void)params;
+    (void)extra;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    return launch_on(c->hStream, f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
+}
+
+FAKE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                               CUstream s, void **params)
+{
+    (void)shmem;
+    (void)params;
+    return launch_on(s, f, gx, gy, gz, bx, by, bz);
+}
+
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                    unsigned int bx, unsigned int by, unsigned int bz,
+                                                    unsigned int shmem, CUstream s, void **params)
+{
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+/* A host function runs once the stream's earlier work is done: here, when the device is idle. */
+FAKE_EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data)
+{
+    CHECK_INIT();
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUdevice dev;
+    CUresult rc = stream_dev(s, &dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    wait_device_idle(dev);
+    fn(data);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data)
+{
+    return cuLaunchHostFunc(s, fn, data);
+}

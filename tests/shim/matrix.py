@@ -1,0 +1,215 @@
+"""The compatibility matrix's clients: NVIDIA's runtime and CuPy from their PyPI wheels, run on the
+driver test double alone and under an 8 GiB slice of a simulated V100 (as `gpuslice-dev shim run
+--memory 8Gi --simulate-gpus '1x Tesla V100-PCIE-32GB' -- ...` runs them).
+
+Wheels are fetched once into ~/.cache/gpuslice/wheels (gpuslice_dev.wheels) and used unpacked from
+there: nothing is installed into the test environment. Each client runs in its own process and
+prints `key=value` facts (tests/shim/clients/); the tests judge them against the device the client
+should see.
+
+With GPUSLICE_MATRIX_REAL_GPU=1 (tests/gpu/run.sh) the same tests run on the machine's real GPU and
+driver instead of the double: "double" then means the card without the shim.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuslice_dev.gpusim import simulate
+from gpuslice_dev.gpusim.runner import PreparedSlice
+from gpuslice_dev.wheels import ensure_unpacked
+
+GIB = 1 << 30
+SLICE = 8 * GIB
+CLIENTS = Path(__file__).resolve().parent / "clients"
+
+CUDART12 = ("nvidia-cuda-runtime-cu12", "12.9.79")
+CUDART13 = ("nvidia-cuda-runtime", "13.0.96")
+CUPY = [("cupy-cuda12x", "14.2.0"), ("cuda-pathfinder", "1.3.4"), ("numpy", "2.3.5"), CUDART12]
+#: PyTorch 2.9.1 (CUDA 12.8, still with Volta kernels) and what it needs to import and allocate: the
+#: libraries libtorch_cuda.so links (cudart, cupti, cublas(Lt), cudnn, cufft, curand, cusparse(Lt),
+#: nvJitLink, nccl, nvshmem, cufile) and the Python packages `import torch` imports. Left out as not
+#: needed for that: triton, nvrtc, cusolver, nvtx, networkx's and jinja2's users (torch.compile).
+TORCH = [
+    ("torch", "2.9.1"),
+    ("nvidia-cuda-runtime-cu12", "12.8.90"),
+    ("nvidia-cuda-cupti-cu12", "12.8.90"),
+    ("nvidia-cudnn-cu12", "9.10.2.21"),
+    ("nvidia-cublas-cu12", "12.8.4.1"),
+    ("nvidia-cufft-cu12", "11.3.3.83"),
+    ("nvidia-curand-cu12", "10.3.9.90"),
+    ("nvidia-cusparse-cu12", "12.5.8.93"),
+    ("nvidia-cusparselt-cu12", "0.7.1"),
+    ("nvidia-nccl-cu12", "2.27.5"),
+    ("nvidia-nvshmem-cu12", "3.3.20"),
+    ("nvidia-nvjitlink-cu12", "12.8.93"),
+    ("nvidia-cufile-cu12", "1.13.1.3"),
+    ("sympy", "1.14.0"),
+    ("mpmath", "1.3.0"),
+    ("typing-extensions", "4.15.0"),
+    ("filelock", "3.20.0"),
+    ("networkx", "3.5"),
+    ("jinja2", "3.1.6"),
+    ("markupsafe", "3.0.3"),
+    ("fsspec", "2025.10.0"),
+    ("numpy", "2.3.5"),
+]
+#: The simulated driver branch each runtime runs on: 535 (CUDA 12.2) for CUDA 12; 580 (CUDA 13.0), the
+#: first that starts a CUDA 13 runtime, for CUDA 13.
+DRIVER_FOR = {12: "535", 13: "580"}
+
+MODES = ["double", "slice"]
+REAL_GPU = os.environ.get("GPUSLICE_MATRIX_REAL_GPU") == "1"
+
+
+@dataclass(frozen=True)
+class RealGpu:
+    name: str
+    total: int
+    cuda_driver_version: int
+
+
+def real_gpu() -> RealGpu:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(h)
+        return RealGpu(
+            name.decode() if isinstance(name, bytes) else str(name),
+            int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+            int(pynvml.nvmlSystemGetCudaDriverVersion()),
+        )
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def cudart(major: int) -> Path:
+    if major == 12:
+        return ensure_unpacked(*CUDART12) / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12"
+    return ensure_unpacked(*CUDART13) / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
+
+
+def cupy_pythonpath() -> str:
+    return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in CUPY)
+
+
+def torch_env(t: Tenant) -> dict[str, str]:
+    """PYTHONPATH of the unpacked wheels, and their libraries on the loader's path (as an image with
+    the CUDA libraries installed has them), ahead of the driver's."""
+    roots = [ensure_unpacked(name, version) for name, version in TORCH]
+    libs = sorted(str(d) for root in roots for d in (root / "nvidia").glob("*/lib"))
+    driver = t.env().get("LD_LIBRARY_PATH", "")
+    return {
+        "PYTHONPATH": os.pathsep.join(map(str, roots)),
+        "LD_LIBRARY_PATH": os.pathsep.join([*libs, driver] if driver else libs),
+    }
+
+
+@dataclass
+class Tenant:
+    """Where a client runs: the double alone (`shim=False`) or under the slice; what it should see."""
+
+    prepared: PreparedSlice
+    shim: bool
+    total: int  # the memory the client must see: the slice's, or the whole card's
+    name: str
+    real: bool = False  # a real GPU: other processes and contexts may hold some of its memory
+
+    def available(self, free_at_start: int) -> int:
+        """What the client can allocate: everything it is shown on the double, what is free on a card."""
+        return free_at_start if self.real else self.total
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {**os.environ, **self.prepared.env, **(extra or {})}
+        if not self.shim:
+            env.pop("LD_PRELOAD", None)
+        return env
+
+    def run(self, argv: list[str], *, extra_env: dict[str, str] | None = None, timeout: float = 180):
+        return subprocess.run(
+            [sys.executable, *argv],
+            env=self.env(extra_env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def popen(self, argv: list[str], *, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, *argv],
+            env=self.env(extra_env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
+def tenant(make_slice, mode: str, driver: str = "535") -> Tenant:
+    """A V100 on the simulated `driver` branch, whole (mode "double") or an 8 GiB slice of it."""
+    shim = mode == "slice"
+    if REAL_GPU:
+        gpu = real_gpu()
+        needs = simulate.driver_versions(driver)[1]
+        if gpu.cuda_driver_version < needs:
+            pytest.skip(f"the GPU's driver serves CUDA {gpu.cuda_driver_version}; this client needs {needs}")
+        prepared = make_slice(memory_bytes=SLICE, simulate_gpus=None)
+        return Tenant(prepared, shim, SLICE if shim else gpu.total, gpu.name, real=True)
+    prepared = make_slice(memory_bytes=SLICE, driver=driver)
+    gpus = prepared.fake_gpus
+    assert gpus
+    return Tenant(prepared, shim, SLICE if shim else gpus[0].memory_bytes, gpus[0].name)
+
+
+def facts(out: str) -> dict[str, str]:
+    return dict(
+        line.split("=", 1) for line in out.splitlines() if "=" in line and " " not in line.split("=")[0]
+    )
+
+
+def explain(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+class Holder:
+    """A client process that allocates, prints the fact `ready`, and holds until closed."""
+
+    def __init__(
+        self, t: Tenant, argv: list[str], ready: str, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self.proc = t.popen(argv, extra_env=extra_env)
+        self.ready = ready
+
+    def __enter__(self) -> Holder:
+        assert self.proc.stdout is not None
+        key = self.ready.split("=", 1)[0] + "="
+        line = "-"
+        while line and not line.startswith(key):  # facts printed before (torch's import time)
+            line = self.proc.stdout.readline().strip()
+        if line != self.ready:
+            self.__exit__()
+            raise AssertionError(
+                f"the holding process said {line!r}, not {self.ready!r}: {self.stderr[-3000:]}"
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr = self.proc.stderr.read() if self.proc.stderr else ""
+
+    stderr = ""

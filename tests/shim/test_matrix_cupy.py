@@ -1,0 +1,82 @@
+"""Compatibility matrix: CuPy 14 (cupy-cuda12x from PyPI, on libcudart 12.9 from its wheel) on the
+driver test double alone and under an 8 GiB slice of a simulated V100 (shim/README.md, "Real CUDA
+software"). CuPy's own errors are the ones checked: its OutOfMemoryError at the edge.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shim.matrix import CLIENTS, GIB, MODES, Holder, Tenant, cupy_pythonpath, explain, facts, tenant
+
+SCRIPT = str(CLIENTS / "cupy_paths.py")
+
+
+def _run(t: Tenant, path: str) -> dict[str, str]:
+    proc = t.run([SCRIPT, path], extra_env={"PYTHONPATH": cupy_pythonpath()})
+    assert proc.returncode == 0, explain(proc)
+    return facts(proc.stdout)
+
+
+def _oom(f: dict[str, str], key: str, nbytes: int) -> None:
+    assert f[key].startswith(f"OutOfMemoryError: Out of memory allocating {nbytes:,} bytes"), f[key]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_device_shows_the_slice(make_slice, mode):
+    t = tenant(make_slice, mode)
+    f = _run(t, "info")
+    assert f["name"] == t.name
+    assert int(f["total_global_mem"]) == t.total
+    assert int(f["mem_total"]) == t.total
+    assert int(f["mem_free"]) <= t.total if t.real else int(f["mem_free"]) == t.total
+
+
+#: The error CuPy raises at the edge without a pool: the runtime's, as it is (its pools, the
+#: stream-ordered one included, raise their OutOfMemoryError).
+RUNTIME_OOM = "CUDARuntimeError: cudaErrorMemoryAllocation: out of memory"
+
+
+@pytest.mark.parametrize("path", ["edge", "no-pool", "async-pool", "managed"])
+@pytest.mark.parametrize("mode", MODES)
+def test_allocation_to_the_edge_then_cupys_error(make_slice, mode, path):
+    """CuPy's default pool, no pool (cudaMalloc), a stream-ordered pool, managed memory in a pool:
+    1 GiB arrays until CuPy raises, exactly at the slice's size."""
+    t = tenant(make_slice, mode)
+    f = _run(t, path)
+    room = t.available(int(f["free_at_start"]))
+    assert int(f["edge_blocks"]) == room // GIB
+    if path == "no-pool":
+        assert f["edge_error"] == RUNTIME_OOM
+    else:
+        _oom(f, "edge_error", GIB)
+    assert int(f["free_after"]) == room
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_caching_allocator(make_slice, mode):
+    """CuPy's pool holds freed blocks (the slice counts them as used); refused a new block, it frees
+    what it holds and retries, so 7 GiB fits after 6 GiB were freed into the pool; 2 GiB more does
+    not fit the slice."""
+    t = tenant(make_slice, mode)
+    f = _run(t, "caching")
+    room = t.available(int(f["free_at_start"]))
+    assert int(f["pool_held"]) == 6 * GIB
+    assert int(f["free_while_held"]) == room - 6 * GIB
+    assert f["big_ok"] == "1", f.get("big_error")
+    # on the whole card the held block stays beside the new one; on the slice it had to go
+    assert int(f["pool_after_big"]) == (13 if room >= 13 * GIB else 7) * GIB
+    if room >= 9 * GIB:
+        assert f["more_ok"] == "1"
+    else:
+        assert f["more_ok"] == "0"
+        _oom(f, "more_error", 2 * GIB)
+    assert int(f["free_after"]) == room
+
+
+def test_two_processes_share_the_slice(make_slice):
+    t = tenant(make_slice, "slice")
+    with Holder(t, [SCRIPT, "hold"], f"held={5 * GIB}", extra_env={"PYTHONPATH": cupy_pythonpath()}):
+        f = _run(t, "second")
+    _oom(f, "second_5g", 5 * GIB)
+    assert f["second_2g"] == "ok"
