@@ -8,9 +8,9 @@ BIN := $(VENV)/bin
 .PHONY: install demo test lint typecheck pytest shim image clean debian-packages
 
 # Debian packages real nodes need: libseccomp-dev to build runc with seccomp, busybox-static for the
-# probe image, mmdebstrap for the product image. Installed with apt-get when missing (as root: CI
-# and the demo machine are root).
-DEBIAN_PACKAGES := libseccomp-dev busybox-static mmdebstrap
+# probe image, mmdebstrap for the product image; clang with libFuzzer for `make -C shim fuzz`.
+# Installed with apt-get when missing (as root: CI and the demo machine are root).
+DEBIAN_PACKAGES := libseccomp-dev busybox-static mmdebstrap clang-14 libclang-rt-14-dev
 debian-packages:
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -644,6 +644,9 @@ class Run:
             "operator_rest_rss_growth_mib": round(proc.mem("VmRSS") - rss_before, 1),
             "operator_rest_cpu_pct": round(100 * (proc.cpu() - cpu_before) / seconds, 2),
             "operator_rest_writes": int(sum(after.values()) - sum(writes_before.values())),
+            "operator_rest_writes_by_kind": {
+                k: int(v - writes_before.get(k, 0)) for k, v in after.items() if v - writes_before.get(k, 0)
+            },
         }
 
     async def _sample(self) -> None:

@@ -28,6 +28,7 @@ NAMESPACE = c.SYSTEM_NAMESPACE
 CRDS = (
     f"{c.PACKAGE_PLURAL}.{c.API_GROUP}",
     f"{c.SLICE_PLURAL}.{c.API_GROUP}",
+    f"{c.USAGE_PLURAL}.{c.API_GROUP}",
     "clusterkopfpeerings.kopf.dev",
 )
 PROBE_DRIVER = "probe.check.gpuslice.io"

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "check": "gpuslice.check",
     "drain": "gpuslice.drain",
     "uncordon": "gpuslice.drain",
+    "usage": "gpuslice.usage",
 }
 SUBCOMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(SUBCOMMANDS.values()))
 

@@ -13,6 +13,9 @@ PACKAGE_KIND: Final = "GpuPackage"
 PACKAGE_PLURAL: Final = "gpupackages"
 SLICE_KIND: Final = "GpuSlice"
 SLICE_PLURAL: Final = "gpuslices"
+#: The metering ledger: one namespace's slice-hours of one UTC month (written by the operator only).
+USAGE_KIND: Final = "GpuUsage"
+USAGE_PLURAL: Final = "gpuusages"
 
 # --- DRA -------------------------------------------------------------------------------------------
 DRIVER_NAME: Final = "gpuslice.io"
@@ -60,6 +63,10 @@ LABEL_PACKAGE: Final = "gpuslice.io/package"
 LABEL_SLICE: Final = "gpuslice.io/slice"
 LABEL_SLICE_TEMPLATE: Final = "gpuslice.io/slice-template"
 LABEL_NODE: Final = "gpuslice.io/node"
+#: The UTC month (YYYY-MM) a GpuUsage object records.
+LABEL_MONTH: Final = "gpuslice.io/month"
+#: "true" on a GpuUsage object whose month is final (the operator never reads or writes it again).
+LABEL_FINAL: Final = "gpuslice.io/final"
 ANNOTATION_PREFIX: Final = "gpuslice.io/"
 FINALIZER: Final = "gpuslice.io/finalizer"
 #: Kopf's progress and diff-base storage live under gpuslice's own prefix, not kopf.zalando.org.
@@ -89,6 +96,16 @@ PSA_LEVELS: Final = ("privileged", "baseline", "restricted")
 TAINT_GPU_KEY: Final = "gpuslice.io/gpu"
 TAINT_GPU_VALUE: Final = "present"
 TAINT_GPU_EFFECT: Final = "NoExecute"
+#: The admission objects the operator writes and restores: kind -> plural, all in one group/version.
+ADMISSION_GROUP: Final = "admissionregistration.k8s.io"
+ADMISSION_VERSION: Final = "v1"
+ADMISSION_API: Final = f"{ADMISSION_GROUP}/{ADMISSION_VERSION}"
+ADMISSION_PLURALS: Final = {
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+}
 #: The namespace the manifests install the operator and the agents into.
 SYSTEM_NAMESPACE: Final = "gpuslice-system"
 #: Nodes carrying this label are GPU nodes (GPU Feature Discovery sets it); `--gpu-node-label`.

@@ -162,7 +162,9 @@ class Client:
         content_type: str = "application/json",
         seconds: float = 60.0,
     ) -> Any:
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        # UTF-8, not \u escapes: an apply patch is read as YAML, which refuses the surrogate pair
+        # JSON writes for a character past U+FFFF (an emoji in a package's gpuModel)
+        data = None if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         async with self.session.request(
             method,
             self.config.server + url_path,

@@ -109,6 +109,29 @@ STATUS_UPDATES = Counter(
     ["kind"],
     registry=OPERATOR_REGISTRY,
 )
+#: Labels of the per-allocated-slice series (kube-state-metrics style: one series per held slice,
+#: value 1, gone when the slice is released); a template slice has one per pod.
+ALLOCATED_LABELS = ("namespace", "package", "slice", "pod", "node", "gpu_uuid")
+SLICE_ALLOCATED = Gauge(
+    "gpuslice_slice_allocated",
+    "1 for every allocated slice (its claim allocated, not deallocated or deleted): "
+    "sum_over_time of it is slice-time",
+    ALLOCATED_LABELS,
+    registry=OPERATOR_REGISTRY,
+)
+PACKAGE_PRICE = Gauge(
+    "gpuslice_package_price_per_hour",
+    "Price of one slice of a package per hour held (spec.price), in the currency of the label",
+    ["package", "currency"],
+    registry=OPERATOR_REGISTRY,
+)
+LEDGER_WRITE_ERRORS = Counter(
+    "gpuslice_ledger_write_errors_total",
+    "GpuUsage writes that failed, by why: refused (the API server said no; retried) or full (the "
+    "object would pass etcd's size; not written, logged as an error and an Event)",
+    ["reason"],
+    registry=OPERATOR_REGISTRY,
+)
 
 # --- agent -------------------------------------------------------------------------------------------
 PUBLISHED_DEVICES = Gauge(

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from gpuslice.api.package import GpuPackageSpec, GpuPackageStatus
 from gpuslice.api.slice import GpuSliceSpec, GpuSliceStatus
+from gpuslice.api.usage import GpuUsage
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -88,6 +89,15 @@ CASES = [
 def test_model_and_crd_describe_the_same_fields(file: str, part: str, model: type[BaseModel]) -> None:
     schema = model.model_json_schema(by_alias=True)
     assert differences(schema, crd_schema(file)["properties"][part], schema.get("$defs", {}), part) == []
+
+
+def test_the_ledger_model_and_crd_describe_the_same_fields() -> None:
+    """GpuUsage keeps its record at the top level (like an Event), not under spec or status."""
+    schema = GpuUsage.model_json_schema(by_alias=True)
+    root = crd_schema("gpuslice.io_gpuusages.yaml")
+    fields = {k: v for k, v in root["properties"].items() if k not in ("apiVersion", "kind", "metadata")}
+    crd = {**root, "properties": fields}
+    assert differences(schema, crd, schema.get("$defs", {}), "GpuUsage") == []
 
 
 def test_a_field_on_one_side_only_is_found() -> None:

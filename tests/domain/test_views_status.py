@@ -92,6 +92,17 @@ def test_quota_refusal_says_x_of_y() -> None:
     assert st.quota is not None and (st.quota.used, st.quota.hard, st.quota.quota) == (2, 2, "gpuslice")
 
 
+def test_a_quota_counting_more_than_the_namespace_holds_says_it_recounts_by_itself() -> None:
+    """Kubernetes charged a create that failed: the advice to delete a slice would be wrong."""
+    refused = 'resourceclaims "s" is forbidden: exceeded quota: gpuslice, requested: ...=1, used: ...=2'
+    st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=1), NOW)
+    assert st.reason == Reason.QUOTA_EXCEEDED
+    assert "counts 2 of 2 v100-8g slices used, but namespace ns holds 1 of them" in st.message
+    assert "recounts" in st.message and "delete a GpuSlice" not in st.message
+    st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=2), NOW)
+    assert "delete a GpuSlice or workload you no longer need" in st.message
+
+
 def test_zero_quota_means_not_entitled() -> None:
     st = slice_status(facts(quotas=[quota(0, 0)], create_error="exceeded quota: gpuslice"), NOW)
     assert st.reason == Reason.NOT_ENTITLED and "ask the platform team" in st.message

@@ -50,6 +50,7 @@ def test_every_crd_file_is_in_the_crds_kustomization_and_in_the_base(base):
     assert crds == {
         f"{constants.PACKAGE_PLURAL}.{constants.API_GROUP}",
         f"{constants.SLICE_PLURAL}.{constants.API_GROUP}",
+        f"{constants.USAGE_PLURAL}.{constants.API_GROUP}",
         "clusterkopfpeerings.kopf.dev",
     }
 
@@ -226,5 +227,11 @@ def test_tenant_role_never_grants_products_device_classes_or_resource_slices(bas
     assert ("gpuslice.io", "gpuslices", "create") in grants
     forbidden = {"gpupackages", "gpuslices/status", "deviceclasses", "resourceslices"}
     assert not [g for g in grants if g[1] in forbidden]
+    assert {v for _, r, v in grants if r == "gpuusages"} == {"get", "list", "watch"}, (
+        "the ledger is the operator's"
+    )
+    assert {v for _, r, v in grants if r == "gpuusages"} == {"get", "list", "watch"}, (
+        "the ledger is read-only"
+    )
     claim_verbs = {v for _, r, v in grants if r in ("resourceclaims", "resourceclaimtemplates")}
     assert claim_verbs == {"get", "list", "watch"}, "claims are the operator's to write"

@@ -154,7 +154,12 @@ def test_helm_install_and_uninstall_on_a_devcluster_of_its_own(
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert "STATUS: deployed" in proc.stdout
-        for crd in ("gpupackages.gpuslice.io", "gpuslices.gpuslice.io", "clusterkopfpeerings.kopf.dev"):
+        for crd in (
+            "gpupackages.gpuslice.io",
+            "gpuslices.gpuslice.io",
+            "gpuusages.gpuslice.io",
+            "clusterkopfpeerings.kopf.dev",
+        ):
             dc.kubectl("get", "crd", crd)
         deploy = json.loads(
             dc.kubectl("get", "deploy", "gpuslice-operator", "-n", "gpuslice-system", "-o", "json").stdout

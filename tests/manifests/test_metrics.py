@@ -24,6 +24,9 @@ OPERATOR = {
     "gpuslice_slice_transitions": ("counter", ("phase", "reason")),
     "gpuslice_operator_writes": ("counter", ("kind", "verb")),
     "gpuslice_operator_status_updates": ("counter", ("kind",)),
+    "gpuslice_slice_allocated": ("gauge", ("namespace", "package", "slice", "pod", "node", "gpu_uuid")),
+    "gpuslice_package_price_per_hour": ("gauge", ("package", "currency")),
+    "gpuslice_ledger_write_errors": ("counter", ("reason",)),
 }
 AGENT = {
     "gpuslice_slice_memory_used_bytes": ("gauge", SLICE),

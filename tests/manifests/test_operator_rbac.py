@@ -57,10 +57,21 @@ def operator_kubeconfig(cluster: DevCluster, base: list[Doc]) -> Iterator[Path]:
     role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = (
         f"gpuslice-op-{suffix}"
     )
-    cluster.apply(yaml.safe_dump_all([role, binding]))
+    # The ledger heartbeat's Lease, in the operator's own namespace.
+    lease_role = one(base, "Role", "gpuslice-operator-ledger")
+    lease_binding = one(base, "RoleBinding", "gpuslice-operator-ledger")
+    lease_role["metadata"]["name"] = lease_binding["metadata"]["name"] = lease_binding["roleRef"]["name"] = (
+        f"gpuslice-op-ledger-{suffix}"
+    )
+    cluster.create_namespace("gpuslice-system")
+    cluster.apply(yaml.safe_dump_all([role, binding, lease_role, lease_binding]))
     try:
         yield cluster.tenant_kubeconfig(OPERATOR_USER, groups=OPERATOR_GROUPS)
     finally:
+        for kind, name in (("rolebinding", lease_binding), ("role", lease_role)):
+            cluster.kubectl(
+                "delete", kind, name["metadata"]["name"], "-n", "gpuslice-system", "--wait=false", check=False
+            )
         cluster.kubectl(
             "delete", "clusterrolebinding", binding["metadata"]["name"], "--wait=false", check=False
         )

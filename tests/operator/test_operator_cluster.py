@@ -388,6 +388,8 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
         "Allocated": "True",
         "InUse": "True",
         "MemoryIsolated": "True",
+        "SoftwareCompatible": "True",
+        "GpuIdle": "False",
     }
     row = world.cluster.kubectl("get", "gpuslices", "-n", world.namespace).stdout.splitlines()
     assert row[0].split() == ["NAME", "PACKAGE", "PHASE", "NODE", "GPU", "AGE"]

@@ -34,6 +34,8 @@ from gpuslice.operator.workloads import Workloads
 from support import allocated_claim, pod_doc, published, slice_doc
 
 INDEX_FUNCTIONS = {name: fn for name, fn in vars(indexes).items() if name.startswith("gs_") and callable(fn)}
+# the admission objects' indexes are one function registered once per kind
+INDEX_FUNCTIONS |= {indexes.admission_index_id(kind): indexes.admission_view for kind in c.ADMISSION_PLURALS}
 
 
 def _run(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,10 +102,10 @@ def kw_of(**bodies: list[dict[str, Any]]) -> tuple[dict[str, Any], Workloads]:
         "gs_device_taint_rules": "device_taint_rules",
         "gs_namespaces": "namespaces",
         "gs_device_classes": "device_classes",
-        "gs_admission_policies": "policies",
-        "gs_admission_bindings": "bindings",
-        "gs_mutating_policies": "mutating_policies",
-        "gs_mutating_bindings": "mutating_bindings",
+        "gs_validatingadmissionpolicies": "policies",
+        "gs_validatingadmissionpolicybindings": "bindings",
+        "gs_mutatingadmissionpolicies": "mutating_policies",
+        "gs_mutatingadmissionpolicybindings": "mutating_bindings",
     }
     assert set(sources) == set(INDEX_FUNCTIONS), "every index of the operator is built here"
     workloads = Workloads()

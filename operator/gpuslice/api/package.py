@@ -9,6 +9,7 @@ from pydantic import Field
 
 from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
+from gpuslice.api.usage import Price
 
 
 class LabelSelectorRequirement(CamelModel):
@@ -52,6 +53,8 @@ class GpuPackageSpec(CamelModel):
     compute_share: int | None = Field(default=None, alias="computeShare", ge=1, le=100)
     entitlements: list[Entitlement] = Field(default_factory=list)
     isolation: Isolation = Field(default_factory=Isolation)
+    #: What a slice costs per hour held; the metering ledger records it per interval.
+    price: Price | None = None
     #: The extended resource a container asks for in `resources.limits` (DeviceClass
     #: `extendedResourceName`): None means `gpuslice.io/<package>`, "" means none.
     extended_resource_name: str | None = Field(default=None, alias="extendedResourceName")

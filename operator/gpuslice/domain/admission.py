@@ -49,7 +49,7 @@ from typing import Any
 from gpuslice import constants as c
 from gpuslice.domain.claims import documented_form_text
 
-ADMISSION_API = "admissionregistration.k8s.io/v1"
+ADMISSION_API = c.ADMISSION_API
 
 #: Identities that legitimately write gpuslice-owned objects besides the operator: the
 #: resourceclaim controller makes claims from templates and deletes them, the garbage collector and

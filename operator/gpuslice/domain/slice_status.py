@@ -107,6 +107,10 @@ class SliceFacts:
     uid: str | None = None
     #: Taints of tainted published devices by (pool, device): an unhealthy or drained card's.
     device_taints: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    #: Claims of the package the namespace holds, counted after a create was refused for quota: the
+    #: quota may count more (Kubernetes charges a create before storing it, and one that then fails
+    #: stays counted until kube-controller-manager recounts).
+    held: int | None = None
     #: The slice the operator keeps for a pod that asks for the product in resources.limits: that
     #: pod's name (`pods` holds the pod while it exists, `claims` kube-scheduler's claim for it).
     pod: str | None = None
@@ -195,6 +199,17 @@ def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | No
             f"namespace {facts.namespace} holds no entitlement to package {facts.package} "
             f"(ResourceQuota {usage.quota}: 0 slices); ask the platform team for an entitlement "
             "that selects this namespace, or use a package you are entitled to",
+        )
+    if usage.used >= usage.hard and facts.held is not None and facts.held < usage.used:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.QUOTA_EXCEEDED,
+            f"quota counted as used up: ResourceQuota {usage.quota} counts {usage.used} of {usage.hard} "
+            f"{facts.package} slices used, but namespace {facts.namespace} holds {facts.held} of them: "
+            "Kubernetes counted a create that did not complete (a client stopped mid-request, or a "
+            "create of a claim that already existed). kube-controller-manager recounts on its quota "
+            "resync (--resource-quota-sync-period, 5 min by default) and this slice's claim is created "
+            "then, by itself",
         )
     if usage.used >= usage.hard:
         return _Verdict(

@@ -102,6 +102,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="re-read of what no event announces (capacity for Pending slices and package status) and "
         "retry delay of a refused write (default 5)",
     )
+    p.add_argument(
+        "--ledger-checkpoint-seconds",
+        type=float,
+        default=900.0,
+        help="how often a GpuUsage object with slices still held is rewritten with its totals so far "
+        "(default 900; every change is written at once)",
+    )
+    p.add_argument(
+        "--ledger-heartbeat-seconds",
+        type=float,
+        default=10.0,
+        help="how often, while slices are held, Lease gpuslice-ledger records that every open interval "
+        "was still held; a slice released while no operator runs is billed until then (default 10)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
 
@@ -126,6 +140,8 @@ def _run(args: argparse.Namespace) -> int:
             tenant_priority_classes=tuple(args.tenant_priority_class),
             resync_seconds=args.resync_seconds,
             recheck_seconds=args.recheck_seconds,
+            ledger_checkpoint_seconds=args.ledger_checkpoint_seconds,
+            ledger_heartbeat_seconds=args.ledger_heartbeat_seconds,
             liveness_endpoint=args.liveness,
             metrics_port=args.metrics_port,
             standalone=not args.peering,

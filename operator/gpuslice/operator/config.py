@@ -36,6 +36,13 @@ class OperatorConfig(BaseModel):
     #: Seconds a replica's peering record counts as alive without a keep-alive: how long a standby
     #: waits for a replica that died without saying goodbye (Kopf's default is 60).
     peering_lifetime: int = Field(default=10, ge=2)
+    #: How often each GpuUsage object with open intervals is rewritten (its `confirmedAt` and totals).
+    ledger_checkpoint_seconds: float = Field(default=900.0, gt=0)
+    #: How often, while slices are held, the ledger's heartbeat (Lease `gpuslice-ledger`) says that
+    #: every open interval was still held: a claim released while no operator ran is closed there.
+    ledger_heartbeat_seconds: float = Field(default=10.0, gt=0)
+    #: Namespace of that Lease: the operator's own (from its service account), else `default`.
+    ledger_namespace: str = "default"
     liveness_endpoint: str | None = None
     standalone: bool = True
     priority: int = 0

@@ -124,10 +124,10 @@ class Indexes:
         #: DeviceClass name -> what gpuslice sets of it (`deviceclass.fingerprint`: to tell a changed
         #: one from ours).
         self.device_classes: kopf.Index[str, str] = kw["gs_device_classes"]
-        self.admission_policies: kopf.Index[str, AdmissionView] = kw["gs_admission_policies"]
-        self.admission_bindings: kopf.Index[str, AdmissionView] = kw["gs_admission_bindings"]
-        self.mutating_policies: kopf.Index[str, AdmissionView] = kw["gs_mutating_policies"]
-        self.mutating_bindings: kopf.Index[str, AdmissionView] = kw["gs_mutating_bindings"]
+        #: admission kind -> name -> what the operator's object of that kind and name shows
+        self.admission: dict[str, kopf.Index[str, AdmissionView]] = {
+            kind: kw[admission_index_id(kind)] for kind in c.ADMISSION_PLURALS
+        }
 
 
 # --- GpuPackages and GpuSlices ----------------------------------------------------------------------
@@ -209,32 +209,21 @@ async def gs_device_classes(name: str, spec: kopf.Spec, **_: Any) -> dict[str, s
     return {name: fingerprint(spec)}
 
 
-@kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", labels=MANAGED)
-async def gs_admission_policies(
+async def admission_view(
     name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
 ) -> dict[str, AdmissionView]:
     return {name: AdmissionView(dict(labels), dict(spec))}
 
 
-@kopf.index("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", labels=MANAGED)
-async def gs_admission_bindings(
-    name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
-) -> dict[str, AdmissionView]:
-    return {name: AdmissionView(dict(labels), dict(spec))}
+def admission_index_id(kind: str) -> str:
+    """The Kopf index (a handler kwarg) of one kind of the operator's admission objects."""
+    return f"gs_{c.ADMISSION_PLURALS[kind]}"
 
 
-@kopf.index("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", labels=MANAGED)
-async def gs_mutating_policies(
-    name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
-) -> dict[str, AdmissionView]:
-    return {name: AdmissionView(dict(labels), dict(spec))}
-
-
-@kopf.index("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings", labels=MANAGED)
-async def gs_mutating_bindings(
-    name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any
-) -> dict[str, AdmissionView]:
-    return {name: AdmissionView(dict(labels), dict(spec))}
+for _kind, _plural in c.ADMISSION_PLURALS.items():
+    kopf.index(c.ADMISSION_GROUP, c.ADMISSION_VERSION, _plural, labels=MANAGED, id=admission_index_id(_kind))(
+        admission_view
+    )
 
 
 # --- claims, pods, workloads ------------------------------------------------------------------------

@@ -27,12 +27,14 @@ PLURALS: dict[str, str] = {
     "ResourceQuota": "resourcequotas",
     "Namespace": "namespaces",
     "Node": "nodes",
+    "Lease": "leases",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
     "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
     "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
     c.SLICE_KIND: c.SLICE_PLURAL,
     c.PACKAGE_KIND: c.PACKAGE_PLURAL,
+    c.USAGE_KIND: c.USAGE_PLURAL,
 }
 
 
@@ -93,6 +95,12 @@ class Kube:
                 return None
             raise
         return out
+
+    async def list_all(self, api_version: str, kind: str, **params: str) -> list[dict[str, Any]]:
+        """Every object of a kind in all namespaces; only for start-up reads (see `get`)."""
+        group, _, version = api_version.rpartition("/")
+        answer: dict[str, Any] = await self.api.get(kubehttp.path(group, version, PLURALS[kind]), **params)
+        return list(answer.get("items") or [])
 
     async def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """False when it was already gone."""

@@ -7,10 +7,12 @@ GpuPackage there is no timer, and nothing of gpuslice's for the policies to prot
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
 
+from gpuslice import constants as c
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
 from gpuslice.domain.conditions import contains
 from gpuslice.domain.tenant_pods import tenant_pod_objects
@@ -74,12 +76,7 @@ async def _restore(kind: str, name: str, type: str | None, body: kopf.Body, stat
 
 async def ensure_policies(state: OperatorState, idx: Indexes) -> None:
     """Apply the policies and bindings the indexes show missing or changed (none, almost always)."""
-    indexes = {
-        "ValidatingAdmissionPolicy": idx.admission_policies,
-        "ValidatingAdmissionPolicyBinding": idx.admission_bindings,
-        "MutatingAdmissionPolicy": idx.mutating_policies,
-        "MutatingAdmissionPolicyBinding": idx.mutating_bindings,
-    }
+    indexes = idx.admission
     for (kind, name), obj in desired_objects(state).items():
         seen: AdmissionView | None = one(indexes[kind], name)
         if seen is None or not _current({"metadata": {"labels": seen.labels}, "spec": seen.spec}, obj):
@@ -89,25 +86,15 @@ async def ensure_policies(state: OperatorState, idx: Indexes) -> None:
 TIMER = "package_timer"
 
 
-@kopf.on.event("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", labels=MANAGED)
-async def policy_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await fast_path(_restore("ValidatingAdmissionPolicy", name, type, body, memo.state), TIMER)
+def _restorer(kind: str) -> Callable[..., Awaitable[None]]:
+    async def restore(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await fast_path(_restore(kind, name, type, body, memo.state), TIMER)
+
+    return restore
 
 
-@kopf.on.event("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", labels=MANAGED)
-async def binding_event(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await fast_path(_restore("ValidatingAdmissionPolicyBinding", name, type, body, memo.state), TIMER)
-
-
-@kopf.on.event("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", labels=MANAGED)
-async def mutating_policy_event(
-    name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> None:
-    await fast_path(_restore("MutatingAdmissionPolicy", name, type, body, memo.state), TIMER)
-
-
-@kopf.on.event("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings", labels=MANAGED)
-async def mutating_binding_event(
-    name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> None:
-    await fast_path(_restore("MutatingAdmissionPolicyBinding", name, type, body, memo.state), TIMER)
+# A policy or binding someone changed or deleted is put back at once, whatever its kind.
+for _kind, _plural in c.ADMISSION_PLURALS.items():
+    kopf.on.event(c.ADMISSION_GROUP, c.ADMISSION_VERSION, _plural, labels=MANAGED, id=f"restore_{_plural}")(
+        _restorer(_kind)
+    )

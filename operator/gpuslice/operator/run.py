@@ -61,7 +61,11 @@ async def _prepare(config: OperatorConfig) -> OperatorState:
     me = await kube.whoami()
     identities = tuple(dict.fromkeys([me, *config.operator_identities]))
     exempt = tuple(dict.fromkeys([*config.exempt_namespaces, *own_namespace(me)]))
-    update = {"operator_identities": identities, "exempt_namespaces": exempt}
+    update = {
+        "operator_identities": identities,
+        "exempt_namespaces": exempt,
+        "ledger_namespace": (own_namespace(me) or [config.ledger_namespace])[0],
+    }
     state = OperatorState(config=config.model_copy(update=update), kube=kube)
     return state
 
@@ -78,7 +82,7 @@ def _in_cluster(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
 
 
 def _register_startup(state: OperatorState) -> None:
-    from gpuslice.operator import packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
+    from gpuslice.operator import ledger, packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
     # Timers take their intervals from the configuration, so they are registered now, not at import.
     slices.register(state.config)

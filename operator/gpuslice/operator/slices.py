@@ -110,6 +110,18 @@ def _facts(
         usage=usage,
         uid=entry.uid,
         pod=entry.pod,
+        held=_held(idx, ns, pkg) if is_quota_refusal(state.create_errors.get((ns, name))) else None,
+    )
+
+
+def _held(idx: Indexes, ns: str, package: str) -> int:
+    """Claims of `package` in the namespace (only after a quota refusal: it walks every claim)."""
+    return sum(
+        1
+        for ref, views in idx.claims.items()
+        if ref[0] == ns
+        for cl in views
+        if cl.labels.get(c.LABEL_PACKAGE) == package and not cl.deleting
     )
 
 

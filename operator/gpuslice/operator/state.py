@@ -18,6 +18,7 @@ from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.kube import Kube
+from gpuslice.operator.metering import Metering
 from gpuslice.operator.workloads import Workloads
 
 K = TypeVar("K")
@@ -93,6 +94,8 @@ class OperatorState:
     #: Pods and ReplicaSets that reference claims (watched outside Kopf; see `workloads`).
     workloads: Workloads = field(default_factory=Workloads)
     refresh_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(REFRESHES_IN_FLIGHT))
+    #: The metering ledger's book-keeping (see `ledger`).
+    metering: Metering = field(default_factory=Metering)
 
     @property
     def changes(self) -> Changes:
