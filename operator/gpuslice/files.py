@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 
@@ -30,3 +31,16 @@ def atomic_write(path: Path, data: bytes | str, mode: int = 0o644) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def remove_stale_temp_files(directory: Path, prefix: str) -> list[Path]:
+    """Delete the temporary files `atomic_write` left in `directory` for files named `prefix`*, when
+    the process that wrote them is gone (it was killed between writing and renaming). A live writer's
+    file is kept. Returns what was deleted."""
+    removed = []
+    for tmp in directory.glob(f".{glob.escape(prefix)}*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed

@@ -36,5 +36,8 @@ def test_benchmark_prints_added_cost_and_ratio(built):
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith("cu")}
     assert set(rows) == {"cuLaunchKernel", "cuMemAlloc", "cuMemFree"}
     for row in rows.values():
-        driver_ns, shim_ns, _added, ratio = map(float, row[1:])
+        # call, driver ns, +shim ns, added ns, median ratio, its p25-p75 and min-max over paired rounds
+        driver_ns, shim_ns, _added, ratio = map(float, row[1:5])
+        (p25, p75), (low, high) = (tuple(map(float, r.split("-"))) for r in row[5:7])
         assert driver_ns > 0 and shim_ns > 0 and ratio > 0
+        assert low <= p25 <= ratio <= p75 <= high

@@ -18,6 +18,7 @@ from gpuslice.agent.publisher import Publisher
 from gpuslice.agent.usage import UsageReporter
 from gpuslice.agent.utilization import UtilizationFeedback
 from gpuslice.agent.violations import ViolationEnforcer
+from gpuslice.files import remove_stale_temp_files
 
 log = logs.get(__name__)
 
@@ -80,6 +81,10 @@ async def run(opts: AgentOptions) -> int:
         gate = metrics_auth.MetricsGate(metrics_auth.reviewer(api), asyncio.get_running_loop())
         metrics_auth.serve_protected(opts.metrics_port, metrics.AGENT_REGISTRY, gate)
     paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
+    # An agent killed while writing a CDI spec leaves its temporary file beside the specs.
+    if opts.cdi_dir.is_dir():
+        for stale in remove_stale_temp_files(opts.cdi_dir, f"{constants.CDI_VENDOR}-{constants.CDI_CLASS}-"):
+            log.info("removed a killed agent's temporary CDI file", file=str(stale))
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
     publisher = Publisher(opts.node, gpus, kube)
