@@ -1,6 +1,7 @@
 """kube-apiserver down for minutes (120 s in the suite, past every client's backoff and the node's grace
 period; GPUSLICE_APISERVER_OUTAGE_SECONDS=300 for the five minutes the README's figures come from) with
-a slice pod running on the real node. Its own file, so the suite's workers (one file each) run it beside the rest.
+a slice pod running on the real node. Its own file, so the suite's workers (one file each) run it
+beside the rest.
 
 While it is down the node keeps its promises without it (checked through CRI every 30 s): the
 container runs, the shim refuses an allocation past the slice, NVML and the agent's prepared claims
