@@ -302,6 +302,13 @@ def slice_claims_and_status(
             continue
         if st.get("phase") == "Failed":
             continue  # its claim was never made (the fuzz tests look at why)
+        pod_name = s["spec"].get("pod")
+        if pod_name:
+            # a pod's slice (a product in resources.limits): its claim is kube-scheduler's, owned by
+            # the pod; with the pod gone (or never there) the slice is Released until it is deleted
+            if f"{ns}/{pod_name}" not in pods and st.get("phase") != "Released":
+                out.append(f"{where}: its pod {pod_name} is gone, but status says {st.get('phase')}")
+            continue
         template = bool(s["spec"].get("template"))
         owned = [cl for cl in claims_by_ns[ns] if _owned_by(cl, uid)]
         if template:

@@ -1,6 +1,5 @@
-"""kube-apiserver down for minutes (120 s in the suite, past every client's backoff and the node's grace
-period; GPUSLICE_APISERVER_OUTAGE_SECONDS=300 for the five minutes the README's figures come from) with
-a slice pod running on the real node. Its own file, so the suite's workers (one file each) run it
+"""kube-apiserver down for 5 minutes (past every client's backoff) with a slice pod running on the real
+node. Its own file, so the suite's workers (one file each) run it
 beside the rest.
 
 While it is down the node keeps its promises without it (checked through CRI every 30 s): the
@@ -28,9 +27,9 @@ from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
 NODE = "real-node-0"
-#: seconds the API server stays down; client-go's longest backoff (30 s), Kopf's and the node's grace
-#: period (50 s) are passed at 120; the suite's time budget does not take 300 on every run
-OUTAGE = float(os.environ.get("GPUSLICE_APISERVER_OUTAGE_SECONDS", "120"))
+#: seconds the API server stays down; client-go's and Kopf's longest backoffs are well under 300 (the
+#: kubelet/containerd kills are scheduled within it: shorter outages need their schedule re-checked)
+OUTAGE = float(os.environ.get("GPUSLICE_APISERVER_OUTAGE_SECONDS", "300"))
 CHECK_EVERY = 30.0
 
 
