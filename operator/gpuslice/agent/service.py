@@ -88,7 +88,7 @@ async def run(opts: AgentOptions) -> int:
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
     publisher = Publisher(opts.node, gpus, kube)
-    # hole 1 (agent.toolkit): no devices are published while the NVIDIA toolkit config is unsafe
+    # no devices are published while the NVIDIA toolkit would hand cards to claim-less containers
     guard = toolkit.ToolkitGuard(
         opts.node, opts.nvidia_toolkit_config, publisher.set_blocked,
         toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),

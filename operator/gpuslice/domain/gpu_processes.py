@@ -1,4 +1,4 @@
-"""Judging the processes on a node's GPUs against the slices they belong to (hole 8 of issue 10).
+"""Judging the processes on a node's GPUs against the slices they belong to.
 
 The shim runs in the tenant's address space, so a process that loads the CUDA driver library by
 another way (a renamed copy, `dlmopen`, a static driver) allocates past its slice. The node agent
