@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuslice import __version__
 
@@ -24,27 +24,29 @@ SUBCOMMANDS: dict[str, str] = {
     "uncordon": "gpuslice.drain",
     "usage": "gpuslice.usage",
 }
-SUBCOMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(SUBCOMMANDS.values()))
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    argv: Sequence[str] | None = None,
+    subcommands: Mapping[str, str] = SUBCOMMANDS,
+    prog: str = "gpuslice",
+    description: str | None = __doc__.splitlines()[0] if __doc__ else None,
+) -> argparse.ArgumentParser:
     """The parser; given the command line, only the module of the subcommand it names is imported
     (a node agent does not pay for the operator's Kubernetes client, nor the operator for grpc)."""
-    parser = argparse.ArgumentParser(
-        prog="gpuslice", description=__doc__.splitlines()[0] if __doc__ else None
-    )
-    parser.add_argument("--version", action="version", version=f"gpuslice {__version__}")
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--version", action="version", version=f"{prog} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     first = next((a for a in argv or () if not a.startswith("-")), None)
-    modules = [SUBCOMMANDS[first]] if first in SUBCOMMANDS else SUBCOMMAND_MODULES
+    named = subcommands.get(first or "")
+    modules = [named] if named else list(dict.fromkeys(subcommands.values()))
     for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
+def run(parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    """Parse `argv` and run the subcommand it names (help and exit status 2 without one)."""
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
@@ -55,3 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return run(build_parser(argv), argv)

@@ -12,7 +12,6 @@ per live slice, removed with `forget_slice` when it goes) and GPUs by node/UUID.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from threading import Thread
 from wsgiref.simple_server import WSGIServer
 
@@ -28,6 +27,7 @@ from prometheus_client import (
 )
 
 from gpuslice.api.slice import Phase
+from gpuslice.domain.gpu_processes import ViolationKind
 
 
 def _process_registry() -> CollectorRegistry:
@@ -45,15 +45,6 @@ AGENT_REGISTRY = _process_registry()
 SLICE_LABELS = ("namespace", "slice", "package", "node", "gpu_uuid")
 #: Labels of every per-GPU series the agent exports.
 GPU_LABELS = ("node", "gpu_uuid", "model")
-
-
-class ViolationKind(StrEnum):
-    """What the agent's out-of-band NVML check found (the `kind` label of gpuslice_slice_violations_total)."""
-
-    #: NVML shows a slice's processes using more GPU memory than the slice holds (a shim bypass).
-    MEMORY_OVER_SLICE = "memory_over_slice"
-    #: A process on a slice's GPU that belongs to no prepared slice.
-    UNKNOWN_PROCESS = "unknown_process"
 
 
 # --- operator ----------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "fake_common.h"
 
+#include "../src/gs_procfs.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -35,21 +37,7 @@ uint64_t fake_now_ns(void)
 
 uint64_t fake_start_time(int pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    if (!p) return 0;
-    p++;
-    for (int field = 3; field < 22 && p; field++) p = strchr(p + 1, ' ');
-    unsigned long long v = 0;
-    if (!p || sscanf(p + 1, "%llu", &v) != 1) return 0;
-    return v;
+    return gs_proc_start_time(pid);
 }
 
 int fake_proc_alive(const fake_proc *p)

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE
 #include "gs_region.h"
 
+#include "gs_procfs.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,23 +21,7 @@ static off_t entry_offset(unsigned idx)
 
 uint64_t gs_process_start_time(int pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    /* The command name may contain spaces and parentheses: field 3 starts after the last ") ". */
-    char *p = strrchr(buf, ')');
-    if (p == NULL) return 0;
-    p++;
-    for (int field = 3; field < 22 && p != NULL; field++) p = strchr(p + 1, ' ');
-    if (p == NULL) return 0;
-    unsigned long long v = 0;
-    if (sscanf(p + 1, "%llu", &v) != 1) return 0;
-    return (uint64_t)v;
+    return gs_proc_start_time(pid);
 }
 
 static int init_mutex(pthread_mutex_t *m)

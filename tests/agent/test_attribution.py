@@ -1,4 +1,4 @@
-"""Hole 8 of issue 10: every GPU process attributed from the host (host PID -> cgroup -> pod UID ->
+"""Shim bypasses caught from the host: every GPU process attributed (host PID -> cgroup -> pod UID ->
 claims) and judged against its own slice; unknown processes on sold cards flagged; Stop vs Report."""
 
 from __future__ import annotations

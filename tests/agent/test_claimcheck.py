@@ -1,4 +1,4 @@
-"""The agent's own check of an allocated claim before it prepares a gpuslice device (hole 7)."""
+"""The agent's own check of an allocated claim before it prepares a gpuslice device."""
 
 from __future__ import annotations
 

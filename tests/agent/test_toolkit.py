@@ -1,4 +1,4 @@
-"""Hole 1 of issue 10, node side: the agent publishes no GPUs while the node's NVIDIA container
+"""The NVIDIA toolkit, node side: the agent publishes no GPUs while the node's NVIDIA container
 toolkit would hand GPUs to containers outside CDI claims."""
 
 from __future__ import annotations

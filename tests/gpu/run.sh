@@ -88,7 +88,7 @@ under "$probe" paths "$limit" >"$work/paths" 2>&1
 result "allocation paths" $? "$(grep -c '^path ' "$work/paths") paths; $(tail -1 "$work/paths")"
 under "$build/tests/dl_probe" "$limit" >"$work/dl" 2>&1
 result "dlsym / cuGetProcAddress" $? "$(tail -1 "$work/dl")"
-# --- paths real workloads take (issue 11): VMM, context teardown, fork, IPC within the slice -------
+# --- paths real workloads take: VMM, context teardown, fork, IPC within the slice -------
 under "$probe" vmm "$limit" >"$work/vmm" 2>&1
 result "VMM charged until the last unmap" $? "$(tail -1 "$work/vmm")"
 under "$probe" ctx-teardown "$limit" >"$work/ctx" 2>&1

@@ -13,7 +13,7 @@ from gpuslice import metrics
 SLICE = ("namespace", "slice", "package", "node", "gpu_uuid")
 GPU = ("node", "gpu_uuid", "model")
 
-#: The published contract (issue 6, plus the operator's and agent's own health series):
+#: The published contract (what dashboards and alerts are written against, plus health series):
 #: exported family name -> (type, label names).
 OPERATOR = {
     "gpuslice_reconcile_duration_seconds": ("histogram", ("kind",)),

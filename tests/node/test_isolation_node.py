@@ -1,5 +1,5 @@
-"""Issue 10 on the real node: hole 1 (the NVIDIA toolkit config) and hole 8 (a process that bypasses
-the shim is attributed from the host to its pod and slice, judged against that slice, stopped)."""
+"""Isolation on the real node: the NVIDIA toolkit config gates publishing, and a process that bypasses
+the shim is attributed from the host to its pod and slice, judged against that slice, stopped."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_an_unsafe_nvidia_toolkit_config_publishes_no_gpus_until_fixed(
         wait_for(lambda: node_slices(node_cluster), 60, "the node's slices after the test")
 
 
-# --- hole 8 -------------------------------------------------------------------------------------------
+# --- a process that bypasses the shim ----------------------------------------------------------------------
 
 
 def _fake_gpu_minor(cluster: DevCluster, uuid: str) -> int:

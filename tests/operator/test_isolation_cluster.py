@@ -1,4 +1,4 @@
-"""Tenant isolation on the real control plane (issue 10): every way to a GPU but a gpuslice claim,
+"""Tenant isolation on the real control plane: every way to a GPU but a gpuslice claim,
 tried the way an attacker would, refused by Pod Security Admission, gpuslice's policies or the GPU
 node taint, with a message that says what is wrong.
 
@@ -458,7 +458,7 @@ def test_slice_pods_get_the_runtime_default_seccomp_profile(iso: Iso) -> None:
     )
 
 
-# --- hole 3: GPU nodes are tainted; only claim pods of tenants and exempt namespaces tolerate it --------
+# --- GPU nodes are tainted; only claim pods of tenants and exempt namespaces tolerate it --------
 
 
 def test_gpu_nodes_get_the_taint(iso: Iso) -> None:
@@ -531,7 +531,7 @@ def test_a_pod_bound_to_a_gpu_node_by_node_name_is_evicted(iso: Iso) -> None:
     wait_for(lambda: get(iso.cluster, "pod", name, "-n", iso.other) is None, 60, "the pinned pod evicted")
 
 
-# --- hole 6: the tenant label and Pod Security labels are the operator's ----------------------------------
+# --- the tenant label and Pod Security labels are the operator's ----------------------------------
 
 
 def test_a_self_made_tenant_namespace_is_refused(iso: Iso) -> None:
@@ -574,7 +574,7 @@ def test_a_tenant_label_nobody_entitled_is_removed(iso: Iso) -> None:
         iso.cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-# --- hole 7: claims for other classes ---------------------------------------------------------------------
+# --- claims for other classes ---------------------------------------------------------------------
 
 
 def _claim(ns: str, requests: list[dict[str, Any]], **devices: Any) -> dict[str, Any]:

@@ -38,25 +38,7 @@ def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real kernel images: cubins by ptxas, PTX, packed into fatbins as nvcc packs them."""
-    out = tmp_path_factory.mktemp("images")
-    ptx70 = kernels.kernels_ptx(70)
-    ptx90 = kernels.kernels_ptx(90, isa="8.0")
-    made = {
-        # what a CUDA 12 build for Volta carries: sm_70 code and compute_70 PTX (LZ4-compressed)
-        "sm70": [kernels.Entry(kernels.KIND_CUBIN, 70, kernels.assemble(ptx70, "sm_70")),
-                 kernels.Entry(kernels.KIND_PTX, 70, ptx70, lz4=True)],
-        # what a build without Volta carries: sm_75 / sm_90 code and compute_90 PTX
-        "no-volta": [kernels.Entry(kernels.KIND_CUBIN, 75, kernels.assemble(ptx70, "sm_75")),
-                     kernels.Entry(kernels.KIND_CUBIN, 90, kernels.assemble(ptx90, "sm_90")),
-                     kernels.Entry(kernels.KIND_PTX, 90, ptx90)],
-        # PTX only, of an ISA newer than a 535 driver can compile (8.5 needs CUDA 12.5)
-        "ptx85": [kernels.Entry(kernels.KIND_PTX, 70, kernels.kernels_ptx(70, isa="8.5"))],
-    }  # fmt: skip
-    paths = {}
-    for name, entries in made.items():
-        paths[name] = out / f"{name}.fatbin"
-        paths[name].write_bytes(kernels.fatbin(entries))
-    return paths
+    return kernels.write_builds(tmp_path_factory.mktemp("images"))
 
 
 def on_double(built: ShimPaths, tmp_path: Path, spec: str = V100, driver: str = "535") -> dict[str, str]:

@@ -34,19 +34,7 @@ def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("images")
-    ptx70, ptx90 = kernels.kernels_ptx(70), kernels.kernels_ptx(90, isa="8.0")
-    made = {
-        "sm70": [kernels.Entry(kernels.KIND_CUBIN, 70, kernels.assemble(ptx70, "sm_70")),
-                 kernels.Entry(kernels.KIND_PTX, 70, ptx70, lz4=True)],
-        "no-volta": [kernels.Entry(kernels.KIND_CUBIN, 75, kernels.assemble(ptx70, "sm_75")),
-                     kernels.Entry(kernels.KIND_CUBIN, 90, kernels.assemble(ptx90, "sm_90")),
-                     kernels.Entry(kernels.KIND_PTX, 90, ptx90)],
-        "ptx85": [kernels.Entry(kernels.KIND_PTX, 70, kernels.kernels_ptx(70, isa="8.5"))],
-    }  # fmt: skip
-    for name, entries in made.items():
-        (out / f"{name}.fatbin").write_bytes(kernels.fatbin(entries))
-    return {name: out / f"{name}.fatbin" for name in made}
+    return kernels.write_builds(tmp_path_factory.mktemp("images"))
 
 
 def under_slice(

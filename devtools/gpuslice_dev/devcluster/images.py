@@ -142,21 +142,11 @@ def cudart_probe_binary(built: ShimPaths) -> Path:
 
 
 def kernel_images() -> dict[str, bytes]:
-    """name -> fatbin bytes of the probe image's kernel images (see KERNEL_IMAGES_IN_IMAGE)."""
+    """file name -> fatbin bytes of the probe image's kernel images (see KERNEL_IMAGES_IN_IMAGE)."""
     from gpuslice_dev.gpusim import kernels
 
-    ptx70, ptx90 = kernels.kernels_ptx(70), kernels.kernels_ptx(90, isa="8.0")
-    return {
-        "kernels-sm70.fatbin": kernels.fatbin(
-            [kernels.Entry(kernels.KIND_CUBIN, 70, kernels.assemble(ptx70, "sm_70")),
-             kernels.Entry(kernels.KIND_PTX, 70, ptx70)]
-        ),
-        "kernels-no-volta.fatbin": kernels.fatbin(
-            [kernels.Entry(kernels.KIND_CUBIN, 75, kernels.assemble(ptx70, "sm_75")),
-             kernels.Entry(kernels.KIND_CUBIN, 90, kernels.assemble(ptx90, "sm_90")),
-             kernels.Entry(kernels.KIND_PTX, 90, ptx90)]
-        ),
-    }  # fmt: skip
+    built = kernels.builds()
+    return {f"kernels-{name}.fatbin": built[name] for name in ("sm70", "no-volta")}
 
 
 def multiarch_triplet() -> str:

@@ -209,3 +209,31 @@ def library_kernel_fatbin(major: str) -> tuple[bytes, str]:
             partial.rename(image)
             return fatbin, names[0]
     raise RuntimeError(f"no fatbin with sm_75 kernels in {wheel} {version}")
+
+
+def builds() -> dict[str, bytes]:
+    """name -> fatbin of the kernels (`empty`, `fill`) as three kinds of build carry them, for tests
+    and the probe image: "sm70", a CUDA 12 build for Volta (sm_70 code, LZ4-compressed compute_70
+    PTX); "no-volta", a build without Volta as CUDA 13 builds are (sm_75 and sm_90 code, compute_90
+    PTX); "ptx85", PTX only, of an ISA (8.5) newer than a 535 driver (CUDA 12.2) compiles."""
+    ptx70, ptx90 = kernels_ptx(70), kernels_ptx(90, isa="8.0")
+    return {
+        "sm70": fatbin(
+            [Entry(KIND_CUBIN, 70, assemble(ptx70, "sm_70")), Entry(KIND_PTX, 70, ptx70, lz4=True)]
+        ),
+        "no-volta": fatbin(
+            [Entry(KIND_CUBIN, 75, assemble(ptx70, "sm_75")), Entry(KIND_CUBIN, 90, assemble(ptx90, "sm_90")),
+             Entry(KIND_PTX, 90, ptx90)]
+        ),
+        "ptx85": fatbin([Entry(KIND_PTX, 70, kernels_ptx(70, isa="8.5"))]),
+    }  # fmt: skip
+
+
+def write_builds(out: Path) -> dict[str, Path]:
+    """`builds()` written as `<out>/<name>.fatbin`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, data in builds().items():
+        paths[name] = out / f"{name}.fatbin"
+        paths[name].write_bytes(data)
+    return paths

@@ -20,11 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from gpuslice import constants
+from gpuslice import constants as c
 from gpuslice.shim.region import REGION_FILE, utilization_file_for
 
 CDI_VERSION: Final = "0.6.0"
-CDI_KIND: Final = f"{constants.CDI_VENDOR}/{constants.CDI_CLASS}"
+CDI_KIND: Final = f"{c.CDI_VENDOR}/{c.CDI_CLASS}"
 NVIDIA_CDI_KIND: Final = "nvidia.com/gpu"
 
 
@@ -42,7 +42,7 @@ def nvidia_device_id(gpu_uuid: str) -> str:
 
 
 def spec_file_name(claim_uid: str) -> str:
-    return f"{constants.CDI_VENDOR}-{constants.CDI_CLASS}-{claim_uid}.json"
+    return f"{c.CDI_VENDOR}-{c.CDI_CLASS}-{claim_uid}.json"
 
 
 def _ro(host: Path | str, container: str) -> dict[str, Any]:
@@ -60,16 +60,16 @@ def build_spec(
                 "name": cdi_device_name(claim_uid),
                 "containerEdits": {
                     "mounts": [
-                        _ro(preload_file, constants.CONTAINER_LD_SO_PRELOAD),
-                        _ro(shim_library, constants.CONTAINER_SHIM_PATH),
-                        _ro(limits_file, constants.CONTAINER_CONFIG_PATH),
+                        _ro(preload_file, c.CONTAINER_LD_SO_PRELOAD),
+                        _ro(shim_library, c.CONTAINER_SHIM_PATH),
+                        _ro(limits_file, c.CONTAINER_CONFIG_PATH),
                         _ro(
                             utilization_file_for(limits_file),
-                            str(utilization_file_for(constants.CONTAINER_CONFIG_PATH)),
+                            str(utilization_file_for(c.CONTAINER_CONFIG_PATH)),
                         ),
                         {
                             "hostPath": str(usage_dir / REGION_FILE),
-                            "containerPath": f"{constants.CONTAINER_USAGE_DIR}/{REGION_FILE}",
+                            "containerPath": f"{c.CONTAINER_USAGE_DIR}/{REGION_FILE}",
                             "options": ["rw", "nosuid", "nodev", "noexec", "bind"],
                         },
                     ],

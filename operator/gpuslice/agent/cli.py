@@ -6,7 +6,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from gpuslice import constants
+from gpuslice import constants as c
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,22 +14,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "agent",
         help="run the node agent",
         description="Discover GPUs with NVML, publish them as DRA ResourceSlices of driver "
-        f"{constants.DRIVER_NAME} and serve the kubelet DRA plugin.",
+        f"{c.DRIVER_NAME} and serve the kubelet DRA plugin.",
     )
     p.add_argument("--node", required=True, help="name of the Node this agent runs on (the pool name)")
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster service account)")
-    p.add_argument("--plugins-dir", type=Path, default=Path(constants.KUBELET_PLUGINS_DIR),
+    p.add_argument("--plugins-dir", type=Path, default=Path(c.KUBELET_PLUGINS_DIR),
                    help="kubelet plugins dir; the DRA socket is <dir>/gpuslice.io/dra.sock")  # fmt: skip
-    p.add_argument("--registry-dir", type=Path, default=Path(constants.KUBELET_REGISTRY_DIR),
+    p.add_argument("--registry-dir", type=Path, default=Path(c.KUBELET_REGISTRY_DIR),
                    help="kubelet plugin registry dir (registration socket)")  # fmt: skip
-    p.add_argument(
-        "--cdi-dir", type=Path, default=Path(constants.CDI_DIR), help="where CDI specs are written"
-    )
-    p.add_argument("--state-dir", type=Path, default=Path(constants.HOST_STATE_DIR),
+    p.add_argument("--cdi-dir", type=Path, default=Path(c.CDI_DIR), help="where CDI specs are written")
+    p.add_argument("--state-dir", type=Path, default=Path(c.HOST_STATE_DIR),
                    help="checkpoint and per-claim files")  # fmt: skip
-    p.add_argument(
-        "--run-dir", type=Path, default=Path(constants.HOST_RUN_DIR), help="per-slice usage regions"
-    )
+    p.add_argument("--run-dir", type=Path, default=Path(c.HOST_RUN_DIR), help="per-slice usage regions")
     p.add_argument(
         "--shim-library",
         type=Path,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from gpuslice import constants, logs
+from gpuslice import constants as c
+from gpuslice import logs
 from gpuslice.agent.kube import Kube
 from gpuslice.kubehttp import ApiError
 
@@ -18,7 +19,7 @@ async def slice_event(kube: Kube, node: str, key: str, type_: str, reason: str, 
     body = {
         "metadata": {"generateName": f"{name}.", "namespace": namespace},
         "involvedObject": {
-            "apiVersion": constants.GROUP_VERSION, "kind": constants.SLICE_KIND,
+            "apiVersion": c.GROUP_VERSION, "kind": c.SLICE_KIND,
             "name": name, "namespace": namespace,
         },
         "reason": reason,

@@ -17,7 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpuslice import constants, logs, metrics
+from gpuslice import constants as c
+from gpuslice import logs, metrics
 from gpuslice.agent import nvml
 from gpuslice.agent.checkpoint import CheckpointStore
 from gpuslice.agent.events import slice_event
@@ -91,7 +92,7 @@ def device_status(pool: str, device: str, h: dh.CardHealth, card: str, now: str)
         )
         message = f"{card}: {dh.describe(h)}"
     return {
-        "driver": constants.DRIVER_NAME, "pool": pool, "device": device,
+        "driver": c.DRIVER_NAME, "pool": pool, "device": device,
         "conditions": [{"type": dh.SLICE_CONDITION, "status": "True" if h.healthy else "False",
                         "reason": reason, "message": message[:1024],
                         "lastTransitionTime": h.since or now}],

@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from gpuslice import constants, kubehttp, logs
+from gpuslice import constants as c
+from gpuslice import kubehttp, logs
 
 log = logs.get(__name__)
 
-DRA = (constants.DRA_GROUP, constants.DRA_VERSION)
-GPUSLICE = (constants.API_GROUP, constants.API_VERSION)
+DRA = (c.DRA_GROUP, c.DRA_VERSION)
+GPUSLICE = (c.API_GROUP, c.API_VERSION)
 
 
 def api_client(kubeconfig: Path | None) -> kubehttp.Client:
@@ -34,15 +35,13 @@ class Kube:
         return result
 
     async def get_gpuslice(self, namespace: str, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.api.get(
-            kubehttp.path(*GPUSLICE, constants.SLICE_PLURAL, name, namespace)
-        )
+        result: dict[str, Any] = await self.api.get(kubehttp.path(*GPUSLICE, c.SLICE_PLURAL, name, namespace))
         return result
 
     async def list_pool_slices(self, node: str) -> list[dict[str, Any]]:
         result = await self.api.get(
             kubehttp.path(*DRA, "resourceslices"),
-            fieldSelector=f"spec.nodeName={node},spec.driver={constants.DRIVER_NAME}",
+            fieldSelector=f"spec.nodeName={node},spec.driver={c.DRIVER_NAME}",
         )
         return list(result.get("items") or [])
 
@@ -54,7 +53,7 @@ class Kube:
     async def apply_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply; returns the object as the API server stored it (the apply's answer)."""
         url = kubehttp.path(*DRA, "resourceslices", body["metadata"]["name"])
-        stored: dict[str, Any] = await self.api.apply(url, body, constants.FIELD_MANAGER)
+        stored: dict[str, Any] = await self.api.apply(url, body, c.FIELD_MANAGER)
         return stored
 
     async def delete_slice(self, name: str) -> None:
@@ -62,7 +61,7 @@ class Kube:
 
     async def patch_slice_usage(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
         """A JSON patch of a GpuSlice's status subresource (`usage.usage_patch`)."""
-        url = kubehttp.path(*GPUSLICE, constants.SLICE_PLURAL, name, namespace)
+        url = kubehttp.path(*GPUSLICE, c.SLICE_PLURAL, name, namespace)
         await self.api.json_patch(f"{url}/status", ops)
 
     async def apply_claim_device_status(
@@ -77,7 +76,7 @@ class Kube:
             "metadata": {"name": name, "namespace": namespace},
             "status": {"devices": devices},
         }
-        await self.api.apply(url, body, constants.FIELD_MANAGER)
+        await self.api.apply(url, body, c.FIELD_MANAGER)
 
     async def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         await self.api.create(kubehttp.path("", "v1", "events", namespace=namespace), body)
@@ -85,7 +84,7 @@ class Kube:
     # --- watches ---------------------------------------------------------------------------------
 
     def watch_packages(self) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
-        return kubehttp.watch_forever(self.api, kubehttp.path(*GPUSLICE, constants.PACKAGE_PLURAL))
+        return kubehttp.watch_forever(self.api, kubehttp.path(*GPUSLICE, c.PACKAGE_PLURAL))
 
     def watch_node(self, node: str) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
         return kubehttp.watch_forever(

@@ -1,10 +1,10 @@
-"""The slice's limits file, mounted read-only at constants.CONTAINER_CONFIG_PATH for the shim."""
+"""The slice's limits file, mounted read-only at c.CONTAINER_CONFIG_PATH for the shim."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpuslice import constants
+from gpuslice import constants as c
 from gpuslice.shim.config import SliceConfig
 
 
@@ -15,5 +15,5 @@ def write_limits(path: Path, *, memory_bytes: int, compute_share: int, gpu_uuid:
         memory_bytes=memory_bytes,
         compute_share=compute_share,
         gpu_uuid=gpu_uuid,
-        usage_dir=constants.CONTAINER_USAGE_DIR,
+        usage_dir=c.CONTAINER_USAGE_DIR,
     ).write(path)

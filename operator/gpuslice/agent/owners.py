@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuslice import constants, metrics
+from gpuslice import constants as c
+from gpuslice import metrics
 from gpuslice.agent.checkpoint import ClaimRecord
 from gpuslice.agent.kube import Kube
 from gpuslice.domain.ownership import slice_owner
@@ -44,7 +45,7 @@ async def lookup_owner(kube: Kube, node: str, record: ClaimRecord) -> ClaimOwner
     try:
         claim = await kube.get_claim(record.namespace, record.name)
         meta = claim.get("metadata", {})
-        package = meta.get("labels", {}).get(constants.LABEL_PACKAGE, "")
+        package = meta.get("labels", {}).get(c.LABEL_PACKAGE, "")
         if (ref := slice_owner(meta)) is not None:
             key = f"{record.namespace}/{ref['name']}"
             owner_uid = ref.get("uid")

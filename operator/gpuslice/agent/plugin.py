@@ -14,7 +14,8 @@ from typing import Final
 
 import grpc
 
-from gpuslice import constants, logs
+from gpuslice import constants as c
+from gpuslice import logs
 from gpuslice.agent.prepare import Preparer, prepare_many
 from gpuslice.agent.proto import dra_v1_pb2 as dra
 from gpuslice.agent.proto import dra_v1_pb2_grpc as dra_grpc
@@ -29,11 +30,11 @@ DRA_SERVICE_VERSION: Final = "v1.DRAPlugin"
 
 
 def dra_socket_path(plugins_dir: Path) -> Path:
-    return plugins_dir / constants.DRIVER_NAME / "dra.sock"
+    return plugins_dir / c.DRIVER_NAME / "dra.sock"
 
 
 def registration_socket_path(registry_dir: Path) -> Path:
-    return registry_dir / f"{constants.DRIVER_NAME}-reg.sock"
+    return registry_dir / f"{c.DRIVER_NAME}-reg.sock"
 
 
 class DRAService(dra_grpc.DRAPluginServicer):
@@ -43,7 +44,9 @@ class DRAService(dra_grpc.DRAPluginServicer):
     async def NodePrepareResources(
         self, request: dra.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext
     ) -> dra.NodePrepareResourcesResponse:
-        results = await prepare_many(self._preparer, [(c.namespace, c.name, c.uid) for c in request.claims])
+        results = await prepare_many(
+            self._preparer, [(cl.namespace, cl.name, cl.uid) for cl in request.claims]
+        )
         response = dra.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]
@@ -82,7 +85,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
     async def GetInfo(self, request: reg.InfoRequest, context: grpc.aio.ServicerContext) -> reg.PluginInfo:
         return reg.PluginInfo(
             type=PLUGIN_TYPE,
-            name=constants.DRIVER_NAME,
+            name=c.DRIVER_NAME,
             endpoint=str(self._endpoint),
             supported_versions=[DRA_SERVICE_VERSION],
         )

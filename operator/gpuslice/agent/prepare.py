@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuslice import constants, logs, metrics
+from gpuslice import constants as c
+from gpuslice import logs, metrics
 from gpuslice.agent import cdi, claimcheck
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
 from gpuslice.agent.gpus import GpuInfo
@@ -47,14 +48,12 @@ def resolve_claim(
         )
     ours = [r for r in allocation_results(claim) if r.pool == node]
     if not ours:
-        raise PrepareError(
-            f"{where} has no device of driver {constants.DRIVER_NAME} allocated on node {node}"
-        )
+        raise PrepareError(f"{where} has no device of driver {c.DRIVER_NAME} allocated on node {node}")
     if len(ours) > 1:
         raise PrepareError(
             f"{where} has {len(ours)} gpuslice devices on this node; "
             "a gpuslice claim holds exactly one slice "
-            f"(one request named {constants.CLAIM_REQUEST_NAME!r}, count 1). Create a GpuSlice per slice."
+            f"(one request named {c.CLAIM_REQUEST_NAME!r}, count 1). Create a GpuSlice per slice."
         )
     published = parse_resource_slices(slices)
     prepared = []
@@ -136,11 +135,11 @@ class Preparer:
         self._count_prepared()
 
     def _count_prepared(self) -> None:
-        prepared = [c for c in self._checkpoint.claims.values() if c.state == "Prepared"]
+        prepared = [cl for cl in self._checkpoint.claims.values() if cl.state == "Prepared"]
         metrics.PREPARED_CLAIMS.labels(node=self.node).set(len(prepared))
         # Memory of each card handed out to prepared slices (occupancy, not use: that is the shim's).
         for gpu in self.gpus:
-            handed_out = sum(d.memory_bytes for c in prepared for d in c.devices if d.gpu_uuid == gpu.uuid)
+            handed_out = sum(d.memory_bytes for cl in prepared for d in cl.devices if d.gpu_uuid == gpu.uuid)
             labels = (self.node, gpu.uuid, gpu.product_name)
             metrics.GPU_MEMORY_ALLOCATED.labels(*labels).set(handed_out)
             metrics.GPU_MEMORY_TOTAL.labels(*labels).set(gpu.memory_bytes)
@@ -177,7 +176,7 @@ class Preparer:
         claim_dir = self.paths.claim_dir(record.uid)
         claim_dir.mkdir(parents=True, exist_ok=True)
         preload = claim_dir / "ld.so.preload"
-        atomic_write(preload, f"{constants.CONTAINER_SHIM_PATH}\n".encode(), 0o444)
+        atomic_write(preload, f"{c.CONTAINER_SHIM_PATH}\n".encode(), 0o444)
         limits = claim_dir / "slice.conf"
         write_limits(
             limits,

@@ -7,7 +7,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import constants, logs, metrics, metrics_auth
+from gpuslice import constants as c
+from gpuslice import logs, metrics, metrics_auth
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
 from gpuslice.agent.attribution import package_policy
@@ -50,7 +51,7 @@ class AgentError(RuntimeError):
 def _shim_library(opts: AgentOptions) -> Path:
     if opts.shim_library is not None:
         return opts.shim_library
-    return Path(constants.HOST_SHIM_DIR) / "libgpuslice.so"
+    return Path(c.HOST_SHIM_DIR) / "libgpuslice.so"
 
 
 def check_socket_paths(opts: AgentOptions) -> None:
@@ -83,12 +84,12 @@ async def run(opts: AgentOptions) -> int:
     paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
     # An agent killed while writing a CDI spec leaves its temporary file beside the specs.
     if opts.cdi_dir.is_dir():
-        for stale in remove_stale_temp_files(opts.cdi_dir, f"{constants.CDI_VENDOR}-{constants.CDI_CLASS}-"):
+        for stale in remove_stale_temp_files(opts.cdi_dir, f"{c.CDI_VENDOR}-{c.CDI_CLASS}-"):
             log.info("removed a killed agent's temporary CDI file", file=str(stale))
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
     publisher = Publisher(opts.node, gpus, kube)
-    # hole 1 (agent.toolkit): no devices are published while the NVIDIA toolkit config is unsafe
+    # no devices are published while the NVIDIA toolkit would hand cards to claim-less containers
     guard = toolkit.ToolkitGuard(
         opts.node, opts.nvidia_toolkit_config, publisher.set_blocked,
         toolkit.node_event_recorder(kube, opts.node, lambda: publisher.node_uid),
@@ -128,8 +129,8 @@ async def run(opts: AgentOptions) -> int:
         checkpoint_slices(paths, kube, opts.node), kube, checkpoint_claims(paths),
     )  # fmt: skip
     tasks = [
-        asyncio.create_task(c)
-        for c in (
+        asyncio.create_task(coro)
+        for coro in (
             follow_packages(), follow_node(), publisher.run(), reporter.run(), feedback.run(), guard.run(),
             monitor.run(),
         )

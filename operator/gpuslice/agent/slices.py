@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuslice import constants
+from gpuslice import constants as c
 from gpuslice.agent.gpus import GpuInfo, semver
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import parse_resource_slices
@@ -30,7 +30,7 @@ MAX_DEVICES_PER_SLICE: Final = 64
 COMPUTE_TOTAL: Final = 100
 COUNTER_MEMORY: Final = "memory"
 COUNTER_COMPUTE: Final = "compute"
-ANNOTATION_CONTENT_HASH: Final = f"{constants.ANNOTATION_PREFIX}content-hash"
+ANNOTATION_CONTENT_HASH: Final = f"{c.ANNOTATION_PREFIX}content-hash"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_LABEL_MAX = 63
@@ -157,14 +157,15 @@ def build_specs(
     pool = {"name": node, "generation": 0, "resourceSliceCount": count}
 
     def spec(body: dict[str, Any]) -> dict[str, Any]:
-        return {"driver": constants.DRIVER_NAME, "nodeName": node, "pool": dict(pool), **body}
+        return {"driver": c.DRIVER_NAME, "nodeName": node, "pool": dict(pool), **body}
 
     specs = [
-        (slice_name(node, "counters", i), spec({"sharedCounters": list(c)}))
-        for i, c in enumerate(counter_chunks)
+        (slice_name(node, "counters", i), spec({"sharedCounters": list(chunk)}))
+        for i, chunk in enumerate(counter_chunks)
     ]
     specs += [
-        (slice_name(node, "devices", i), spec({"devices": list(c)})) for i, c in enumerate(device_chunks)
+        (slice_name(node, "devices", i), spec({"devices": list(chunk)}))
+        for i, chunk in enumerate(device_chunks)
     ]
     return specs
 
@@ -190,13 +191,13 @@ def with_generation(
         body["pool"]["generation"] = generation
         out.append(
             {
-                "apiVersion": f"{constants.DRA_GROUP}/{constants.DRA_VERSION}",
+                "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
                 "kind": "ResourceSlice",
                 "metadata": {
                     "name": name,
                     "labels": {
-                        constants.LABEL_MANAGED_BY: constants.MANAGED_BY_VALUE,
-                        constants.LABEL_NODE: node,
+                        c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE,
+                        c.LABEL_NODE: node,
                     },
                     "annotations": {ANNOTATION_CONTENT_HASH: digest},
                     **({"ownerReferences": owner} if node_uid else {}),

@@ -1,4 +1,4 @@
-"""The node's NVIDIA container toolkit must not hand GPUs to containers that hold no slice (hole 1).
+"""The node's NVIDIA container toolkit must not hand GPUs to containers that hold no slice.
 
 The NVIDIA container runtime (RuntimeClass `nvidia`, or a node whose default runtime is NVIDIA's)
 injects GPUs that a container asks for by environment variable (`NVIDIA_VISIBLE_DEVICES=all`, which

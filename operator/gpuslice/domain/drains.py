@@ -8,13 +8,13 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuslice import constants
+from gpuslice import constants as c
 from gpuslice.api.resourceslice import PublishedSlice
 
 #: the taint key of a drain (a DeviceTaintRule's; its value says who/why)
-DRAIN_KEY: Final = f"{constants.ANNOTATION_PREFIX}drain"
-LABEL_DRAIN_NODE: Final = f"{constants.ANNOTATION_PREFIX}drain-node"
-LABEL_DRAIN_GPU: Final = f"{constants.ANNOTATION_PREFIX}drain-gpu"
+DRAIN_KEY: Final = f"{c.ANNOTATION_PREFIX}drain"
+LABEL_DRAIN_NODE: Final = f"{c.ANNOTATION_PREFIX}drain-node"
+LABEL_DRAIN_GPU: Final = f"{c.ANNOTATION_PREFIX}drain-gpu"
 
 
 def drain_rules(
@@ -23,15 +23,15 @@ def drain_rules(
     """DeviceTaintRules (resource.k8s.io/v1) that drain `node`: the whole pool when `gpu` is None,
     else one rule per device (name, card UUID) of that card, since a rule selects by driver, pool and
     device name only. NoSchedule, or NoExecute with `evict` (kube-controller-manager evicts)."""
-    labels = {constants.LABEL_MANAGED_BY: constants.MANAGED_BY_VALUE, LABEL_DRAIN_NODE: node}
+    labels = {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE, LABEL_DRAIN_NODE: node}
     taint = {"key": DRAIN_KEY, "value": reason, "effect": "NoExecute" if evict else "NoSchedule"}
 
     def rule(name: str, selector: dict[str, str], extra: dict[str, str]) -> dict[str, Any]:
         return {
-            "apiVersion": f"{constants.DRA_GROUP}/{constants.DRA_VERSION}",
+            "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
             "kind": "DeviceTaintRule",
             "metadata": {"name": name, "labels": {**labels, **extra}},
-            "spec": {"deviceSelector": {"driver": constants.DRIVER_NAME, "pool": node, **selector},
+            "spec": {"deviceSelector": {"driver": c.DRIVER_NAME, "pool": node, **selector},
                      "taint": dict(taint)},
         }  # fmt: skip
 
@@ -51,9 +51,7 @@ def with_rule_taints(
     """The published slices with each DeviceTaintRule's taint (`spec`) added to the devices its
     selector (driver, pool, device; absent: any) names: a drained card is then unhealthy to capacity
     and to the slices on it like a card the agent tainted."""
-    rules = [
-        r for r in rules if (r.get("deviceSelector") or {}).get("driver") in (None, constants.DRIVER_NAME)
-    ]
+    rules = [r for r in rules if (r.get("deviceSelector") or {}).get("driver") in (None, c.DRIVER_NAME)]
     if not rules:
         return list(slices)
 

@@ -1,4 +1,4 @@
-"""Judging the processes on a node's GPUs against the slices they belong to (hole 8 of issue 10).
+"""Judging the processes on a node's GPUs against the slices they belong to.
 
 The shim runs in the tenant's address space, so a process that loads the CUDA driver library by
 another way (a renamed copy, `dlmopen`, a static driver) allocates past its slice. The node agent
@@ -25,12 +25,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from gpuslice.api.package import OnViolation
 
-#: Finding kinds; the values of `gpuslice.metrics.ViolationKind` (the metric's `kind` label).
-KIND_OVER = "memory_over_slice"
-KIND_UNKNOWN = "unknown_process"
+
+class ViolationKind(StrEnum):
+    """What the agent's out-of-band NVML check found (also the `kind` label of
+    gpuslice_slice_violations_total)."""
+
+    #: NVML shows a slice's processes using more GPU memory than the slice holds (a shim bypass).
+    MEMORY_OVER_SLICE = "memory_over_slice"
+    #: A process on a slice's GPU that belongs to no prepared slice.
+    UNKNOWN_PROCESS = "unknown_process"
+
+
+KIND_OVER = ViolationKind.MEMORY_OVER_SLICE
+KIND_UNKNOWN = ViolationKind.UNKNOWN_PROCESS
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,7 @@ class PodClaims:
 @dataclass(frozen=True)
 class Finding:
     gpu_uuid: str
-    kind: str  # KIND_OVER or KIND_UNKNOWN
+    kind: ViolationKind
     pids: tuple[int, ...]
     used_bytes: int
     allowed_bytes: int

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from gpuslice import constants
+from gpuslice import constants as c
 
 #: The product's one device taint key (a label name).
-TAINT_KEY: Final = f"{constants.ANNOTATION_PREFIX}gpu-unhealthy"
+TAINT_KEY: Final = f"{c.ANNOTATION_PREFIX}gpu-unhealthy"
 
 FATAL_XIDS: Final = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120})
 PENDING_XIDS: Final = frozenset({63})
