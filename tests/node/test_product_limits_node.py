@@ -158,7 +158,9 @@ def test_a_deployment_from_a_chart_gets_a_slice_per_replica(node_cluster: DevClu
         def running() -> list[dict[str, Any]] | None:
             items = get_json(node_cluster, "gpuslices", "-n", TENANT)["items"]
             mine = [s for s in items if s["metadata"]["name"].startswith("ollama-")]
-            return mine if len(mine) == 2 and all(s["status"].get("phase") == "InUse" for s in mine) else None
+            # a slice the operator has just made has no status yet
+            in_use = all((s.get("status") or {}).get("phase") == "InUse" for s in mine)
+            return mine if len(mine) == 2 and in_use else None
 
         slices = wait_for(running, 90, "two InUse GpuSlices of the Deployment's pods")
         assert {s["spec"]["pod"] for s in slices} == {s["metadata"]["name"] for s in slices}
