@@ -28,6 +28,7 @@ from gpuslice.agent.kube import Kube
 from gpuslice.agent.owners import ClaimOwner, lookup_owner
 from gpuslice.agent.prepare import NodePaths
 from gpuslice.agent.violations import ViolationEnforcer
+from gpuslice.domain.ledger import format_time
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import RegionFormatError, UsageSnapshot, read_usage, trim_region
 from gpuslice.shim.software import SoftwareState
@@ -41,7 +42,7 @@ log = logs.get(__name__)
 
 
 def _iso(unix: float) -> str:
-    return dt.datetime.fromtimestamp(int(unix), dt.UTC).isoformat().replace("+00:00", "Z")
+    return format_time(dt.datetime.fromtimestamp(int(unix), dt.UTC))
 
 
 def _cuda_version(v: int) -> str:
@@ -183,7 +184,7 @@ class UsageReporter:
         checkpoint = CheckpointStore(self.paths.state_dir / "checkpoint.json").load()
         records = [r for r in checkpoint.claims.values() if r.state == "Prepared" and r.devices]
         now_s = time.monotonic()
-        now_iso = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        now_iso = _iso(time.time())
         for record in records:
             known = self._states.get(record.uid)
             if known is None or not known.owner.settled:  # a pod's GpuSlice the operator had yet to make

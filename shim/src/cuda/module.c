@@ -55,10 +55,14 @@ static int device_arch(int *major, int *minor)
     return 0;
 }
 
+/* The driver's CUDA version, asked once: a runtime calls cuGetProcAddress hundreds of times at start. */
 static int driver_version(void)
 {
-    int v = 0;
+    static _Atomic int cached; /* 0: not known yet */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v != 0) return v;
     if (real_cuDriverGetVersion == NULL || real_cuDriverGetVersion(&v) != CUDA_SUCCESS) return 0;
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
     return v;
 }
 
