@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "probe_file.h"
+
 #define MIB (1024ull * 1024ull)
 
 static int fail(const char *call, cudaError_t rc)
@@ -65,27 +67,10 @@ static int cmd_alloc(int n, char **sizes)
     return 0;
 }
 
-static void *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = n > 0 ? aligned_alloc(64, ((size_t)n + 63) & ~(size_t)63) : NULL;
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 static int cmd_kernels(const char *path, const char *name)
 {
     size_t len = 0;
-    void *image = read_file(path, &len);
+    void *image = probe_read_file(path, &len);
     if (!image) {
         fprintf(stderr, "gpuslice-cudart-probe: cannot read %s\n", path);
         return 2;

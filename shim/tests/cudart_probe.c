@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../probe/probe_file.h"
+
 /* What nvcc's generated host code calls; exported by libcudart. */
 extern void **__cudaRegisterFatBinary(void *fatCubin);
 extern void __cudaRegisterFatBinaryEnd(void **fatCubinHandle);
@@ -41,23 +43,6 @@ static int check(const char *step, cudaError_t rc)
     printf("%s FAIL %d %s\n", step, (int)rc, cudaGetErrorName(rc));
     failures++;
     return 0;
-}
-
-static void *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = aligned_alloc(64, ((size_t)n + 63) & ~(size_t)63);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
 }
 
 static int cmd_version(void)
@@ -100,7 +85,7 @@ static char host_stub; /* the "host function" nvcc would register the kernel und
 static int cmd_all(const char *fatbin_path, const char *kernel)
 {
     size_t len = 0;
-    void *image = read_file(fatbin_path, &len);
+    void *image = probe_read_file(fatbin_path, &len);
     if (!image) {
         fprintf(stderr, "cannot read %s\n", fatbin_path);
         return 2;
@@ -247,7 +232,7 @@ static int cmd_all(const char *fatbin_path, const char *kernel)
 static int cmd_load(const char *fatbin_path, const char *kernel)
 {
     size_t len = 0;
-    void *image = read_file(fatbin_path, &len);
+    void *image = probe_read_file(fatbin_path, &len);
     if (!image) {
         fprintf(stderr, "cannot read %s\n", fatbin_path);
         return 2;
