@@ -51,12 +51,13 @@ typecheck: install
 	$(BIN)/mypy
 
 # Test files are spread over PYTEST_WORKERS processes (pytest-xdist), each file's tests in one of them
-# (they share its clusters); each worker starts its own devcluster. Most of the suite waits on
-# clusters, so two workers on two cores take about 2/3 of the serial time. PYTEST_WORKERS=0: serial.
+# (they share its clusters); each worker starts its own devcluster. Files go out longest first, in the
+# order tests/conftest.py sorts them (--no-loadscope-reorder: xdist would otherwise send files with
+# many tests first and the long single-test files last). PYTEST_WORKERS=0: serial.
 PYTEST_WORKERS ?= 2
 pytest: install shim
 	$(BIN)/gpuslice-dev devcluster build --with-node
-	$(BIN)/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

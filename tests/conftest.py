@@ -50,3 +50,20 @@ def namespace(cluster: DevCluster, request: pytest.FixtureRequest) -> Iterator[s
     cluster.create_namespace(name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _file_seconds(item: pytest.Item) -> float:
+    """About how long the item's file takes: `slow(seconds=N)` on the file, else 0."""
+    marker = item.get_closest_marker("slow")
+    return float(marker.kwargs.get("seconds", 0)) if marker else 0.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first, each file's tests kept together and in order: `make test` hands whole files to
+    its workers in this order (with --no-loadscope-reorder), so a file of several minutes (the API
+    server's outage) starts at once beside the others instead of last, alone, as the suite's tail."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    ordered = sorted(files.values(), key=lambda tests: -max(_file_seconds(t) for t in tests))
+    items[:] = [item for tests in ordered for item in tests]

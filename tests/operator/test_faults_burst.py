@@ -30,7 +30,7 @@ from support import apply, pod_doc, slice_doc, wait_for
 
 from .operator_cluster import REPO, TEST_LABEL, OperatorProcess, get, package_doc, publish_gpus
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=70)]
 BURST = int(os.environ.get("GPUSLICE_FAULT_BURST", "80"))
 NS_LABEL = "gpuslice-test/tenant"
 

@@ -26,7 +26,7 @@ from support import wait_for
 
 from .operator_cluster import REPO, OperatorProcess, get
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 #: batches of BATCH specs (the suite's 8 take about a minute; the README's figures used 40)
 EXAMPLES = int(os.environ.get("GPUSLICE_HOSTILE_EXAMPLES", "8"))
 BATCH = 30

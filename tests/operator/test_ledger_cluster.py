@@ -31,7 +31,7 @@ from support import apply, deployment_doc, pod_doc, slice_doc, wait_for
 
 from .operator_cluster import REPO, TEST_LABEL, OperatorProcess, get, package_doc, publish_gpus, tenant_rbac
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 NS_LABEL = "gpuslice-test/ledger"
 #: Allowed |billed - seen| seconds: the API's times have whole seconds, and the test polls.
 TOLERANCE = 3.0

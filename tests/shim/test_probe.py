@@ -169,9 +169,15 @@ def _share(stdout: str) -> float:
     return float(last.split()[1])
 
 
+#: microseconds per kernel where a burn must reach the whole card: each launch costs the host a wake-up
+#: on top of the kernel (the double's kernel is a sleep), a fraction of a millisecond on a loaded
+#: machine, which 1 ms kernels would count as idle GPU time; 20 ms kernels keep it a few percent
+LONG_KERNEL_US = "20000"
+
+
 def test_burn_takes_the_whole_card_without_a_limit(make_slice, gp: Path) -> None:
     s = make_slice(memory_bytes=LIMIT, compute_share=100)
-    result = run(s, [gp, "burn", "2"])
+    result = run(s, [gp, "burn", "2", LONG_KERNEL_US])
     assert result.returncode == 0, result.stderr
     assert any(line.startswith("progress t=1s launches=") for line in result.stdout.splitlines())
     assert 75 <= _share(result.stdout) <= 100
@@ -186,7 +192,9 @@ def test_burn_is_steered_toward_the_slice_share(make_slice, gp: Path) -> None:
 
 def test_burn_stopped_by_sigterm_still_reports_its_share(make_slice, gp: Path) -> None:
     s = make_slice(memory_bytes=LIMIT)
-    proc = subprocess.Popen([str(gp), "burn", "600"], env=env_of(s), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(gp), "burn", "600", LONG_KERNEL_US], env=env_of(s), stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("burn seconds=600 ")
     assert proc.stdout.readline().startswith("progress t=1s ")
