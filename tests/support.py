@@ -70,6 +70,26 @@ def get_json(cluster: DevCluster, *args: str, **kw: Any) -> Any:
     return json.loads(proc.stdout)
 
 
+def remove_operator_policies(cluster: DevCluster) -> None:
+    """The admission policies an operator applied outlive it: they admit writes to gpuslice-owned objects
+    by its identity only and refuse GPU tolerations outside tenant namespaces, so a file that started an
+    operator on the shared cluster removes them, or they judge the files that run after it."""
+    selector = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY_VALUE}"
+    for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
+        cluster.kubectl("delete", kind, "-l", selector, "--wait=false", check=False)
+
+
+def wait_until_not_terminating(cluster: DevCluster, namespace: str, timeout: float = 120) -> None:
+    """An earlier file may have deleted the namespace without waiting; nothing can be created in it until
+    it is gone."""
+
+    def settled() -> bool:
+        ns = get_json(cluster, "namespace", namespace)
+        return ns is None or not ns["metadata"].get("deletionTimestamp")
+
+    wait_for(settled, timeout, f"namespace {namespace} to finish terminating", interval=0.5)
+
+
 def apply(cluster: DevCluster, docs: list[dict[str, Any]], *, kubeconfig: Path | None = None) -> None:
     """Server-side apply, sent as JSON: YAML would turn a name like `n` into a boolean for Go."""
     cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), kubeconfig=kubeconfig)

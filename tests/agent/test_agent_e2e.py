@@ -42,7 +42,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster, node_manifest
 from gpuslice_dev.devcluster.node_agents import start_agents, stop_agents
 from support import get_json, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=80)]
 
 GPUS_PER_NODE = 2
 SPEC = f"{GPUS_PER_NODE}x {V100}"

@@ -11,7 +11,7 @@ import pytest
 
 from gpuslice_dev.devcluster.cluster import DevCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=80)]
 
 
 def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from gpuslice_dev.devcluster.realnode import crictl, dirs_of, start_real_nodes
 from node.node_cluster import TENANT, slice_pod
 from support import get_json, wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=100)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=230)]
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "real-node-0"

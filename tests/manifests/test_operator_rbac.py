@@ -28,7 +28,7 @@ import yaml
 
 from gpuslice import constants
 from gpuslice_dev.devcluster.cluster import DevCluster
-from support import get_json, wait_for
+from support import get_json, remove_operator_policies, wait_for, wait_until_not_terminating
 
 pytestmark = pytest.mark.cluster
 
@@ -63,6 +63,7 @@ def operator_kubeconfig(cluster: DevCluster, base: list[Doc]) -> Iterator[Path]:
     lease_role["metadata"]["name"] = lease_binding["metadata"]["name"] = lease_binding["roleRef"]["name"] = (
         f"gpuslice-op-ledger-{suffix}"
     )
+    wait_until_not_terminating(cluster, "gpuslice-system")
     cluster.create_namespace("gpuslice-system")
     cluster.apply(yaml.safe_dump_all([role, binding, lease_role, lease_binding]))
     try:
@@ -107,14 +108,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _remove_operator_policies(cluster: DevCluster) -> None:
-    """The policies this operator applied admit writes to gpuslice-owned objects by its identity
-    only; left behind, they would refuse the next operator's (or a test's) writes."""
-    selector = f"{constants.LABEL_MANAGED_BY}={constants.MANAGED_BY_VALUE}"
-    for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
-        cluster.kubectl("delete", kind, "-l", selector, "--wait=false", check=False)
 
 
 def test_operator_does_its_job_with_the_deployed_role(
@@ -220,7 +213,7 @@ def test_operator_does_its_job_with_the_deployed_role(
                 "patch", *args, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
             )
             cluster.kubectl("delete", *args, "--wait=false", check=False)
-        _remove_operator_policies(cluster)
+        remove_operator_policies(cluster)
     text = log.read_text(errors="replace")
     refused = [line for line in text.splitlines() if "Forbidden" in line or " 403" in line]
     assert refused == [], "\n".join(refused[:10])
@@ -313,4 +306,4 @@ def test_two_replicas_of_the_deployment_are_one_active_and_one_healthy_standby(
     finally:
         for proc, _, _, _ in replicas.values():
             _stop(proc)
-        _remove_operator_policies(cluster)
+        remove_operator_policies(cluster)

@@ -25,7 +25,7 @@ from gpuslice_dev.gpusim.build import ensure_built
 from node.node_cluster import PROBE, TENANT, delete, exec_in, run_pod, slice_pod
 from support import get_json, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=70)]
 NODE = "real-node-0"
 #: selected by the v100-8g entitlement like the tenant's own namespace, enforced `restricted`
 RESTRICTED_NS = "team-a-restricted"

@@ -25,7 +25,7 @@ from invariants import Invariants, real_node
 from node.node_cluster import TENANT, delete, run_pod, slice_pod
 from support import get_json, wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=360)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=420)]
 NODE = "real-node-0"
 #: seconds the API server stays down; client-go's and Kopf's longest backoffs are well under 300 (the
 #: kubelet/containerd kills are scheduled within it: shorter outages need their schedule re-checked)

@@ -25,7 +25,7 @@ from invariants import Invariants, real_node
 from node.node_cluster import GPU_SPEC, PROBE, TENANT, delete
 from support import get_json, wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=90)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=130)]
 LIVES, DIES = "real-node-0", "real-node-1"
 TOLERATION_SECONDS = 5
 

@@ -19,7 +19,7 @@ from invariants import Invariants, real_node
 from node.node_cluster import GPU_SPEC, TENANT, delete, run_pod, slice_pod
 from support import get_json, wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=45)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=110)]
 NODE = "real-node-0"
 STEADY = ("steady-0", "steady-1")
 

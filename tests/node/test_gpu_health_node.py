@@ -19,7 +19,7 @@ from gpuslice_dev.gpusim import faults
 from node.node_cluster import PROBE, TENANT, delete, slice_pod
 from support import get_json, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=90)]
 NODE = "real-node-0"
 PACKAGE = "v100-8g"
 

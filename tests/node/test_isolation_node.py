@@ -21,7 +21,7 @@ from gpuslice_dev.gpusim.build import ensure_built
 from node.node_cluster import GPU_SPEC, TENANT, delete, run_pod, slice_pod
 from support import get_json, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 NODE = "real-node-0"
 GIB = 1024**3
 UNSAFE = b'[nvidia-container-runtime]\nmode = "legacy"\n'

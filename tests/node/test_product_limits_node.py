@@ -29,7 +29,7 @@ operator_cluster = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(operator_cluster)
 tenant_rbac, wait_status = operator_cluster.tenant_rbac, operator_cluster.wait_status
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 PRODUCT = "gpuslice.io/v100-8g"
 OUTSIDER = "no-entitlement"
 DEVICES = c.quota_key("v100-8g")

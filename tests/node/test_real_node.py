@@ -23,7 +23,7 @@ from gpuslice_dev.devcluster.realnode import dirs_of, leftovers, start_real_node
 from node.node_cluster import GPU_SPEC, TENANT, delete, exec_in, run_pod, slice_pod
 from support import get_json, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=150)]
 NODE = "real-node-0"
 
 

@@ -26,11 +26,11 @@ from gpuslice import constants as c
 from gpuslice_dev.devcluster import faults
 from gpuslice_dev.devcluster.cluster import DevCluster
 from invariants import Invariants
-from support import apply, pod_doc, slice_doc, wait_for
+from support import apply, pod_doc, remove_operator_policies, slice_doc, wait_for
 
 from .operator_cluster import REPO, TEST_LABEL, OperatorProcess, get, package_doc, publish_gpus
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=70)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=170)]
 BURST = int(os.environ.get("GPUSLICE_FAULT_BURST", "80"))
 NS_LABEL = "gpuslice-test/tenant"
 
@@ -117,6 +117,7 @@ def tenant(cluster: DevCluster, namespace: str) -> Iterator[Tenant]:
     cluster.apply_crds()
     t = Tenant(cluster, namespace)
     yield t
+    remove_operator_policies(cluster)  # the test's operators are stopped by now
 
 
 def test_scheduler_and_controller_manager_killed_during_a_burst(

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
 from invariants import Invariants
-from support import wait_for
+from support import remove_operator_policies, wait_for
 
 from .operator_cluster import REPO, OperatorProcess, get
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=170)]
 #: batches of BATCH specs (the suite's 8 take about a minute; the README's figures used 40)
 EXAMPLES = int(os.environ.get("GPUSLICE_HOSTILE_EXAMPLES", "8"))
 BATCH = 30
@@ -111,6 +111,7 @@ def hostile(
         cluster.kubectl("delete", "gpuslices.gpuslice.io", "--all", "-n", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", NS_LABEL, "--timeout=120s", check=False)
         op.stop()
+        remove_operator_policies(cluster)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 

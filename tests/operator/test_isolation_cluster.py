@@ -37,7 +37,7 @@ from .operator_cluster import (
     wait_status,
 )
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=110)]
 NS_LABEL = "gpuslice-test/isolation"
 
 

@@ -27,11 +27,11 @@ import pytest
 
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
-from support import apply, deployment_doc, pod_doc, slice_doc, wait_for
+from support import apply, deployment_doc, pod_doc, remove_operator_policies, slice_doc, wait_for
 
 from .operator_cluster import REPO, TEST_LABEL, OperatorProcess, get, package_doc, publish_gpus, tenant_rbac
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=140)]
 NS_LABEL = "gpuslice-test/ledger"
 #: Allowed |billed - seen| seconds: the API's times have whole seconds, and the test polls.
 TOLERANCE = 3.0
@@ -57,6 +57,7 @@ def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
         )
         cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", TEST_LABEL, "--timeout=60s", check=False)
         op.stop()
+        remove_operator_policies(cluster)
         cluster.kubectl("delete", "resourceslices", "-l", TEST_LABEL, check=False)
         if BILLING_ERRORS:
             worst = max(BILLING_ERRORS)

@@ -39,7 +39,7 @@ from .operator_cluster import (
     wait_status,
 )
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=320)]
 NS_LABEL = "gpuslice-test/tenant"
 #: The module's operator resyncs every slice this often (the product default is 30 s): the at-rest
 #: test then sees a full resync in less time.

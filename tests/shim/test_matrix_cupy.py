@@ -9,6 +9,7 @@ import pytest
 
 from shim.matrix import CLIENTS, GIB, MODES, Holder, Tenant, cupy_pythonpath, explain, facts, tenant
 
+pytestmark = pytest.mark.slow(seconds=60)
 SCRIPT = str(CLIENTS / "cupy_paths.py")
 
 

@@ -27,7 +27,10 @@ LIMIT = 8 * GIB
 @pytest.mark.parametrize("kind", ["kernel", "ex", "coop", "graph"])
 def test_share_25_is_reached_in_steady_state(make_slice, built, kind):
     s = make_slice(memory_bytes=LIMIT, compute_share=25)
-    result = run(s, [probe(built), "launch", "5", "1000", kind])
+    # 10 ms kernels: on a loaded host each launch's wake-up (the double's kernel is a sleep) can take
+    # milliseconds, which with 1 ms kernels alone would hold the GPU near 25 % and leave the throttle
+    # nothing to do; the kernel must dominate for the throttle's part to be measured
+    result = run(s, [probe(built), "launch", "5", "10000", kind])
     assert result.returncode == 0, result.stderr
     busy = float(values(result.stdout)["busy_fraction"])
     assert 0.15 <= busy <= 0.35, f"{kind}: busy {busy:.2f} with share 25"
@@ -53,7 +56,11 @@ def test_the_agents_utilization_figure_drives_the_throttle(make_slice, built):
     keeping the GPU busy is left alone even at share 20."""
     s = make_slice(memory_bytes=LIMIT, compute_share=20)
     proc = subprocess.Popen(
-        [str(probe(built)), "launch", "3", "1000", "kernel"], env=env_of(s), stdout=subprocess.PIPE, text=True
+        # 20 ms kernels: see test_share_100_never_throttles
+        [str(probe(built)), "launch", "3", "20000", "kernel"],
+        env=env_of(s),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     stop = threading.Event()
     util = create_utilization_file(utilization_file_for(s.config_path))

@@ -153,21 +153,32 @@ def test_totals_are_never_above_the_card(make_slice, built):
 def test_utilization_is_the_slices_own_as_a_share_of_its_quota(make_slice, built):
     # another tenant keeps the card busy: the slice does not see it
     s = make_slice(memory_bytes=LIMIT, compute_share=50)
-    other = _outsider(s, built, "launch", "3", "1000", "kernel")
-    time.sleep(2)
-    inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
-    card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
-    other.wait(timeout=60)
+    # the launching processes run until both views are read (on a loaded machine starting two Pythons
+    # with NVML can take seconds: a launch of fixed length could end before the card is read)
+    other = _outsider(s, built, "launch", "120", "1000", "kernel")
+    try:
+        time.sleep(2)
+        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+    finally:
+        other.kill()
+        other.wait(timeout=60)
     assert int(card["gpu_util"]) >= 50
     assert int(inside["gpu_util"]) == 0
     # the slice's own work reads as a share of its quota: half the card is 100 % of a 50 % slice
     burner = subprocess.Popen(
-        [str(probe(built)), "launch", "4", "1000", "kernel"], env=env_of(s), stdout=subprocess.PIPE, text=True
+        [str(probe(built)), "launch", "120", "1000", "kernel"],
+        env=env_of(s),
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    time.sleep(3)
-    inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
-    card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
-    burner.wait(timeout=60)
+    try:
+        time.sleep(3)
+        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+    finally:
+        burner.kill()
+        burner.wait(timeout=60)
     expected = min(100, 2 * int(card["gpu_util"]))
     assert int(card["gpu_util"]) > 10
     assert abs(int(inside["gpu_util"]) - expected) <= 25, (inside["gpu_util"], card["gpu_util"])

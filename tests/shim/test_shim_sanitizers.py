@@ -9,6 +9,8 @@ import pytest
 
 from gpuslice_dev.gpusim.build import SHIM_SOURCE_DIR
 
+pytestmark = pytest.mark.slow(seconds=160)
+
 
 @pytest.mark.parametrize("target", ["asan", "tsan"])
 def test_c_suite_is_clean_under_sanitizer(target, built):
