@@ -53,8 +53,10 @@ typecheck: install
 # Test files are spread over PYTEST_WORKERS processes (pytest-xdist), each file's tests in one of them
 # (they share its clusters); each worker starts its own devcluster. Files go out longest first, in the
 # order tests/conftest.py sorts them (--no-loadscope-reorder: xdist would otherwise send files with
-# many tests first and the long single-test files last). PYTEST_WORKERS=0: serial.
-PYTEST_WORKERS ?= 2
+# many tests first and the long single-test files last). Four workers on two cores: most of the suite
+# waits on clusters, and one worker spends about 6 minutes in the API server outage file, mostly
+# asleep, while the other three share the rest. PYTEST_WORKERS=0: serial.
+PYTEST_WORKERS ?= 4
 pytest: install shim
 	$(BIN)/gpuslice-dev devcluster build --with-node
 	$(BIN)/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
