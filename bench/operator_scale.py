@@ -76,6 +76,11 @@ def dump(*_):
     with open({out!r}, "a") as fh:
         current, peak = tracemalloc.get_traced_memory()
         fh.write(f"=== traced now {{current / 2**20:.1f}} MiB, peak {{peak / 2**20:.1f}} MiB\\n")
+        for key in ("filename", "lineno"):
+            fh.write(f"--- by {{key}}\\n")
+            for stat in snap.statistics(key)[:30]:
+                fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} {{stat.traceback.format()[0].strip()}}\\n")
+        fh.write("--- by traceback\\n")
         for stat in snap.statistics("traceback")[:25]:
             fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} blocks\\n")
             for line in stat.traceback.format()[-8:]:
