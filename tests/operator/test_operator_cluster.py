@@ -50,7 +50,13 @@ RESYNC_SECONDS = 10
 def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     cluster.apply_crds()
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(cluster, log, f"--metrics-port={free_port()}", f"--resync-seconds={RESYNC_SECONDS}")
+    op = OperatorProcess(
+        cluster,
+        log,
+        f"--metrics-port={free_port()}",
+        f"--resync-seconds={RESYNC_SECONDS}",
+        "--max-gpuslices-per-namespace=1000",  # the scale test puts 150 slices in one namespace
+    )
     op.start()
     try:
         wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
