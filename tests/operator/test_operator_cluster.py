@@ -239,7 +239,7 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     count = wait_for(
         lambda: get(world.cluster, "resourcequota", c.COUNT_QUOTA_NAME, "-n", world.namespace), 30
     )
-    assert count["spec"]["hard"] == {c.SLICE_COUNT_KEY: "100"}
+    assert count["spec"]["hard"] == {c.SLICE_COUNT_KEY: "1k"}  # this module's operator: 1000
     # What the tenant sees (lesson 6 of the field report).
     out = world.cluster.kubectl("get", "resourcequota", "-n", world.namespace, "-o", "yaml").stdout
     assert f"{world.pkg('8g')}.gpuslice.io.deviceclass.resource.k8s.io/devices" in out
