@@ -31,7 +31,8 @@ def test_a_tenant_gets_a_count_quota_of_its_own_at_the_configured_limit() -> Non
     assert quota["spec"]["hard"] == {KEY: "7"}
     # The entitlement quota does not hold the count: a count unknown there would hold up pods too.
     assert KEY not in (state.quota() or {})["spec"]["hard"]
-    assert tenant_state("ns", {"t": "a"}, PACKAGES).count_quota()["spec"]["hard"] == {KEY: "100"}  # type: ignore[index]
+    default = tenant_state("ns", {"t": "a"}, PACKAGES).count_quota()
+    assert default is not None and default["spec"]["hard"] == {KEY: "100"}
     assert tenant_state("ns", {"t": "b"}, PACKAGES, max_slices=7).count_quota() is None
 
 
