@@ -23,6 +23,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.domain.tenancy import (
     ObservedTenant,
+    TenantState,
     changes,
     count_quota_action,
     count_quota_nudges,
@@ -54,6 +55,18 @@ def live_packages(
     return out
 
 
+def desired_tenant(
+    namespace: str, labels: dict[str, str], state: OperatorState, idx: Indexes, exclude: str | None = None
+) -> TenantState:
+    return tenant_state(
+        namespace,
+        labels,
+        live_packages(idx.packages, exclude),
+        state.config.pod_security,
+        state.config.max_slices_per_namespace,
+    )
+
+
 async def reconcile_namespace(
     namespace: str,
     state: OperatorState,
@@ -64,13 +77,7 @@ async def reconcile_namespace(
     if ns is None or ns.terminating:
         state.unsynced_namespaces.discard(namespace)
         return
-    desired = tenant_state(
-        namespace,
-        ns.labels,
-        live_packages(idx.packages, exclude),
-        state.config.pod_security,
-        state.config.max_slices_per_namespace,
-    )
+    desired = desired_tenant(namespace, ns.labels, state, idx, exclude)
     quotas = {q.name: q for q in values(idx.quotas, namespace)}
     ours, count = quotas.get(c.QUOTA_NAME), quotas.get(c.COUNT_QUOTA_NAME)
     observed = ObservedTenant(
@@ -152,20 +159,15 @@ async def recount_slice_counts(state: OperatorState, idx: Indexes) -> None:
     )
     for namespace in due:
         ns = one(idx.namespaces, namespace)
-        desired = tenant_state(
-            namespace,
-            ns.labels if ns else {},
-            live_packages(idx.packages),
-            state.config.pod_security,
-            state.config.max_slices_per_namespace,
-        )
-        if ns is None or ns.terminating or not desired.tenant:
+        desired = desired_tenant(namespace, ns.labels, state, idx) if ns and not ns.terminating else None
+        if desired is None or not desired.tenant:  # nothing to count any more
             state.slice_count_unknown.pop(namespace, None)
             continue
         state.slice_count_unknown[namespace] = now
         try:
             for limit in count_quota_steps(desired.max_slices):
-                await state.kube.apply(desired.count_quota(limit) or {})
+                if (body := desired.count_quota(limit)) is not None:
+                    await state.kube.apply(body)
         except ApiError as exc:
             log.warning("GpuSlice count re-count refused; tried again", namespace=namespace, error=str(exc))
             continue
