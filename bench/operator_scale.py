@@ -445,7 +445,10 @@ class Run:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "operator")}
         argv = [
             sys.executable, "-m", "gpuslice", "operator", f"--kubeconfig={self.cluster.kubeconfig}",
-            f"--metrics-port={self.metrics_port}", *self.args.operator_arg,
+            f"--metrics-port={self.metrics_port}",
+            # every slice of the burst is in one tenant namespace
+            f"--max-gpuslices-per-namespace={self.args.slices + self.args.probes}",
+            *self.args.operator_arg,
         ]  # fmt: skip
         if self.args.tracemalloc or self.args.memstats:
             kind, wrapper = (

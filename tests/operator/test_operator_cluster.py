@@ -50,7 +50,13 @@ RESYNC_SECONDS = 10
 def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     cluster.apply_crds()
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(cluster, log, f"--metrics-port={free_port()}", f"--resync-seconds={RESYNC_SECONDS}")
+    op = OperatorProcess(
+        cluster,
+        log,
+        f"--metrics-port={free_port()}",
+        f"--resync-seconds={RESYNC_SECONDS}",
+        "--max-gpuslices-per-namespace=1000",  # the scale test puts 150 slices in one namespace
+    )
     op.start()
     try:
         wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
@@ -229,6 +235,11 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     assert hard[c.quota_key(world.pkg("8g"))] == "3" and hard[c.quota_key(world.pkg("32g"))] == "3"
     # Every other package in the cluster is listed with 0: a missing key would not limit it at all.
     assert all(v == "0" for k, v in hard.items() if world.token not in k)
+    # How many GpuSlice objects the namespace may hold, whatever its entitlements: a quota of its own.
+    count = wait_for(
+        lambda: get(world.cluster, "resourcequota", c.COUNT_QUOTA_NAME, "-n", world.namespace), 30
+    )
+    assert count["spec"]["hard"] == {c.SLICE_COUNT_KEY: "1k"}  # this module's operator: 1000
     # What the tenant sees (lesson 6 of the field report).
     out = world.cluster.kubectl("get", "resourcequota", "-n", world.namespace, "-o", "yaml").stdout
     assert f"{world.pkg('8g')}.gpuslice.io.deviceclass.resource.k8s.io/devices" in out
@@ -237,6 +248,7 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     try:
         time.sleep(2)
         assert get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", other) is None
+        assert get(world.cluster, "resourcequota", c.COUNT_QUOTA_NAME, "-n", other) is None
     finally:
         world.cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
     status = wait_for(
@@ -273,9 +285,12 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     # The entitlement goes: quota and label go with it.
     world.cluster.kubectl("label", "namespace", world.namespace, f"{NS_LABEL}-")
     wait_for(
-        lambda: get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", world.namespace) is None,
+        lambda: all(
+            get(world.cluster, "resourcequota", name, "-n", world.namespace) is None
+            for name in (c.QUOTA_NAME, c.COUNT_QUOTA_NAME)
+        ),
         30,
-        "quota removed",
+        "quotas removed",
     )
     ns = get(world.cluster, "namespace", world.namespace)
     assert c.LABEL_TENANT not in ns["metadata"]["labels"]
