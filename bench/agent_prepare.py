@@ -235,23 +235,27 @@ def run(args: argparse.Namespace, cluster: DevCluster, workdir: Path, agents: li
     # many claims are prepared already?
     first, last = [], []
     wall = {"prepare_serial": 0.0, "prepare_concurrent": 0.0}  # seconds to prepare every claim
+    cpu_used = dict.fromkeys(wall, 0.0)  # CPU seconds the measured agent used for it
     eighth = max(1, args.claims // 8)
     for r in range(args.rounds):
         round_times = []
+        cpu0 = cpu_seconds(big.proc.pid)
         for claim in claims:
             round_times.append(big.prepare(claim))
             wall["prepare_serial"] += round_times[-1]
             times["base_prepare"].append(base.prepare(base_claim))
             times["base_unprepare"].append(base.unprepare(base_claim))
+        cpu_used["prepare_serial"] += cpu_seconds(big.proc.pid) - cpu0
         times["prepare_serial"] += round_times
         first += round_times[:eighth]
         last += round_times[-eighth:]
         big.note_rss(f"round {r + 1}: {args.claims} prepared one at a time")
         times["unprepare_serial"] += [big.unprepare(claim) for claim in claims]
         big.note_rss(f"round {r + 1}: all unprepared")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds(big.proc.pid)
         times["prepare_concurrent"] += in_flight(big.prepare, claims, args.concurrency)
         wall["prepare_concurrent"] += time.perf_counter() - t0
+        cpu_used["prepare_concurrent"] += cpu_seconds(big.proc.pid) - cpu0
         big.note_rss(f"round {r + 1}: {args.claims} prepared {args.concurrency} in flight")
         times["unprepare_concurrent"] += in_flight(big.unprepare, claims, args.concurrency)
         log(f"round {r + 1} of {args.rounds} done")
@@ -260,11 +264,11 @@ def run(args: argparse.Namespace, cluster: DevCluster, workdir: Path, agents: li
     base.prepare(base_claim)
     log(f"{args.claims} + 1 claims prepared; letting the usage reporter run")
     time.sleep(SETTLE)
-    cpu0 = {a.node: cpu_seconds(a.proc.pid) for a in agents}
+    at_rest = {a.node: cpu_seconds(a.proc.pid) for a in agents}
     t0 = time.monotonic()
     time.sleep(args.rest)
     elapsed = time.monotonic() - t0
-    cpu = {a.node: round((cpu_seconds(a.proc.pid) - cpu0[a.node]) / elapsed * 100, 2) for a in agents}
+    cpu = {a.node: round((cpu_seconds(a.proc.pid) - at_rest[a.node]) / elapsed * 100, 2) for a in agents}
     big.note_rss(f"{args.claims} prepared, at rest")
     base.note_rss("1 prepared, at rest")
 
@@ -284,6 +288,9 @@ def run(args: argparse.Namespace, cluster: DevCluster, workdir: Path, agents: li
         "latency_ms": figures,
         "prepare_vs_baseline": ratios,
         "prepared_claims_per_second": {k: round(args.claims * args.rounds / v, 1) for k, v in wall.items()},
+        "agent_cpu_ms_per_prepare": {
+            k: round(v * 1000 / (args.claims * args.rounds), 1) for k, v in cpu_used.items()
+        },
         "prepare_serial_p50_first_vs_last_eighth_ms": [
             round(statistics.median(first) * 1000, 1),
             round(statistics.median(last) * 1000, 1),
@@ -321,6 +328,11 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"claims prepared per second: {rate['prepare_serial']} one at a time, "
         f"{rate['prepare_concurrent']} {k} in flight"
+    )
+    cpu = report["agent_cpu_ms_per_prepare"]
+    print(
+        f"agent CPU per prepare: {cpu['prepare_serial']} ms one at a time, "
+        f"{cpu['prepare_concurrent']} ms {k} in flight"
     )
     a, b = report["prepare_serial_p50_first_vs_last_eighth_ms"]
     print(f"prepare one at a time, p50 of the first / last {n // 8} claims of a round: {a} / {b} ms")
