@@ -235,7 +235,8 @@ def run(args: argparse.Namespace, cluster: DevCluster, workdir: Path, agents: li
     # many claims are prepared already?
     first, last = [], []
     wall = {"prepare_serial": 0.0, "prepare_concurrent": 0.0}  # seconds to prepare every claim
-    cpu_used = dict.fromkeys(wall, 0.0)  # CPU seconds the measured agent used for it
+    # CPU seconds the measured agent used in those phases (its background loops included)
+    cpu_used = dict.fromkeys(wall, 0.0)
     eighth = max(1, args.claims // 8)
     for r in range(args.rounds):
         round_times = []
