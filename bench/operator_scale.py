@@ -79,7 +79,11 @@ def dump(*_):
         for key in ("filename", "lineno"):
             fh.write(f"--- by {{key}}\\n")
             for stat in snap.statistics(key)[:30]:
-                fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} {{stat.traceback.format()[0].strip()}}\\n")
+                where = stat.traceback.format()[0].strip()
+                fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} {{where}}\\n")
+        with open({out!r} + ".lines", "w") as lines:
+            for stat in snap.statistics("lineno"):
+                lines.write(f"{{stat.size}} {{stat.count}} {{stat.traceback.format()[0].strip()}}\\n")
         fh.write("--- by traceback\\n")
         for stat in snap.statistics("traceback")[:25]:
             fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} blocks\\n")

@@ -6,10 +6,13 @@ entitled to its own namespace, and publishes its own GPUs by hand the way the no
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -22,6 +25,8 @@ import pytest
 import yaml
 
 from gpuslice import constants as c
+from gpuslice.operator.kube import MAX_WRITES_IN_FLIGHT
+from gpuslice.operator.run import POSTING_WORKERS
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
 from support import apply, argocd_health, deployment_doc, pod_doc, slice_doc, wait_for
 
@@ -999,12 +1004,36 @@ def _metric_sum(op: OperatorProcess, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+def _sockets(pid: int) -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return n
+
+
+class SocketPeak(threading.Thread):
+    """The most sockets a process held at once while this ran (sampled every 50 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            self.peak = max(self.peak, _sockets(self.pid))
+
+
 def test_many_slices_cost_a_bounded_number_of_writes_and_none_at_rest(
     world: World, operator: OperatorProcess
 ) -> None:
     n = 150
     world.packages({"8g": 25}, slices=1000)
     _tenant_ok(world)
+    assert operator.proc is not None
+    idle_sockets = _sockets(operator.proc.pid)
+    sockets = SocketPeak(operator.proc.pid)
+    sockets.start()
     claims_before = _metric_sum(operator, 'gpuslice_operator_writes_total{kind="ResourceClaim"')
     status_before = _metric_sum(operator, 'gpuslice_operator_status_updates_total{kind="GpuSlice"')
     started = time.monotonic()
@@ -1018,13 +1047,19 @@ def test_many_slices_cost_a_bounded_number_of_writes_and_none_at_rest(
 
     wait_for(settled, 180, f"{n} slices with claims")
     took = time.monotonic() - started
+    sockets.done.set()
+    sockets.join()
     claims = _metric_sum(operator, 'gpuslice_operator_writes_total{kind="ResourceClaim"') - claims_before
     statuses = _metric_sum(operator, 'gpuslice_operator_status_updates_total{kind="GpuSlice"') - status_before
     print(
         f"\n[scale] {n} GpuSlices -> claims and status in {took:.1f}s: {claims:.0f} claim applies, "
-        f"{statuses:.0f} status patches"
+        f"{statuses:.0f} status patches; sockets {idle_sockets} idle, {sockets.peak} at most"
     )
     assert claims == n  # one apply per slice: none repeated while the watch catches up
+    # Connections to the API server do not grow with the slices: the writes' pool and a few Event
+    # posters (each TLS connection holds ~0.2 MiB; Kopf's posting pool has no limit of its own).
+    bound = idle_sockets + MAX_WRITES_IN_FLIGHT + POSTING_WORKERS + 4
+    assert sockets.peak <= bound, (idle_sockets, sockets.peak)
     events = json.loads(world.cluster.kubectl("get", "events", "-n", world.namespace, "-o", "json").stdout)[
         "items"
     ]
