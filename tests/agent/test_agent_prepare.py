@@ -212,6 +212,38 @@ async def test_gpu_memory_gauges_count_what_prepared_slices_hold(tmp_path: Path)
     assert _gpu_gauge("gpuslice_gpu_memory_allocated_bytes", "node-gauges") == 0
 
 
+async def test_claims_prepared_together_read_the_api_server_together(tmp_path: Path) -> None:
+    # kubelet prepares the claims of pods that start together in concurrent calls: one claim's reads
+    # of the API server (a round trip each) must not wait until another claim is prepared.
+    paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", Path("/opt/gs/libgpuslice.so"))
+    uids = {"job-a": UID, "job-b": "7b4d2e1f-1111-2222-3333-444455556666"}
+    devices = {"job-a": "gpu-1-v100-8g-2", "job-b": "gpu-1-v100-8g-3"}
+    reading: set[str] = set()
+    both_reading = asyncio.Event()
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        reading.add(name)
+        if len(reading) == 2:
+            both_reading.set()
+        await both_reading.wait()  # the API server answers once both reads are in flight
+        the_claim = claim([result(devices[name])], uid=uids[name])
+        the_claim["metadata"]["name"] = name
+        return the_claim
+
+    async def list_slices() -> list[dict[str, Any]]:
+        return published_slices()
+
+    preparer = Preparer("node-a", paths, fetch, list_slices)
+    prepared = await asyncio.wait_for(
+        asyncio.gather(*(preparer.prepare("team-a", name, uid) for name, uid in uids.items())), timeout=5
+    )
+    assert [[d.device for d in p] for p in prepared] == [[devices["job-a"]], [devices["job-b"]]]
+    assert {uid: r.state for uid, r in preparer.checkpoint.claims.items()} == dict.fromkeys(
+        uids.values(), "Prepared"
+    )
+    assert all(paths.cdi_spec(uid).exists() for uid in uids.values())
+
+
 async def test_prepare_reads_the_claim_and_the_slices_at_once(tmp_path: Path) -> None:
     # kubelet makes the pod's sandbox only once prepare answers: the two reads are not made in turn.
     paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", Path("/opt/gs/libgpuslice.so"))
