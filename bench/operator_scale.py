@@ -76,6 +76,15 @@ def dump(*_):
     with open({out!r}, "a") as fh:
         current, peak = tracemalloc.get_traced_memory()
         fh.write(f"=== traced now {{current / 2**20:.1f}} MiB, peak {{peak / 2**20:.1f}} MiB\\n")
+        for key in ("filename", "lineno"):
+            fh.write(f"--- by {{key}}\\n")
+            for stat in snap.statistics(key)[:30]:
+                where = stat.traceback.format()[0].strip()
+                fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} {{where}}\\n")
+        with open({out!r} + ".lines", "w") as lines:
+            for stat in snap.statistics("lineno"):
+                lines.write(f"{{stat.size}} {{stat.count}} {{stat.traceback.format()[0].strip()}}\\n")
+        fh.write("--- by traceback\\n")
         for stat in snap.statistics("traceback")[:25]:
             fh.write(f"{{stat.size / 2**20:8.2f}} MiB {{stat.count:8d}} blocks\\n")
             for line in stat.traceback.format()[-8:]:
@@ -440,7 +449,10 @@ class Run:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "operator")}
         argv = [
             sys.executable, "-m", "gpuslice", "operator", f"--kubeconfig={self.cluster.kubeconfig}",
-            f"--metrics-port={self.metrics_port}", *self.args.operator_arg,
+            f"--metrics-port={self.metrics_port}",
+            # every slice of the burst is in one tenant namespace
+            f"--max-gpuslices-per-namespace={self.args.slices + self.args.probes}",
+            *self.args.operator_arg,
         ]  # fmt: skip
         if self.args.tracemalloc or self.args.memstats:
             kind, wrapper = (

@@ -6,10 +6,11 @@ Starts a fresh devcluster (control plane + one kwok node), then one real node (k
 runc, CNI); measures
 - `up` time: the control plane alone, then what the real node adds (containerd, image import,
   kubelet until the Node is Ready);
-- pod create -> Running latency, one pod after the other (median and max of `--pods`), for plain
-  probe-image pods on the real node against the same pods on the kwok node (kwok plays the kubelet,
-  so the ratio is what a real kubelet + runtime add);
-- the same for GpuSlice pods on the real node (operator + agent + DRA prepare + CDI);
+- pod create -> Running latency, one pod after the other (median, quartiles and extremes of `--pods`),
+  for plain probe-image pods on the kwok node (kwok plays the kubelet), then for plain and GpuSlice
+  pods on the real node, alternating, so the machine's load weighs on both alike: the GpuSlice/plain
+  ratio (operator + agent + DRA allocation and prepare + CDI + the slice's seccomp profile) is taken
+  within one run, of the medians and pair by pair;
 - idle RSS of kubelet + containerd after the pods are gone.
 Prints a table, then one line with the ratios (or JSON with --json).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -53,26 +55,52 @@ def running(cluster: DevCluster, name: str) -> bool:
     return out.stdout == "Running"
 
 
-def latencies(cluster: DevCluster, node: str, count: int, *, slices: bool = False) -> list[float]:
-    times = []
+def one_pod(cluster: DevCluster, node: str, name: str, *, sliced: bool) -> float:
+    """Create one pod (a GpuSlice's when `sliced`), time create -> Running, then delete it (and its
+    slice and claim, so the namespace's slice quota is free for the next one)."""
+    if sliced:
+        meta = {"name": name, "namespace": NS}
+        gpuslice = {"apiVersion": "gpuslice.io/v1alpha1", "kind": "GpuSlice", "metadata": meta}
+        cluster.apply(json.dumps(gpuslice | {"spec": {"package": "v100-8g"}}))
+    started = time.monotonic()
+    cluster.apply(json.dumps(pod(name, node, claim=name if sliced else None)))
+    while not running(cluster, name):
+        if time.monotonic() - started > 120:
+            raise SystemExit(f"pod {name} not Running after 120 s")
+        time.sleep(0.05)
+    took = time.monotonic() - started
+    cluster.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--grace-period=0", "--force")
+    if sliced:
+        cluster.kubectl("delete", "gpuslice", name, "-n", NS, "--wait=true")
+        # the claim goes by garbage collection, after the slice; until then it counts in the quota
+        cluster.kubectl(
+            "wait", "--for=delete", f"resourceclaim/{name}", "-n", NS, "--timeout=60s", check=False
+        )
+    return took
+
+
+def latencies(cluster: DevCluster, node: str, count: int) -> list[float]:
+    return [one_pod(cluster, node, f"plain-{node}-{i}", sliced=False) for i in range(count)]
+
+
+def interleaved(cluster: DevCluster, node: str, count: int) -> tuple[list[float], list[float]]:
+    """`count` plain and `count` GpuSlice pods on `node`, alternating (plain first, then slice first),
+    so the machine's load at any moment weighs on both alike."""
+    plain: list[float] = []
+    sliced: list[float] = []
     for i in range(count):
-        name = f"{'slice' if slices else 'plain'}-{node}-{i}"
-        docs = [pod(name, node, claim=name if slices else None)]
-        if slices:
-            meta = {"name": name, "namespace": NS}
-            gpuslice = {"apiVersion": "gpuslice.io/v1alpha1", "kind": "GpuSlice", "metadata": meta}
-            cluster.apply(json.dumps(gpuslice | {"spec": {"package": "v100-8g"}}))
-        started = time.monotonic()
-        cluster.apply(json.dumps(docs[0]))
-        while not running(cluster, name):
-            if time.monotonic() - started > 120:
-                raise SystemExit(f"pod {name} not Running after 120 s")
-            time.sleep(0.05)
-        times.append(time.monotonic() - started)
-        cluster.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--grace-period=0", "--force")
-        if slices:
-            cluster.kubectl("delete", "gpuslice", name, "-n", NS, "--wait=true")
-    return times
+        order = (False, True) if i % 2 == 0 else (True, False)
+        for is_slice in order:
+            name = f"{'slice' if is_slice else 'plain'}-{node}-{i}"
+            (sliced if is_slice else plain).append(one_pod(cluster, node, name, sliced=is_slice))
+    return plain, sliced
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, interquartile range and extremes, in seconds."""
+    q1, med, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    named = {"median": med, "p25": q1, "p75": q3, "min": min(values), "max": max(values)}
+    return {k: round(v, 3) for k, v in named.items()}
 
 
 def rss_mib(cluster: DevCluster, node: str) -> dict[str, float]:
@@ -104,41 +132,47 @@ def main() -> int:
                                            "--kubeconfig", str(cluster.kubeconfig)])  # fmt: skip
         start_agents(cluster, "1x Tesla V100-PCIE-32GB")
         kwok = latencies(cluster, "kwok-node-0", args.pods)
-        real = latencies(cluster, "real-node-0", args.pods)
-        sliced = latencies(cluster, "real-node-0", args.pods, slices=True)
+        real, sliced = interleaved(cluster, "real-node-0", args.pods)
+        load = os.getloadavg()
         time.sleep(10)  # let the node settle after the last pod
         rss = rss_mib(cluster, "real-node-0")
     finally:
         cluster.down()
+    pods = {"kwok": spread(kwok), "real": spread(real), "real_gpuslice": spread(sliced)}
+    ratios = [s / p for p, s in zip(real, sliced, strict=True)]
     result = {
         "control_plane_up_s": round(control_plane, 2),
         "real_node_up_s": round(real_node_up, 2),
-        "pod_running_median_s": {
-            "kwok": round(statistics.median(kwok), 3),
-            "real": round(statistics.median(real), 3),
-            "real_gpuslice": round(statistics.median(sliced), 3),
-        },
-        "pod_running_max_s": {
-            "kwok": round(max(kwok), 3),
-            "real": round(max(real), 3),
-            "real_gpuslice": round(max(sliced), 3),
+        "pod_running_s": pods,
+        "gpuslice_over_real": {
+            "of_medians": round(pods["real_gpuslice"]["median"] / pods["real"]["median"], 3),
+            "pairs": spread(ratios),
         },
         "idle_rss_mib": {k: round(v, 1) for k, v in rss.items()} | {"total": round(sum(rss.values()), 1)},
         "pods": args.pods,
+        "load_average_1m": round(load[0], 2),
     }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    med = result["pod_running_median_s"]
-    print(f"{'':34}{'median s':>10}{'max s':>10}")
-    for key, label in (("kwok", "pod -> Running, kwok node"), ("real", "pod -> Running, real node"),
-                       ("real_gpuslice", "GpuSlice pod -> Running, real node")):  # fmt: skip
-        print(f"{label:34}{med[key]:>10.3f}{result['pod_running_max_s'][key]:>10.3f}")
+    print(f"{'pod create -> Running':34}{'median s':>10}{'p25':>8}{'p75':>8}{'min':>8}{'max':>8}")
+    for key, label in (("kwok", "plain pod, kwok node"), ("real", "plain pod, real node"),
+                       ("real_gpuslice", "GpuSlice pod, real node")):  # fmt: skip
+        row = pods[key]
+        print(
+            f"{label:34}{row['median']:>10.3f}"
+            + "".join(f"{row[k]:>8.3f}" for k in ("p25", "p75", "min", "max"))
+        )
+    pairs = result["gpuslice_over_real"]["pairs"]
+    print(
+        f"GpuSlice/plain on the real node: {result['gpuslice_over_real']['of_medians']:.2f}x of the medians; "
+        f"pairwise {pairs['median']:.2f}x (p25 {pairs['p25']:.2f}, p75 {pairs['p75']:.2f}); "
+        f"{args.pods} pods of each, interleaved; load average {load[0]:.1f}"
+    )
     print(f"control plane up {control_plane:.1f} s; real node adds {real_node_up:.1f} s")
     print(f"idle RSS: kubelet {rss['kubelet']:.0f} MiB + containerd {rss['containerd']:.0f} MiB")
     print(
-        f"ratio real/kwok pod start {med['real'] / med['kwok']:.2f}x, "
-        f"gpuslice/real {med['real_gpuslice'] / med['real']:.2f}x, "
+        f"ratio real/kwok pod start {pods['real']['median'] / pods['kwok']['median']:.2f}x, "
         f"real node up +{real_node_up / control_plane:.2f}x of the control plane's, "
         f"idle RSS {sum(rss.values()):.0f} MiB"
     )

@@ -77,8 +77,20 @@ PEERING_NAME: Final = "gpuslice"
 AGENT_STATUS_FIELDS: Final = ("usage",)
 #: Label the operator keeps on every namespace an entitlement selects; admission policies bind to it.
 LABEL_TENANT: Final = "gpuslice.io/tenant"
-#: Name of the one gpuslice-owned ResourceQuota in each tenant namespace.
+#: Name of the gpuslice-owned ResourceQuota of entitlements in each tenant namespace.
 QUOTA_NAME: Final = "gpuslice"
+#: Name of the second gpuslice-owned ResourceQuota of each tenant namespace: how many GpuSlice objects
+#: it may hold. Apart from the entitlements, so that its usage, unknown to kube-controller-manager
+#: until it has discovered the CRD, can only ever hold up GpuSlice creates (admission asks usage only
+#: of the keys an object would use) and is re-counted without touching the entitlements.
+COUNT_QUOTA_NAME: Final = "gpuslice-objects"
+#: Its object-count key (kube-controller-manager counts `count/<plural>.<group>` of any resource).
+SLICE_COUNT_KEY: Final = f"count/{SLICE_PLURAL}.{API_GROUP}"
+#: Default of `--max-gpuslices-per-namespace`.
+DEFAULT_MAX_SLICES_PER_NAMESPACE: Final = 100
+#: Seconds between two re-counts the operator asks of a GpuSlice-count quota whose usage
+#: kube-controller-manager has not computed (see domain.tenancy.count_quota_nudges).
+COUNT_QUOTA_NUDGE_SECONDS: Final = 10.0
 #: Prefix of the operator's ValidatingAdmissionPolicies and their bindings.
 POLICY_PREFIX: Final = "gpuslice-"
 

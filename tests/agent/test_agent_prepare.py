@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -13,11 +14,12 @@ import pytest
 from gpuslice import constants, metrics
 from gpuslice.agent.checkpoint import CheckpointError, CheckpointStore
 from gpuslice.agent.gpus import GpuInfo
-from gpuslice.agent.prepare import NodePaths, PrepareError, Preparer, resolve_claim
+from gpuslice.agent.prepare import NodePaths, PrepareError, Preparer, prepare_many, resolve_claim
 from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.domain.claims import documented_claim_spec
+from gpuslice.kubehttp import ApiError
 from gpuslice.shim.config import SliceConfig
 from gpuslice.shim.region import utilization_file_for
 
@@ -208,3 +210,74 @@ async def test_gpu_memory_gauges_count_what_prepared_slices_hold(tmp_path: Path)
     assert _gpu_gauge("gpuslice_gpu_memory_allocated_bytes", "node-gauges") == 8 * constants.GIB
     await preparer.unprepare(UID)
     assert _gpu_gauge("gpuslice_gpu_memory_allocated_bytes", "node-gauges") == 0
+
+
+async def test_claims_prepared_together_read_the_api_server_together(tmp_path: Path) -> None:
+    # kubelet prepares the claims of pods that start together in concurrent calls: one claim's reads
+    # of the API server (a round trip each) must not wait until another claim is prepared.
+    paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", Path("/opt/gs/libgpuslice.so"))
+    uids = {"job-a": UID, "job-b": "7b4d2e1f-1111-2222-3333-444455556666"}
+    devices = {"job-a": "gpu-1-v100-8g-2", "job-b": "gpu-1-v100-8g-3"}
+    reading: set[str] = set()
+    both_reading = asyncio.Event()
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        reading.add(name)
+        if len(reading) == 2:
+            both_reading.set()
+        await both_reading.wait()  # the API server answers once both reads are in flight
+        the_claim = claim([result(devices[name])], uid=uids[name])
+        the_claim["metadata"]["name"] = name
+        return the_claim
+
+    async def list_slices() -> list[dict[str, Any]]:
+        return published_slices()
+
+    preparer = Preparer("node-a", paths, fetch, list_slices)
+    prepared = await asyncio.wait_for(
+        asyncio.gather(*(preparer.prepare("team-a", name, uid) for name, uid in uids.items())), timeout=5
+    )
+    assert [[d.device for d in p] for p in prepared] == [[devices["job-a"]], [devices["job-b"]]]
+    assert {uid: r.state for uid, r in preparer.checkpoint.claims.items()} == dict.fromkeys(
+        uids.values(), "Prepared"
+    )
+    assert all(paths.cdi_spec(uid).exists() for uid in uids.values())
+
+
+async def test_prepare_reads_the_claim_and_the_slices_at_once(tmp_path: Path) -> None:
+    # kubelet makes the pod's sandbox only once prepare answers: the two reads are not made in turn.
+    paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", Path("/opt/gs/libgpuslice.so"))
+    claim_asked, slices_asked = asyncio.Event(), asyncio.Event()
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        claim_asked.set()
+        await slices_asked.wait()  # answers only once the slices were asked for too
+        return claim([result()])
+
+    async def list_slices() -> list[dict[str, Any]]:
+        slices_asked.set()
+        await claim_asked.wait()
+        return published_slices()
+
+    preparer = Preparer("node-a", paths, fetch, list_slices)
+    [device] = await asyncio.wait_for(preparer.prepare("team-a", "job-gpu", UID), timeout=10)
+    assert device.device == "gpu-1-v100-8g-2"
+    assert paths.cdi_spec(UID).exists()
+
+
+async def test_a_failed_read_is_the_claims_error_and_nothing_is_prepared(tmp_path: Path) -> None:
+    paths = NodePaths(tmp_path / "state", tmp_path / "run", tmp_path / "cdi", Path("/opt/gs/libgpuslice.so"))
+
+    async def fetch(namespace: str, name: str) -> dict[str, Any]:
+        raise ApiError(403, "Forbidden", "")
+
+    async def list_slices() -> list[dict[str, Any]]:
+        return published_slices()
+
+    preparer = Preparer("node-a", paths, fetch, list_slices)
+    outcome = await prepare_many(preparer, [("team-a", "job-gpu", UID)])
+    assert outcome[UID] == (
+        "reading ResourceClaim team-a/job-gpu or this node's ResourceSlices: 403 Forbidden"
+    )
+    assert preparer.checkpoint.claims == {}
+    assert not paths.cdi_spec(UID).exists()

@@ -105,7 +105,7 @@ def gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
         apiserver_feature_gates=GATES_OFF,
     )
     try:
-        dc.up(nodes=0)
+        dc.up(nodes=0, crds=False)
         yield dc
     finally:
         dc.down()

@@ -140,7 +140,7 @@ def test_helm_install_and_uninstall_on_a_devcluster_of_its_own(
     # Its nodes are kwok's, so the pods are accepted, scheduled and shown Running, not really run.
     dc = DevCluster(tmp_path_factory.mktemp("helm"))
     try:
-        dc.up(nodes=1)
+        dc.up(nodes=1, crds=False)  # the chart installs them
         dc.kubectl("label", "node", dc.nodes[0], "nvidia.com/gpu.present=true")
         # What the GPU Operator creates on a real cluster; the agent's pods name it.
         dc.apply(

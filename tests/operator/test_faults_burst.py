@@ -99,7 +99,8 @@ class Tenant:
 def _operator(
     cluster: DevCluster, log: Path, *extra: str, env: dict[str, str] | None = None
 ) -> OperatorProcess:
-    op = OperatorProcess(cluster, log, *extra)
+    # The burst's slices all live in one namespace: the GpuSlice-count quota must hold them.
+    op = OperatorProcess(cluster, log, f"--max-gpuslices-per-namespace={max(100, 2 * BURST)}", *extra)
     if env:
         os.environ.update(env)  # OperatorProcess passes the test's environment on
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from .operator_cluster import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=110)]
 NS_LABEL = "gpuslice-test/isolation"
+#: --max-gpuslices-per-namespace of the module's operator.
+MAX_SLICES = 4
 
 
 @dataclass
@@ -69,7 +72,13 @@ def iso(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     token = "i" + uuid.uuid4().hex[:5]
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     offered = f"iso-offered-{token}"
-    op = OperatorProcess(cluster, log, "--recheck-seconds=2", f"--tenant-priority-class={offered}")
+    op = OperatorProcess(
+        cluster,
+        log,
+        "--recheck-seconds=2",
+        f"--tenant-priority-class={offered}",
+        f"--max-gpuslices-per-namespace={MAX_SLICES}",
+    )
     op.start()
     tenant, other, gpu_node = f"iso-tenant-{token}", f"iso-other-{token}", f"iso-gpu-{token}"
     try:
@@ -792,3 +801,43 @@ async def _patch_status(kubeconfig: Path, namespace: str, name: str, status: dic
     finally:
         await api.close()
     return ""
+
+
+# --- object count: GpuSlices per tenant namespace (at the end: it fills the namespace up) ---------------
+
+
+def test_a_tenant_namespace_holds_at_most_the_configured_number_of_gpuslices(iso: Iso) -> None:
+    # One tenant made 6,000 GpuSlices (all waiting QuotaExceeded): the operator's CPU went 0 -> 51-72 %.
+    def create(name: str) -> subprocess.CompletedProcess[str]:
+        doc = slice_doc(name, iso.tenant, iso.pkg)
+        return kubectl_as(iso.cluster, iso.mallory, "create", "-f", "-", input=json.dumps(doc))
+
+    def held() -> list[str]:
+        out = iso.cluster.kubectl("get", "gpuslices.gpuslice.io", "-n", iso.tenant, "-o", "name").stdout
+        return out.split()
+
+    made, refusal = [], ""
+    try:
+        for i in range(MAX_SLICES + 1):  # other tests of the module may have left a slice or two
+            proc = create(f"many-{i}")
+            if proc.returncode != 0:
+                refusal = proc.stderr
+                break
+            made.append(f"many-{i}")
+        # What the tenant reads: the quota's name, the key, how many are used of how many.
+        assert "exceeded quota: gpuslice-objects" in refusal, refusal
+        assert f"used: count/gpuslices.gpuslice.io={MAX_SLICES}" in refusal, refusal
+        assert f"limited: count/gpuslices.gpuslice.io={MAX_SLICES}" in refusal, refusal
+        assert len(held()) == MAX_SLICES
+        # One deleted (the operator lets it go, kube-controller-manager counts it gone): one more fits.
+        iso.cluster.kubectl("delete", "gpuslices.gpuslice.io", made.pop(), "-n", iso.tenant, "--timeout=60s")
+        wait_for(
+            lambda: create("many-again").returncode == 0, 30, "a GpuSlice create after a delete", interval=1
+        )
+        made.append("many-again")
+        assert len(held()) == MAX_SLICES
+    finally:
+        for name in made:
+            iso.cluster.kubectl(
+                "delete", "gpuslices.gpuslice.io", name, "-n", iso.tenant, "--wait=false", check=False
+            )

@@ -6,10 +6,13 @@ entitled to its own namespace, and publishes its own GPUs by hand the way the no
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -22,6 +25,8 @@ import pytest
 import yaml
 
 from gpuslice import constants as c
+from gpuslice.operator.kube import MAX_WRITES_IN_FLIGHT
+from gpuslice.operator.run import POSTING_WORKERS
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
 from support import apply, argocd_health, deployment_doc, pod_doc, slice_doc, wait_for
 
@@ -50,7 +55,13 @@ RESYNC_SECONDS = 10
 def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     cluster.apply_crds()
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(cluster, log, f"--metrics-port={free_port()}", f"--resync-seconds={RESYNC_SECONDS}")
+    op = OperatorProcess(
+        cluster,
+        log,
+        f"--metrics-port={free_port()}",
+        f"--resync-seconds={RESYNC_SECONDS}",
+        "--max-gpuslices-per-namespace=1000",  # the scale test puts 150 slices in one namespace
+    )
     op.start()
     try:
         wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
@@ -229,6 +240,11 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     assert hard[c.quota_key(world.pkg("8g"))] == "3" and hard[c.quota_key(world.pkg("32g"))] == "3"
     # Every other package in the cluster is listed with 0: a missing key would not limit it at all.
     assert all(v == "0" for k, v in hard.items() if world.token not in k)
+    # How many GpuSlice objects the namespace may hold, whatever its entitlements: a quota of its own.
+    count = wait_for(
+        lambda: get(world.cluster, "resourcequota", c.COUNT_QUOTA_NAME, "-n", world.namespace), 30
+    )
+    assert count["spec"]["hard"] == {c.SLICE_COUNT_KEY: "1k"}  # this module's operator: 1000
     # What the tenant sees (lesson 6 of the field report).
     out = world.cluster.kubectl("get", "resourcequota", "-n", world.namespace, "-o", "yaml").stdout
     assert f"{world.pkg('8g')}.gpuslice.io.deviceclass.resource.k8s.io/devices" in out
@@ -237,6 +253,7 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     try:
         time.sleep(2)
         assert get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", other) is None
+        assert get(world.cluster, "resourcequota", c.COUNT_QUOTA_NAME, "-n", other) is None
     finally:
         world.cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
     status = wait_for(
@@ -273,9 +290,12 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
     # The entitlement goes: quota and label go with it.
     world.cluster.kubectl("label", "namespace", world.namespace, f"{NS_LABEL}-")
     wait_for(
-        lambda: get(world.cluster, "resourcequota", c.QUOTA_NAME, "-n", world.namespace) is None,
+        lambda: all(
+            get(world.cluster, "resourcequota", name, "-n", world.namespace) is None
+            for name in (c.QUOTA_NAME, c.COUNT_QUOTA_NAME)
+        ),
         30,
-        "quota removed",
+        "quotas removed",
     )
     ns = get(world.cluster, "namespace", world.namespace)
     assert c.LABEL_TENANT not in ns["metadata"]["labels"]
@@ -984,12 +1004,36 @@ def _metric_sum(op: OperatorProcess, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+def _sockets(pid: int) -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return n
+
+
+class SocketPeak(threading.Thread):
+    """The most sockets a process held at once while this ran (sampled every 50 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            self.peak = max(self.peak, _sockets(self.pid))
+
+
 def test_many_slices_cost_a_bounded_number_of_writes_and_none_at_rest(
     world: World, operator: OperatorProcess
 ) -> None:
     n = 150
     world.packages({"8g": 25}, slices=1000)
     _tenant_ok(world)
+    assert operator.proc is not None
+    idle_sockets = _sockets(operator.proc.pid)
+    sockets = SocketPeak(operator.proc.pid)
+    sockets.start()
     claims_before = _metric_sum(operator, 'gpuslice_operator_writes_total{kind="ResourceClaim"')
     status_before = _metric_sum(operator, 'gpuslice_operator_status_updates_total{kind="GpuSlice"')
     started = time.monotonic()
@@ -1003,13 +1047,19 @@ def test_many_slices_cost_a_bounded_number_of_writes_and_none_at_rest(
 
     wait_for(settled, 180, f"{n} slices with claims")
     took = time.monotonic() - started
+    sockets.done.set()
+    sockets.join()
     claims = _metric_sum(operator, 'gpuslice_operator_writes_total{kind="ResourceClaim"') - claims_before
     statuses = _metric_sum(operator, 'gpuslice_operator_status_updates_total{kind="GpuSlice"') - status_before
     print(
         f"\n[scale] {n} GpuSlices -> claims and status in {took:.1f}s: {claims:.0f} claim applies, "
-        f"{statuses:.0f} status patches"
+        f"{statuses:.0f} status patches; sockets {idle_sockets} idle, {sockets.peak} at most"
     )
     assert claims == n  # one apply per slice: none repeated while the watch catches up
+    # Connections to the API server do not grow with the slices: the writes' pool and a few Event
+    # posters (each TLS connection holds ~0.2 MiB; Kopf's posting pool has no limit of its own).
+    bound = idle_sockets + MAX_WRITES_IN_FLIGHT + POSTING_WORKERS + 4
+    assert sockets.peak <= bound, (idle_sockets, sockets.peak)
     events = json.loads(world.cluster.kubectl("get", "events", "-n", world.namespace, "-o", "json").stdout)[
         "items"
     ]

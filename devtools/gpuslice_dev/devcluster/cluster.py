@@ -120,10 +120,14 @@ class DevCluster(KubectlClient):
             return {}
         return {name: rec.alive() for name, rec in st.processes.items()}
 
-    def up(self, nodes: int = 1, *, fresh: bool = False) -> State:
+    def up(self, nodes: int = 1, *, fresh: bool = False, crds: bool = True) -> State:
         """Start (or find running) the control plane with at least `nodes` kwok nodes.
 
         fresh: stop whatever runs in the directory and start from an empty etcd.
+        crds: apply gpuslice's CRDs before kube-controller-manager starts, as on a cluster where
+        gpuslice is installed already. Its quota controller then counts GpuSlices from the start; a
+        CRD applied later is discovered within 30 s, and until then a tenant's GpuSlice-count quota
+        is not counted and refuses GpuSlice creates (the operator asks a re-count; False: that case).
         """
         if nodes < 0:
             raise DevClusterError("--nodes must be 0 or more")
@@ -149,6 +153,8 @@ class DevCluster(KubectlClient):
             self._start_etcd(st, bins)
             self._start_apiserver(st, bins)
             self._write_kubeconfigs(st)
+            if crds:
+                self.apply_crds()
             self._start_controllers(st, bins)
             self._ensure_nodes(st, nodes)
             self.wait_default_service_account("default")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClaimRef:
     """One entry of `spec.resourceClaims`: a claim by name, or a template the pod's claim is made from."""
 

@@ -12,7 +12,7 @@ from gpuslice import constants as c
 _NODE_KEYS = ("metadata.name", "kubernetes.io/hostname")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllocationResult:
     """One entry of `status.allocation.devices.results`."""
 

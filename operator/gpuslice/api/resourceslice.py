@@ -33,7 +33,7 @@ def _counters(counters: Mapping[str, Any] | None) -> dict[str, int]:
     return {k: parse_int_quantity(v["value"]) for k, v in (counters or {}).items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PublishedDevice:
     pool: str
     name: str
@@ -48,7 +48,7 @@ class PublishedDevice:
     taints: tuple[Mapping[str, Any], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PublishedSlice:
     """One ResourceSlice of driver gpuslice.io: its pool, generation, devices and counter sets."""
 

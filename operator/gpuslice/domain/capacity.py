@@ -17,7 +17,7 @@ from gpuslice.api.resourceslice import PublishedDevice, PublishedSlice, newest_g
 from gpuslice.domain.health import tainted_effect
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Capacity:
     gpus: int
     total: int

@@ -80,7 +80,7 @@ def months_between(first: datetime, last: datetime) -> list[str]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Holding:
     """An allocated gpuslice claim as the API shows it now."""
 
@@ -99,7 +99,7 @@ class Holding:
     template: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reading:
     """One node-agent reading of a slice's real usage (its status.usage)."""
 

@@ -1,13 +1,15 @@
-"""Entitlements -> which namespaces are tenants, and the one gpuslice ResourceQuota each tenant gets.
+"""Entitlements -> which namespaces are tenants, and the two gpuslice ResourceQuotas each tenant gets.
 
-A tenant namespace is one that at least one entitlement of any package selects. Its quota lists every
-package: the entitled number of slices, or 0 where the namespace holds no entitlement, because a
-ResourceQuota without a key does not limit that key at all.
+A tenant namespace is one that at least one entitlement of any package selects. Its quota `gpuslice`
+lists every package: the entitled number of slices, or 0 where the namespace holds no entitlement,
+because a ResourceQuota without a key does not limit that key at all. Its quota `gpuslice-objects`
+limits how many GpuSlice objects it holds, whatever its entitlements: a slice waiting past its
+entitlement still costs the operator a watch entry and status work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,16 +41,20 @@ class TenantState:
     hard: dict[str, str]
     #: The labels gpuslice keeps on a tenant namespace: the tenant label and its Pod Security level.
     labels: dict[str, str] = field(default_factory=dict)
+    #: GpuSlice objects the namespace may hold (`--max-gpuslices-per-namespace`).
+    max_slices: int = c.DEFAULT_MAX_SLICES_PER_NAMESPACE
 
     def quota(self) -> dict[str, Any] | None:
         if not self.tenant:
             return None
-        return {
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "metadata": {"name": c.QUOTA_NAME, "namespace": self.namespace, "labels": managed_labels()},
-            "spec": {"hard": dict(self.hard)},
-        }
+        return _quota(c.QUOTA_NAME, self.namespace, self.hard)
+
+    def count_quota(self, max_slices: int | None = None) -> dict[str, Any] | None:
+        """The GpuSlice-count quota (at `max_slices` instead of the configured number: a re-count)."""
+        if not self.tenant:
+            return None
+        hard = {c.SLICE_COUNT_KEY: str(self.max_slices if max_slices is None else max_slices)}
+        return _quota(c.COUNT_QUOTA_NAME, self.namespace, hard)
 
     def namespace_patch(self) -> dict[str, Any]:
         """Server-side apply body for the Namespace: it holds only the fields gpuslice owns.
@@ -60,6 +66,15 @@ class TenantState:
         if self.tenant:
             meta["labels"] = dict(self.labels)
         return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def _quota(name: str, namespace: str, hard: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": namespace, "labels": managed_labels()},
+        "spec": {"hard": dict(hard)},
+    }
 
 
 def untenant_patch() -> list[dict[str, Any]]:
@@ -74,6 +89,7 @@ def tenant_state(
     namespace_labels: Mapping[str, str],
     packages: Mapping[str, GpuPackageSpec],
     pod_security: str = "baseline",
+    max_slices: int = c.DEFAULT_MAX_SLICES_PER_NAMESPACE,
 ) -> TenantState:
     entitled = {name: entitled_slices(spec, namespace_labels) for name, spec in packages.items()}
     tenant = any(v is not None for v in entitled.values())
@@ -81,7 +97,7 @@ def tenant_state(
     if tenant:
         hard.update(extended_resource_quota(packages, entitled))
     labels = {c.LABEL_TENANT: "true", **pod_security_labels(namespace_labels, pod_security)} if tenant else {}
-    return TenantState(namespace=namespace, tenant=tenant, hard=hard, labels=labels)
+    return TenantState(namespace=namespace, tenant=tenant, hard=hard, labels=labels, max_slices=max_slices)
 
 
 def extended_resource_quota(
@@ -112,6 +128,9 @@ class ObservedTenant:
     quota_labels: dict[str, str] | None = None
     #: The namespace's labels (to see whether its Pod Security labels are as desired).
     labels: dict[str, str] = field(default_factory=dict)
+    #: spec.hard and labels of the GpuSlice-count quota (None: there is none).
+    count_hard: dict[str, str] | None = None
+    count_labels: dict[str, str] | None = None
 
 
 def changes(desired: TenantState, observed: ObservedTenant) -> tuple[bool, str]:
@@ -124,6 +143,53 @@ def changes(desired: TenantState, observed: ObservedTenant) -> tuple[bool, str]:
         same = same and (observed.quota_labels or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
         return label_change, "" if same else "apply"
     return label_change, "delete" if observed.quota_hard is not None else ""
+
+
+def count_quota_action(desired: TenantState, observed: ObservedTenant) -> str:
+    """What to write of the GpuSlice-count quota: 'apply' / 'delete' / ''."""
+    if not desired.tenant:
+        return "delete" if observed.count_hard is not None else ""
+    want = {c.SLICE_COUNT_KEY: str(desired.max_slices)}
+    same = observed.count_hard is not None and _normalise(observed.count_hard) == _normalise(want)
+    same = same and (observed.count_labels or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
+    return "" if same else "apply"
+
+
+def slice_count_unknown(status_hard: Mapping[str, str], status_used: Mapping[str, str]) -> bool:
+    """kube-controller-manager took the GpuSlice-count limit on (status.hard) without counting it
+    (no status.used): it did not know the resource yet when it synced the quota.
+
+    The quota admission plugin then refuses every GpuSlice create of the namespace ("status unknown
+    for quota"), and nothing re-counts the quota before the controller's full resync (5 minutes by
+    default): a recount follows a change of spec.hard or a GpuSlice deletion, and no slice can be
+    created to be deleted. A quota whose status.hard lacks the key is not synced
+    yet, which the controller does first (and admission does not enforce it meanwhile).
+    """
+    return c.SLICE_COUNT_KEY in status_hard and c.SLICE_COUNT_KEY not in status_used
+
+
+def count_quota_nudges(
+    unknown: Mapping[str, float], counted_elsewhere: bool, now: float, interval: float
+) -> list[str]:
+    """The namespaces whose GpuSlice-count quota to re-count now (`count_quota_steps`).
+
+    unknown: namespace -> when its quota was last re-counted (monotonic seconds; -inf: never), for
+    every namespace whose count is unknown. Each is re-counted at most every `interval`. Until some
+    namespace's count is known (`counted_elsewhere`), kube-controller-manager has not discovered
+    GpuSlices yet and a re-count anywhere tells whether it has: one namespace a round, so a cluster
+    whose controller never counts them costs two writes an interval, not two per tenant namespace.
+    """
+    due = sorted((last, ns) for ns, last in unknown.items() if now - last >= interval)
+    if not counted_elsewhere:
+        due = due[:1]
+    return [ns for _, ns in due]
+
+
+def count_quota_steps(max_slices: int) -> Sequence[int]:
+    """The limits to apply, in order, to make kube-controller-manager re-count the quota: it does
+    so when spec.hard changes, so one below the limit and then the limit (below first: the
+    namespace is never allowed more than the limit in between)."""
+    return (max_slices - 1, max_slices)
 
 
 def _normalise(hard: Mapping[str, Any]) -> dict[str, int]:

@@ -17,7 +17,7 @@ from gpuslice.api.resourceclaim import allocated_devices, allocated_node, alloca
 from gpuslice.domain.ownership import slice_owner
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClaimView:
     namespace: str
     name: str
@@ -66,7 +66,7 @@ def uses_gpuslice(obj: Mapping[str, Any]) -> bool:
     return bool(allocated_devices(obj))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodView:
     namespace: str
     name: str
@@ -142,7 +142,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QuotaView:
     namespace: str
     name: str
@@ -175,7 +175,7 @@ def quota_view(obj: Mapping[str, Any]) -> QuotaView:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkloadView:
     """A ReplicaSet (or any pod-template owner) that references claims, and why it cannot make pods."""
 

@@ -50,6 +50,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "kube-system; the operator's own namespace is always exempt)",
     )
     p.add_argument(
+        "--max-gpuslices-per-namespace",
+        type=int,
+        default=100,
+        metavar="N",
+        help="GpuSlice objects a tenant namespace may hold, whatever its entitlements (ResourceQuota "
+        "gpuslice-objects; default 100): a slice waiting past the entitlement still costs the operator work",
+    )
+    p.add_argument(
         "--tenant-priority-class",
         action="append",
         default=[],
@@ -138,6 +146,7 @@ def _run(args: argparse.Namespace) -> int:
             exempt_namespaces=tuple(args.exempt_namespace or ("kube-system",)),
             gpu_node_label=args.gpu_node_label,
             tenant_priority_classes=tuple(args.tenant_priority_class),
+            max_slices_per_namespace=args.max_gpuslices_per_namespace,
             resync_seconds=args.resync_seconds,
             recheck_seconds=args.recheck_seconds,
             ledger_checkpoint_seconds=args.ledger_checkpoint_seconds,

@@ -21,6 +21,8 @@ class OperatorConfig(BaseModel):
     #: Platform namespaces whose pods may tolerate the GPU node taint; the operator's own namespace is
     #: added at start-up (from its service account).
     exempt_namespaces: tuple[str, ...] = ("kube-system",)
+    #: GpuSlice objects a tenant namespace may hold, whatever its entitlements (quota gpuslice-objects).
+    max_slices_per_namespace: int = Field(default=c.DEFAULT_MAX_SLICES_PER_NAMESPACE, ge=1)
     #: PriorityClasses a pod in a tenant namespace may name (besides none); see domain.tenant_pods.
     tenant_priority_classes: tuple[str, ...] = ()
     #: `key=value` of the label that marks GPU nodes; the operator taints them. Empty: no tainting.

@@ -40,7 +40,7 @@ def ns_of(namespace: str | None) -> str:
     return namespace or ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PackageView:
     name: str
     spec: GpuPackageSpec
@@ -51,7 +51,7 @@ class PackageView:
     capacity: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SliceView:
     namespace: str
     name: str
@@ -82,13 +82,13 @@ class SliceView:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NamespaceView:
     labels: dict[str, str]
     terminating: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AdmissionView:
     """A gpuslice ValidatingAdmissionPolicy or binding: what `policies` compares with its desired form."""
 

@@ -36,7 +36,7 @@ from gpuslice.operator.policies import ensure_policies
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import recheck, refresh_routed
 from gpuslice.operator.state import OperatorState, now, one, values
-from gpuslice.operator.tenancy import reconcile_all, retry_unsynced
+from gpuslice.operator.tenancy import reconcile_all, recount_slice_counts, retry_unsynced
 
 log = get(__name__)
 DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
@@ -143,6 +143,7 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     if not device_class_current(state, idx, name, spec):
         await ensure_device_class(state, idx, name, meta.get("uid"), spec)
     await retry_unsynced(state, idx)
+    await recount_slice_counts(state, idx)
     await ensure_policies(state, idx)
     heap.trim(state.config.recheck_seconds)
 

@@ -20,6 +20,9 @@ from gpuslice.operator.state import OperatorState
 
 log = get(__name__)
 
+#: Events posted at once (see `configure_kopf`).
+POSTING_WORKERS = 8
+
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     """Everything Kopf writes to objects carries gpuslice's names, not kopf.zalando.org."""
@@ -37,6 +40,11 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "gpuslice-operator"
     settings.posting.event_name_prefix = "gpuslice-"
+    # Kopf posts each object's Events from a worker of its own, on a connection pool without a limit:
+    # a burst of slices opened one TLS connection per posting slice (each holds ~0.2 MiB of buffers
+    # until it is closed). A few workers that exit soon after their last Event post as fast.
+    settings.posting.worker_limit = POSTING_WORKERS
+    settings.posting.idle_timeout = 0.1
     settings.watching.server_timeout = 300
     # A per-object worker keeps the last event's body while it idles; Kopf's 5 s default kept a
     # decoded body per slice and per claim alive through a whole burst.

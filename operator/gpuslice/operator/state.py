@@ -89,6 +89,11 @@ class OperatorState:
     extended_resource_dropped: bool = False
     #: Namespaces whose last tenancy write was refused: the package timers retry them.
     unsynced_namespaces: set[str] = field(default_factory=set)
+    #: Namespace -> when its GpuSlice-count quota was last re-counted (monotonic; -inf: never), for
+    #: each whose count kube-controller-manager has not computed (domain.tenancy.slice_count_unknown).
+    slice_count_unknown: dict[str, float] = field(default_factory=dict)
+    #: Some namespace's GpuSlice count is known: kube-controller-manager has discovered GpuSlices.
+    slice_count_known: bool = False
     #: (kind, name) -> the admission policies and bindings this configuration wants (see policies).
     admission: dict[tuple[str, str], dict[str, Any]] | None = None
     #: Pods and ReplicaSets that reference claims (watched outside Kopf; see `workloads`).
