@@ -24,7 +24,7 @@ from support import apply, slice_doc, wait_for
 
 from .operator_cluster import OperatorProcess, get, package_doc
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 #: kube-controller-manager's discovery period (30 s), the operator's re-count interval, a timer tick.
 CREATES_WITHIN = 30 + c.COUNT_QUOTA_NUDGE_SECONDS + 10
 
