@@ -14,6 +14,7 @@ import base64
 import contextlib
 import json
 import os
+import random
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -299,12 +300,21 @@ async def list_and_watch(client: Client, url_path: str, **params: str) -> AsyncI
             yield kind, obj
 
 
+#: The longest wait between two tries of a failed watch. The wait after an outage is lost time for
+#: whoever waits on the watch (an agent republishing its GPUs, slices' statuses): a try costs one
+#: connection, so it is kept short. At 30 s, a retry refused while the API server was starting (403
+#: before its authorizer is ready) pushed recovery past 30 s after a 5-minute outage
+#: (tests/node/test_fault_apiserver_outage.py).
+WATCH_RETRY_MAX_SECONDS = 8.0
+
+
 async def watch_forever(
     client: Client, url_path: str, *, paged: bool = False, page_size: int = 500, **params: str
 ) -> AsyncIterator[tuple[str, Any]]:
     """`list_and_watch` (or, `paged`, `list_pages_and_watch`) that never ends: a failed connection or
-    request relists after a backoff (1 s doubling to 30 s). A resource that is not served (404: its
-    CRD not installed yet) counts as empty, an empty listing every 5 s until it is."""
+    request relists after a backoff (1 s doubling to `WATCH_RETRY_MAX_SECONDS`, less a random tenth
+    so that a node's agents do not come back in step). A resource that is not served (404: its CRD
+    not installed yet) counts as empty, an empty listing every 5 s until it is."""
     delay = 1.0
     missing = False
     while True:
@@ -335,5 +345,5 @@ async def watch_forever(
             )
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             log.warning("watch connection failed, relisting", url=url_path, error=str(exc), retry_in=delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 30.0)
+        await asyncio.sleep(delay * random.uniform(0.9, 1.0))
+        delay = min(delay * 2, WATCH_RETRY_MAX_SECONDS)
