@@ -7,10 +7,12 @@ runc, CNI); measures
 - `up` time: the control plane alone, then what the real node adds (containerd, image import,
   kubelet until the Node is Ready);
 - pod create -> Running latency, one pod after the other (median, quartiles and extremes of `--pods`),
-  for plain probe-image pods on the kwok node (kwok plays the kubelet), then for plain and GpuSlice
-  pods on the real node, alternating, so the machine's load weighs on both alike: the GpuSlice/plain
-  ratio (operator + agent + DRA allocation and prepare + CDI + the slice's seccomp profile) is taken
-  within one run, of the medians and pair by pair;
+  for plain probe-image pods on the kwok node (kwok plays the kubelet), then for plain pods, plain
+  pods with the RuntimeDefault seccomp profile (what restricted Pod Security requires of every
+  tenant pod, and what a GpuSlice pod is given) and GpuSlice pods on the real node, taking turns, so
+  the machine's load weighs on all alike: the GpuSlice/plain ratios (operator + agent + DRA
+  allocation and prepare + CDI, and against the plain pod also the seccomp profile) are taken within
+  one run, of the medians and pair by pair;
 - idle RSS of kubelet + containerd after the pods are gone.
 Prints a table, then one line with the ratios (or JSON with --json).
 """
@@ -38,12 +40,16 @@ PROBE = "localhost/gpuslice/probe:dev"
 NS = "bench"
 
 
-def pod(name: str, node: str, claim: str | None = None) -> dict[str, Any]:
+def pod(name: str, node: str, claim: str | None = None, *, seccomp: bool = False) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 0,
         "nodeSelector": {"kubernetes.io/hostname": node},
         "containers": [{"name": "main", "image": PROBE, "command": ["sleep", "3600"]}],
     }
+    if seccomp:
+        # What the slice-seccomp policy gives a GpuSlice pod, and what restricted Pod Security
+        # requires of every tenant pod.
+        spec["securityContext"] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if claim:
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
         spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
@@ -55,7 +61,7 @@ def running(cluster: DevCluster, name: str) -> bool:
     return out.stdout == "Running"
 
 
-def one_pod(cluster: DevCluster, node: str, name: str, *, sliced: bool) -> float:
+def one_pod(cluster: DevCluster, node: str, name: str, *, sliced: bool, seccomp: bool = False) -> float:
     """Create one pod (a GpuSlice's when `sliced`), time create -> Running, then delete it (and its
     slice and claim, so the namespace's slice quota is free for the next one)."""
     if sliced:
@@ -63,7 +69,7 @@ def one_pod(cluster: DevCluster, node: str, name: str, *, sliced: bool) -> float
         gpuslice = {"apiVersion": "gpuslice.io/v1alpha1", "kind": "GpuSlice", "metadata": meta}
         cluster.apply(json.dumps(gpuslice | {"spec": {"package": "v100-8g"}}))
     started = time.monotonic()
-    cluster.apply(json.dumps(pod(name, node, claim=name if sliced else None)))
+    cluster.apply(json.dumps(pod(name, node, claim=name if sliced else None, seccomp=seccomp)))
     while not running(cluster, name):
         if time.monotonic() - started > 120:
             raise SystemExit(f"pod {name} not Running after 120 s")
@@ -83,17 +89,21 @@ def latencies(cluster: DevCluster, node: str, count: int) -> list[float]:
     return [one_pod(cluster, node, f"plain-{node}-{i}", sliced=False) for i in range(count)]
 
 
-def interleaved(cluster: DevCluster, node: str, count: int) -> tuple[list[float], list[float]]:
-    """`count` plain and `count` GpuSlice pods on `node`, alternating (plain first, then slice first),
-    so the machine's load at any moment weighs on both alike."""
-    plain: list[float] = []
-    sliced: list[float] = []
+KINDS = ("plain", "seccomp", "slice")
+
+
+def interleaved(cluster: DevCluster, node: str, count: int) -> dict[str, list[float]]:
+    """`count` plain pods, `count` plain pods with the RuntimeDefault seccomp profile and `count`
+    GpuSlice pods on `node`, taking turns (the order rotating), so the machine's load at any moment
+    weighs on all alike."""
+    out: dict[str, list[float]] = {k: [] for k in KINDS}
     for i in range(count):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        for is_slice in order:
-            name = f"{'slice' if is_slice else 'plain'}-{node}-{i}"
-            (sliced if is_slice else plain).append(one_pod(cluster, node, name, sliced=is_slice))
-    return plain, sliced
+        for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
+            took = one_pod(
+                cluster, node, f"{kind}-{node}-{i}", sliced=kind == "slice", seccomp=kind == "seccomp"
+            )
+            out[kind].append(took)
+    return out
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -132,14 +142,21 @@ def main() -> int:
                                            "--kubeconfig", str(cluster.kubeconfig)])  # fmt: skip
         start_agents(cluster, "1x Tesla V100-PCIE-32GB")
         kwok = latencies(cluster, "kwok-node-0", args.pods)
-        real, sliced = interleaved(cluster, "real-node-0", args.pods)
+        times = interleaved(cluster, "real-node-0", args.pods)
+        real, seccomp, sliced = times["plain"], times["seccomp"], times["slice"]
         load = os.getloadavg()
         time.sleep(10)  # let the node settle after the last pod
         rss = rss_mib(cluster, "real-node-0")
     finally:
         cluster.down()
-    pods = {"kwok": spread(kwok), "real": spread(real), "real_gpuslice": spread(sliced)}
+    pods = {
+        "kwok": spread(kwok),
+        "real": spread(real),
+        "real_seccomp": spread(seccomp),
+        "real_gpuslice": spread(sliced),
+    }
     ratios = [s / p for p, s in zip(real, sliced, strict=True)]
+    ratios_seccomp = [s / p for p, s in zip(seccomp, sliced, strict=True)]
     result = {
         "control_plane_up_s": round(control_plane, 2),
         "real_node_up_s": round(real_node_up, 2),
@@ -147,6 +164,10 @@ def main() -> int:
         "gpuslice_over_real": {
             "of_medians": round(pods["real_gpuslice"]["median"] / pods["real"]["median"], 3),
             "pairs": spread(ratios),
+        },
+        "gpuslice_over_real_seccomp": {
+            "of_medians": round(pods["real_gpuslice"]["median"] / pods["real_seccomp"]["median"], 3),
+            "pairs": spread(ratios_seccomp),
         },
         "idle_rss_mib": {k: round(v, 1) for k, v in rss.items()} | {"total": round(sum(rss.values()), 1)},
         "pods": args.pods,
@@ -157,6 +178,7 @@ def main() -> int:
         return 0
     print(f"{'pod create -> Running':34}{'median s':>10}{'p25':>8}{'p75':>8}{'min':>8}{'max':>8}")
     for key, label in (("kwok", "plain pod, kwok node"), ("real", "plain pod, real node"),
+                       ("real_seccomp", "plain + RuntimeDefault, real node"),
                        ("real_gpuslice", "GpuSlice pod, real node")):  # fmt: skip
         row = pods[key]
         print(
@@ -168,6 +190,12 @@ def main() -> int:
         f"GpuSlice/plain on the real node: {result['gpuslice_over_real']['of_medians']:.2f}x of the medians; "
         f"pairwise {pairs['median']:.2f}x (p25 {pairs['p25']:.2f}, p75 {pairs['p75']:.2f}); "
         f"{args.pods} pods of each, interleaved; load average {load[0]:.1f}"
+    )
+    pairs = result["gpuslice_over_real_seccomp"]["pairs"]
+    print(
+        f"GpuSlice/plain with RuntimeDefault seccomp: "
+        f"{result['gpuslice_over_real_seccomp']['of_medians']:.2f}x of the medians; "
+        f"pairwise {pairs['median']:.2f}x (p25 {pairs['p25']:.2f}, p75 {pairs['p75']:.2f})"
     )
     print(f"control plane up {control_plane:.1f} s; real node adds {real_node_up:.1f} s")
     print(f"idle RSS: kubelet {rss['kubelet']:.0f} MiB + containerd {rss['containerd']:.0f} MiB")
