@@ -138,20 +138,26 @@ def changes(desired: TenantState, observed: ObservedTenant) -> tuple[bool, str]:
     label_change = desired.tenant != observed.labeled or any(
         observed.labels.get(k) != v for k, v in desired.labels.items() if k != c.LABEL_TENANT
     )
-    if desired.tenant:
-        same = observed.quota_hard is not None and _normalise(observed.quota_hard) == _normalise(desired.hard)
-        same = same and (observed.quota_labels or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
-        return label_change, "" if same else "apply"
-    return label_change, "delete" if observed.quota_hard is not None else ""
+    return label_change, _quota_action(
+        desired.hard if desired.tenant else None, observed.quota_hard, observed.quota_labels
+    )
 
 
 def count_quota_action(desired: TenantState, observed: ObservedTenant) -> str:
     """What to write of the GpuSlice-count quota: 'apply' / 'delete' / ''."""
-    if not desired.tenant:
-        return "delete" if observed.count_hard is not None else ""
-    want = {c.SLICE_COUNT_KEY: str(desired.max_slices)}
-    same = observed.count_hard is not None and _normalise(observed.count_hard) == _normalise(want)
-    same = same and (observed.count_labels or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
+    want = {c.SLICE_COUNT_KEY: str(desired.max_slices)} if desired.tenant else None
+    return _quota_action(want, observed.count_hard, observed.count_labels)
+
+
+def _quota_action(
+    want: Mapping[str, str] | None, hard: Mapping[str, str] | None, labels: Mapping[str, str] | None
+) -> str:
+    """'apply' when a quota should hold `want` (None: no quota) and the observed one (`hard`, its
+    labels; None: there is none) does not, or is not gpuslice's; 'delete' when there should be none."""
+    if want is None:
+        return "delete" if hard is not None else ""
+    same = hard is not None and _normalise(hard) == _normalise(want)
+    same = same and (labels or {}).get(c.LABEL_MANAGED_BY) == c.MANAGED_BY_VALUE
     return "" if same else "apply"
 
 

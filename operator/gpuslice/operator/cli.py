@@ -9,6 +9,8 @@ import sys
 
 from pydantic import ValidationError
 
+from gpuslice import constants as c
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -52,10 +54,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--max-gpuslices-per-namespace",
         type=int,
-        default=100,
+        default=c.DEFAULT_MAX_SLICES_PER_NAMESPACE,
         metavar="N",
         help="GpuSlice objects a tenant namespace may hold, whatever its entitlements (ResourceQuota "
-        "gpuslice-objects; default 100): a slice waiting past the entitlement still costs the operator work",
+        f"{c.COUNT_QUOTA_NAME}; default {c.DEFAULT_MAX_SLICES_PER_NAMESPACE}): a slice waiting past the "
+        "entitlement still costs the operator work",
     )
     p.add_argument(
         "--tenant-priority-class",
