@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from gpuslice.api.usage import (
     MAX_OBJECT_BYTES,
@@ -173,18 +174,38 @@ def _same_price(a: Price | None, b: Price | None) -> bool:
     return Decimal(a.per_hour) == Decimal(b.per_hour) and a.currency == b.currency
 
 
+#: What names an interval's slice: copied alike from a holding into its intervals, and between an
+#: interval and its wire form (`UsageInterval` takes these Python names as well as its camelCase ones).
+_WHO = ("package", "slice", "claim", "claim_uid", "pod", "node", "gpu", "template")
+#: What the usage readings recorded in an interval: carried alike to and from the wire.
+_READINGS = (
+    "peak_memory_bytes",
+    "memory_limit_bytes",
+    "mean_utilization_percent",
+    "observed_seconds",
+    "refused_allocations",
+)
+
+
+def _fields(source: object, names: Iterable[str]) -> dict[str, Any]:
+    return {name: getattr(source, name) for name in names}
+
+
 def _open(holding: Holding, start: datetime, price: Price | None) -> Interval:
-    return Interval(
-        package=holding.package,
-        slice=holding.slice,
-        claim=holding.claim,
-        claim_uid=holding.claim_uid,
-        pod=holding.pod,
-        node=holding.node,
-        gpu=holding.gpu,
+    return Interval(**_fields(holding, _WHO), start=start, price=price)
+
+
+def _continuation(interval: Interval, start: datetime, end: datetime | None, price: Price | None) -> Interval:
+    """The interval going on from `start`: same claim, its own readings from then on. The refused
+    count is the claim's running total (the agent's counter), so it goes on; so does the limit."""
+    return dataclasses.replace(
+        interval,
         start=start,
+        end=end,
         price=price,
-        template=holding.template,
+        peak_memory_bytes=0,
+        mean_utilization_percent=0.0,
+        observed_seconds=0,
     )
 
 
@@ -295,15 +316,7 @@ def _carry(ledgers: dict[str, Ledger], namespace: str, interval: Interval, until
             iv.claim_uid == interval.claim_uid and start <= iv.start < until for iv in ledger.intervals
         ):
             continue
-        follow = dataclasses.replace(
-            interval,
-            start=start,
-            end=min(until, ledger.end),
-            peak_memory_bytes=0,
-            mean_utilization_percent=0.0,
-            observed_seconds=0,
-        )
-        ledger.append(follow)
+        ledger.append(_continuation(interval, start, min(until, ledger.end), interval.price))
         changed.add(month)
     return changed
 
@@ -323,17 +336,7 @@ def reprice(ledgers: Mapping[str, Ledger], package: str, price: Price | None, at
             else:
                 _close(iv, at, ledger)
                 if at < ledger.end:
-                    # The refused count is the claim's running total (the agent's counter): it goes on.
-                    follow = dataclasses.replace(
-                        iv,
-                        start=at,
-                        end=None,
-                        price=price,
-                        peak_memory_bytes=0,
-                        mean_utilization_percent=0.0,
-                        observed_seconds=0,
-                    )
-                    ledger.append(follow)
+                    ledger.append(_continuation(iv, at, None, price))
             changed.add(month)
     return changed
 
@@ -341,30 +344,14 @@ def reprice(ledgers: Mapping[str, Ledger], package: str, price: Price | None, at
 def observe(interval: Interval, reading: Reading, previous: Reading | None) -> bool:
     """Fold one usage reading into an open interval; True when a recorded number changed. The mean
     utilization is weighted by time: `previous` (the reading before, same interval) held until now."""
-    before = (
-        interval.peak_memory_bytes,
-        interval.memory_limit_bytes,
-        interval.refused_allocations,
-        interval.observed_seconds,
-    )
-    interval.peak_memory_bytes = max(interval.peak_memory_bytes, reading.memory_used_bytes)
-    interval.memory_limit_bytes = reading.memory_limit_bytes or interval.memory_limit_bytes
-    interval.refused_allocations = max(interval.refused_allocations, reading.refused_allocations)
+    one = accumulator()
+    one.peak_memory_bytes = reading.memory_used_bytes
+    one.memory_limit_bytes = reading.memory_limit_bytes
+    one.refused_allocations = reading.refused_allocations
     if previous is not None and previous.at >= interval.start:
-        span = int((reading.at - previous.at).total_seconds())
-        if span > 0:
-            total = interval.observed_seconds + span
-            weighted = interval.mean_utilization_percent * interval.observed_seconds
-            weighted += (previous.utilization_percent or 0.0) * span
-            interval.mean_utilization_percent = round(weighted / total, 1)
-            interval.observed_seconds = total
-    after = (
-        interval.peak_memory_bytes,
-        interval.memory_limit_bytes,
-        interval.refused_allocations,
-        interval.observed_seconds,
-    )
-    return before != after
+        one.observed_seconds = max(0, int((reading.at - previous.at).total_seconds()))
+        one.mean_utilization_percent = previous.utilization_percent or 0.0
+    return merge(interval, one)
 
 
 def accumulator() -> Interval:
@@ -478,23 +465,12 @@ def hours(seconds: int) -> str:
 
 def to_wire(interval: Interval) -> UsageInterval:
     return UsageInterval(
-        package=interval.package,
-        slice=interval.slice,
-        claim=interval.claim,
-        claimUID=interval.claim_uid,
-        pod=interval.pod,
-        node=interval.node,
-        gpu=interval.gpu,
+        **_fields(interval, _WHO),
+        **_fields(interval, _READINGS),
         start=format_time(interval.start),
         end=format_time(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
         currency=interval.price.currency if interval.price else None,
-        template=interval.template,
-        peakMemoryBytes=interval.peak_memory_bytes,
-        memoryLimitBytes=interval.memory_limit_bytes,
-        meanUtilizationPercent=interval.mean_utilization_percent,
-        observedSeconds=interval.observed_seconds,
-        refusedAllocations=interval.refused_allocations,
     )
 
 
@@ -505,22 +481,11 @@ def from_wire(wire: UsageInterval, shard: int) -> Interval:
         else None
     )
     return Interval(
-        package=wire.package,
-        slice=wire.slice,
-        claim=wire.claim,
-        claim_uid=wire.claim_uid,
-        pod=wire.pod,
-        node=wire.node,
-        gpu=wire.gpu,
+        **_fields(wire, _WHO),
+        **_fields(wire, _READINGS),
         start=parse_time(wire.start),
         end=parse_time(wire.end) if wire.end else None,
         price=price,
-        template=wire.template,
-        peak_memory_bytes=wire.peak_memory_bytes,
-        memory_limit_bytes=wire.memory_limit_bytes,
-        mean_utilization_percent=wire.mean_utilization_percent,
-        observed_seconds=wire.observed_seconds,
-        refused_allocations=wire.refused_allocations,
         shard=shard,
     )
 
