@@ -29,6 +29,7 @@ from gpuslice.api.usage import (
     UsageInterval,
     object_name,
 )
+from gpuslice.timefmt import parse_rfc3339, rfc3339
 
 #: A month is made final this long after it ended: a claim allocated in its last seconds may reach
 #: the operator's watch a moment later and must still be recorded in it.
@@ -37,18 +38,6 @@ FINAL_GRACE = timedelta(minutes=5)
 
 class LedgerFull(Exception):
     """An object would pass the size etcd accepts: refused loudly, never truncated."""
-
-
-def parse_time(value: str) -> datetime:
-    """RFC 3339 with a `Z` (what the API writes) or an offset, as an aware UTC datetime."""
-    if not value.endswith("Z") and "+" not in value[10:]:
-        raise ValueError(f"time {value!r} has no zone; write it like 2026-12-05T10:00:00Z")
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
-
-
-def format_time(value: datetime) -> str:
-    t = value.astimezone(UTC) if value.tzinfo is not UTC else value
-    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"
 
 
 def month_of(t: datetime) -> str:
@@ -467,8 +456,8 @@ def to_wire(interval: Interval) -> UsageInterval:
     return UsageInterval(
         **_fields(interval, _WHO),
         **_fields(interval, _READINGS),
-        start=format_time(interval.start),
-        end=format_time(interval.end) if interval.end is not None else None,
+        start=rfc3339(interval.start),
+        end=rfc3339(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
         currency=interval.price.currency if interval.price else None,
     )
@@ -483,8 +472,8 @@ def from_wire(wire: UsageInterval, shard: int) -> Interval:
     return Interval(
         **_fields(wire, _WHO),
         **_fields(wire, _READINGS),
-        start=parse_time(wire.start),
-        end=parse_time(wire.end) if wire.end else None,
+        start=parse_rfc3339(wire.start),
+        end=parse_rfc3339(wire.end) if wire.end else None,
         price=price,
         shard=shard,
     )
@@ -496,7 +485,7 @@ def load(namespace: str, shards: Sequence[GpuUsage]) -> Ledger:
     first = ordered[0]
     ledger = Ledger(namespace, first.month)
     ledger.final = any(s.final for s in ordered)
-    confirmed = [parse_time(s.confirmed_at) for s in ordered if s.confirmed_at]
+    confirmed = [parse_rfc3339(s.confirmed_at) for s in ordered if s.confirmed_at]
     ledger.confirmed_at = max(confirmed) if confirmed else None
     for s in ordered:
         ledger.intervals.extend(from_wire(w, s.shard) for w in s.intervals)
@@ -542,7 +531,7 @@ def encode(ledger: Ledger, now: datetime) -> dict[int, GpuUsage]:
     first.interval_count = len(ledger.intervals)
     for shard in shards.values():
         shard.final = ledger.final
-        shard.confirmed_at = format_time(ledger.confirmed_at) if ledger.confirmed_at else None
+        shard.confirmed_at = rfc3339(ledger.confirmed_at) if ledger.confirmed_at else None
         size = len(shard.model_dump_json(by_alias=True, exclude_none=True))
         if size > MAX_OBJECT_BYTES:
             raise LedgerFull(
