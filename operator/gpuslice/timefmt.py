@@ -23,16 +23,17 @@ _EXAMPLE = "2026-12-05T10:00:00Z"
 
 
 def _utc(value: datetime) -> datetime:
+    """`value` in UTC; naive refused."""
     if value.tzinfo is None:
         raise ValueError(
             f"datetime {value.isoformat()} has no zone; give an aware one, e.g. datetime.now(UTC)"
         )
-    return value if value.tzinfo is UTC else value.astimezone(UTC)
+    return value.astimezone(UTC)
 
 
 def rfc3339(value: datetime) -> str:
     """metav1.Time: UTC, whole seconds (a fraction is cut off, as the API server does)."""
-    t = _utc(value)
+    t = value if value.tzinfo is UTC else _utc(value)
     # Formatted by hand: strftime's %Y does not pad years before 1000, and this runs for every
     # interval of a ledger month.
     return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"
@@ -40,7 +41,7 @@ def rfc3339(value: datetime) -> str:
 
 def micro_time(value: datetime) -> str:
     """metav1.MicroTime: UTC, six fraction digits."""
-    t = _utc(value)
+    t = value if value.tzinfo is UTC else _utc(value)
     return (
         f"{t.year:04d}-{t.month:02d}-{t.day:02d}"
         f"T{t.hour:02d}:{t.minute:02d}:{t.second:02d}.{t.microsecond:06d}Z"

@@ -163,11 +163,12 @@ def _same_price(a: Price | None, b: Price | None) -> bool:
     return Decimal(a.per_hour) == Decimal(b.per_hour) and a.currency == b.currency
 
 
-#: What names an interval's slice: copied alike from a holding into its intervals, and between an
-#: interval and its wire form (`UsageInterval` takes these Python names as well as its camelCase ones).
+#: What names an interval's slice: copied alike from a holding into its intervals.
 _WHO = ("package", "slice", "claim", "claim_uid", "pod", "node", "gpu", "template")
-#: What the usage readings recorded in an interval: carried alike to and from the wire.
-_READINGS = (
+#: What an interval and its wire form hold alike, the slice's names and the usage readings recorded
+#: (`UsageInterval` takes these Python names as well as its camelCase ones).
+_CARRIED = (
+    *_WHO,
     "peak_memory_bytes",
     "memory_limit_bytes",
     "mean_utilization_percent",
@@ -176,7 +177,7 @@ _READINGS = (
 )
 
 
-def _fields(source: object, names: Iterable[str]) -> dict[str, Any]:
+def _fields(source: object, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: getattr(source, name) for name in names}
 
 
@@ -454,8 +455,7 @@ def hours(seconds: int) -> str:
 
 def to_wire(interval: Interval) -> UsageInterval:
     return UsageInterval(
-        **_fields(interval, _WHO),
-        **_fields(interval, _READINGS),
+        **_fields(interval, _CARRIED),
         start=rfc3339(interval.start),
         end=rfc3339(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
@@ -470,8 +470,7 @@ def from_wire(wire: UsageInterval, shard: int) -> Interval:
         else None
     )
     return Interval(
-        **_fields(wire, _WHO),
-        **_fields(wire, _READINGS),
+        **_fields(wire, _CARRIED),
         start=parse_rfc3339(wire.start),
         end=parse_rfc3339(wire.end) if wire.end else None,
         price=price,
