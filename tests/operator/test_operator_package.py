@@ -377,6 +377,13 @@ def _snapshot_inputs(idx: Indexes) -> tuple[Any, Any, Any]:
     return idx.resource_slices, idx.pool_claims, idx.claims
 
 
+def _slices_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The operator's monotonic clock as a list of one value the test moves on."""
+    clock = [1000.0]
+    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    return clock
+
+
 class _RecordingKube:
     def __init__(self) -> None:
         self.applied: list[str] = []
@@ -391,8 +398,7 @@ async def test_a_claim_is_applied_once_while_its_watch_event_lags_behind(
 ) -> None:
     # At 2,000 slices the claims' watch lagged past a 10 s grace and every refresh applied again
     # (6,771 applies for 2,000 claims). Applied once; again only once the index showed it and lost it.
-    clock = [1000.0]
-    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    clock = _slices_clock(monkeypatch)
     kube = _RecordingKube()
     state = _state(kube)
     without, entry = _one_slice()
@@ -509,8 +515,7 @@ async def test_a_refused_claim_is_retried_with_a_growing_delay_not_on_every_even
 ) -> None:
     # Every pod or quota event refreshes the slice; each refresh re-applied a refused claim at once,
     # a write per event into an API server that was refusing because it was overloaded.
-    clock = [1000.0]
-    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    clock = _slices_clock(monkeypatch)
     api = _RefusingApi()
     state = _state(Kube(api))  # type: ignore[arg-type]
     idx, entry = _one_slice()
@@ -538,8 +543,7 @@ async def test_a_create_without_an_answer_in_time_is_retried_with_a_delay_too(
 ) -> None:
     # At 5,000 slices 1,281 claim applies timed out in the client: the error escaped the refresh
     # (a traceback per slice event), nothing remembered it, and the next events applied again.
-    clock = [1000.0]
-    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    clock = _slices_clock(monkeypatch)
     api = _RefusingApi()
 
     async def no_answer(*_: Any, **__: Any) -> Any:
