@@ -322,7 +322,7 @@ def test_two_replicas_of_the_deployment_are_one_active_and_one_healthy_standby(
                 lambda h=health: _http_status(f"http://127.0.0.1:{h}/healthz") == 200, what=f"{name} healthy"
             )
             # Both serve their metrics to Prometheus, which only the manifests' role lets them review.
-            status, body = scrape(f"http://127.0.0.1:{metrics_port}/metrics", prometheus_token, timeout=5)
+            status, body = scrape(f"http://127.0.0.1:{metrics_port}/metrics", prometheus_token)
             assert status == 200 and "gpuslice_operator_writes_total" in body, (name, status, body)
     finally:
         for proc, _, _, _ in replicas.values():

@@ -70,7 +70,7 @@ class OperatorProcess:
 
     def metrics(self) -> str:
         """The operator's /metrics, read with `metrics_token` as Prometheus reads it."""
-        status, body = support.scrape(self.metrics_url, self.metrics_token, timeout=5)
+        status, body = support.scrape(self.metrics_url, self.metrics_token)
         assert status == 200, f"GET {self.metrics_url}: {status} {body}"
         return body
 
