@@ -389,6 +389,7 @@ class Run:
         self.cluster = DevCluster(self.dir, progress=lambda m: log(f"{mode}: {m}"))
         self.operator: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
+        self.metrics_token = ""
         self.result: dict[str, Any] = {"run": mode}
         self.peak_rss = 0.0
 
@@ -442,7 +443,21 @@ class Run:
             log(f"{self.mode}: every noise pod Running {time.monotonic() - t1:.1f}s later")
         self.result["resourceslices"] = len(slices)
 
+    def metrics_reader(self) -> None:
+        """A service account bound to the manifests' metrics-reader role, as a scraper has: the
+        operator's /metrics answers only readers the API server authorizes."""
+        self.cluster.apply(REPO / "manifests" / "base" / "metrics-reader.yaml")
+        self.cluster.kubectl("create", "serviceaccount", "bench-scraper", "-n", "default")
+        self.cluster.kubectl(
+            "create", "clusterrolebinding", "bench-scraper", "--clusterrole=gpuslice-metrics-reader",
+            "--serviceaccount=default:bench-scraper",
+        )  # fmt: skip
+        self.metrics_token = self.cluster.kubectl(
+            "create", "token", "bench-scraper", "-n", "default", "--duration=24h"
+        ).stdout.strip()
+
     def start_operator(self) -> None:
+        self.metrics_reader()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.metrics_port = s.getsockname()[1]
@@ -477,7 +492,11 @@ class Run:
 
     def operator_metrics(self) -> dict[str, float]:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.metrics_port}/metrics",
+                headers={"Authorization": f"Bearer {self.metrics_token}"},
+            )
+            with urllib.request.urlopen(request, timeout=5) as r:
                 text = r.read().decode()
         except OSError:
             return {}
