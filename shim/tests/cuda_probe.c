@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../probe/probe_ptx.h"
 #include "probe_common.h"
 
 /* The legacy 32-bit entry points, reachable by name like any other export. */
@@ -335,22 +336,7 @@ static int ipc_open(const char *hex)
 
 /* ------------------------------------------------------------------------------------------------ */
 
-/* Two kernels, loadable by the real driver (PTX JIT, no nvcc) and by the test double (which reads the
- * duration from the comment): `empty`, and `spin`, which busy-waits a given number of SM clock cycles. */
-static const char kernels_ptx[] =
-    "// gpuslice-fake: duration_us=%u\n"
-    ".version 6.0\n.target sm_70\n.address_size 64\n"
-    ".visible .entry empty()\n{\n\tret;\n}\n"
-    ".visible .entry spin(.param .u64 spin_param_0)\n{\n"
-    "\t.reg .pred %%p<2>;\n\t.reg .b64 %%rd<6>;\n"
-    "\tld.param.u64 %%rd1, [spin_param_0];\n"
-    "\tmov.u64 %%rd2, %%clock64;\n"
-    "$L_spin:\n"
-    "\tmov.u64 %%rd3, %%clock64;\n"
-    "\tsub.s64 %%rd4, %%rd3, %%rd2;\n"
-    "\tsetp.lt.u64 %%p1, %%rd4, %%rd1;\n"
-    "\t@%%p1 bra $L_spin;\n"
-    "\tret;\n}\n";
+static const char kernels_ptx[] = PROBE_PTX_HEAD PROBE_PTX_EMPTY PROBE_PTX_SPIN;
 
 /* Milliseconds one spin(cycles) takes on the device, timed with events. */
 static double time_spin(CUfunction fn, unsigned long long cycles)
