@@ -70,6 +70,14 @@ static void context_bytes_add(int64_t delta)
     if (self >= 0) atomic_fetch_add(&gs_reg.entries[self].context_bytes, (uint64_t)delta);
 }
 
+/* Bytes a context held besides allocations go back to the slice and off the process's context bytes. */
+static void credit_context_bytes(uint64_t b)
+{
+    if (!b) return;
+    release(b);
+    context_bytes_add(-(int64_t)b);
+}
+
 /* Credits what a context's limits took above the ones it started with (the driver resets them with
  * the context: destroy, primary reset, last primary release). */
 static void credit_context_limits(unsigned idx)
@@ -78,10 +86,7 @@ static void credit_context_limits(unsigned idx)
     for (int i = 0; i < GS_LIM_N; i++) {
         uint64_t b = atomic_exchange(&ctx_limit_charged[idx][i], 0);
         atomic_store(&ctx_limit_base[idx][i], 0);
-        if (b) {
-            release(b);
-            context_bytes_add(-(int64_t)b);
-        }
+        credit_context_bytes(b);
     }
 }
 
@@ -90,11 +95,7 @@ static void credit_context_memory(unsigned idx)
 {
     if (idx == 0 || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
     credit_context_limits(idx);
-    uint64_t b = atomic_exchange(&ctx_cost[idx], 0);
-    if (b) {
-        release(b);
-        context_bytes_add(-(int64_t)b);
-    }
+    credit_context_bytes(atomic_exchange(&ctx_cost[idx], 0));
 }
 
 /* Credits every allocation the driver freed with context `idx`. Rare: a scan of the table is fine. */
