@@ -162,7 +162,7 @@ FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         alloc *a = untrack(p);
         if (!a || a->kind != K_VMM_MAP) {
             if (a) {
-                track(a->ptr, a->size, a->dev, a->kind);
+                track_alloc(a); /* put back as it was: its context, export and backing kept */
                 free(a);
             }
             return CUDA_ERROR_INVALID_VALUE;

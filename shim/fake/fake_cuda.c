@@ -700,7 +700,7 @@ static CUresult free_ptr(CUdeviceptr dptr, int want_kind_linear)
     alloc *a = untrack(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     if (want_kind_linear && (a->kind == K_IPC || a->kind == K_VMM_MAP)) {
-        track(a->ptr, a->size, a->dev, a->kind);
+        track_alloc(a); /* put back as it was: its context, export and backing kept */
         free(a);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -1071,7 +1071,7 @@ FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     alloc *a = untrack(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     if (a->kind != K_IPC) {
-        track(a->ptr, a->size, a->dev, a->kind);
+        track_alloc(a); /* put back as it was: its context, export and backing kept */
         free(a);
         return CUDA_ERROR_INVALID_VALUE;
     }

@@ -17,7 +17,8 @@
  *                                            prints the busy fraction of the second half
  *   cuda_probe boundary HI                   largest single cuMemAlloc that succeeds (bisection)
  *   cuda_probe vmm LIMIT                     VMM: physical memory stays charged while mapped,
- *                                            also after cuMemRelease, and after a retained handle
+ *                                            also after cuMemRelease, and after a retained handle;
+ *                                            freeing a mapping as a cuMemAlloc pointer is refused
  *   cuda_probe ctx-teardown LIMIT            destroying a context (cuCtxDestroy, primary reset, last
  *                                            primary release) credits every allocation made in it
  *   cuda_probe fork-query BYTES              allocate, fork a child that asks NVML for memory info,
@@ -468,6 +469,10 @@ static int vmm_scenario(size_t limit)
     CUdeviceptr p;
     EXPECT_RC(cuMemAlloc(&p, six), CUDA_ERROR_OUT_OF_MEMORY);
     EXPECT_RC(cuMemsetD8(va, 7, 4096), CUDA_SUCCESS);
+    /* Freeing a mapping as if it were cuMemAlloc's or an IPC opening is refused and changes nothing. */
+    EXPECT_RC(cuMemFree(va), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuIpcCloseMemHandle(va), CUDA_ERROR_INVALID_VALUE);
+    CHECK(mem_free() == limit - six, "free %zu after refused frees, expected %zu", mem_free(), limit - six);
     EXPECT_RC(cuMemUnmap(va, six), CUDA_SUCCESS);
     CHECK(mem_free() == limit, "free %zu after the last unmap, expected %zu", mem_free(), limit);
     EXPECT_RC(vmm_create(&h2, six), CUDA_SUCCESS);
