@@ -23,17 +23,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from real_node import NS, interleaved  # noqa: E402
+from real_node import NS, Watch, interleaved  # noqa: E402
 
 from gpuslice_dev.devcluster.cluster import DevCluster  # noqa: E402
 from gpuslice_dev.devcluster.node_agents import start_agents  # noqa: E402
@@ -49,43 +50,6 @@ STAGES = (
     ("started -> Running seen", "container_started", "running"),
     ("total (created -> Running)", "created", "running"),
 )
-
-
-class PodWatch:
-    """`kubectl get pods -w -o json`, each object stamped with the time it arrived."""
-
-    def __init__(self, cluster: DevCluster) -> None:
-        argv = [
-            "kubectl",
-            "--kubeconfig",
-            str(cluster.kubeconfig),
-            "get",
-            "pods",
-            "-n",
-            NS,
-            "-w",
-            "-o",
-            "json",
-        ]
-        self.events: list[tuple[float, dict[str, Any]]] = []
-        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        lines: list[str] = []
-        for line in self._proc.stdout:
-            lines.append(line)
-            if line.rstrip("\n") == "}":  # kubectl indents; an object ends with a bare brace
-                self.events.append((time.time(), json.loads("".join(lines))))
-                lines = []
-
-    def first(self, name: str, test: Any) -> float | None:
-        return next((t for t, o in self.events if o["metadata"]["name"] == name and test(o)), None)
-
-    def stop(self) -> None:
-        self._proc.terminate()
-        self._proc.wait()
 
 
 def _condition(name: str) -> Any:
@@ -137,7 +101,58 @@ def agent_prepared(log: Path) -> dict[str, float]:
     return out
 
 
-def stage_table(cluster: DevCluster, watch: PodWatch, names: dict[str, list[str]]) -> dict[str, Any]:
+def kubelet_dra_means(cluster: DevCluster) -> dict[str, float]:
+    """From kubelet's own histograms: its whole DRA prepare per GpuSlice pod (its claim read and
+    checkpoints, and the agent's gRPC call; plain pods' calls cost nothing and add nothing to the
+    sum) and the agent's gRPC call alone, in mean seconds."""
+    text = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/metrics").stdout
+
+    def total(metric: str, selector: str) -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(metric + "{") and selector in line
+        )
+
+    calls = total("dra_grpc_operations_duration_seconds_count", 'NodePrepareResources"')
+    if not calls:
+        return {}
+    return {
+        "kubelet DRA prepare (mean)": total(
+            "dra_operations_duration_seconds_sum", 'operation_name="PrepareResources"'
+        )
+        / calls,
+        "  of it the agent's gRPC (mean)": total(
+            "dra_grpc_operations_duration_seconds_sum", 'NodePrepareResources"'
+        )
+        / calls,
+    }
+
+
+def scheduler_points(cluster: DevCluster) -> dict[str, float]:
+    """kube-scheduler's mean seconds per extension point over all pods of the run (plain pods add
+    near nothing to the DRA points), per GpuSlice pod: where its allocation goes."""
+    st = cluster.state()
+    assert st is not None
+    user = yaml.safe_load(cluster.kubeconfig.read_text())["users"][0]["user"]
+    port = st.ports["kube-scheduler"]
+    argv = ["curl", "-sk", "--cert", user["client-certificate"], "--key", user["client-key"]]
+    text = subprocess.run([*argv, f"https://127.0.0.1:{port}/metrics"], capture_output=True, text=True).stdout
+    out: dict[str, float] = {}
+    for point in ("PreFilter", "Filter", "Reserve", "PreBind", "Bind"):
+        total = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("scheduler_framework_extension_point_duration_seconds_sum{")
+            and f'extension_point="{point}"' in line
+        )
+        out[f"  scheduler {point} (sum per slice pod)"] = total
+    return out
+
+
+def stage_table(
+    cluster: DevCluster, watch: Watch, claims: Watch, names: dict[str, list[str]]
+) -> dict[str, Any]:
     runtime = containerd_times(cluster.dir / "logs" / f"containerd-{NODE}.log")
     prepared = agent_prepared(cluster.dir / "logs" / f"agent-{NODE}.log")
     table: dict[str, Any] = {}
@@ -148,6 +163,9 @@ def stage_table(cluster: DevCluster, watch: PodWatch, names: dict[str, list[str]
                 "created": watch.first(name, lambda o: True),
                 "bound": watch.first(name, lambda o: bool(o["spec"].get("nodeName"))),
                 "running": watch.first(name, lambda o: o.get("status", {}).get("phase") == "Running"),
+                # a GpuSlice pod's claim (named after it): made by the operator, allocated by kube-scheduler
+                "claim_made": claims.first(name, lambda o: True),
+                "allocated": claims.first(name, lambda o: bool(o.get("status", {}).get("allocation"))),
             }
             row = {k: v for k, v in seen.items() if v is not None} | runtime.get(name, {})
             if name in prepared:
@@ -156,6 +174,14 @@ def stage_table(cluster: DevCluster, watch: PodWatch, names: dict[str, list[str]
         stages = {
             label: statistics.median(r[b] - r[a] for r in rows if a in r and b in r) for label, a, b in STAGES
         }
+        for label, a, b in (
+            ("  claim made by the operator (from the pod's create)", "created", "claim_made"),
+            ("  claim allocated (from the pod's create)", "created", "allocated"),
+            ("  allocated -> bound", "allocated", "bound"),
+        ):
+            gaps = [r[b] - r[a] for r in rows if a in r and b in r]
+            if gaps:
+                stages[label] = statistics.median(gaps)
         with_prepare = [r["sandbox_start"] - r["prepared"] for r in rows if "prepared" in r]
         if with_prepare:
             stages["agent's prepared -> sandbox start"] = statistics.median(with_prepare)
@@ -180,16 +206,21 @@ def main() -> int:
         cluster.start_process("operator", [sys.executable, "-m", "gpuslice", "operator",
                                            "--kubeconfig", str(cluster.kubeconfig)])  # fmt: skip
         start_agents(cluster, "1x Tesla V100-PCIE-32GB")
-        watch = PodWatch(cluster)
+        watch = Watch(cluster)
+        claims = Watch(cluster, "resourceclaims")
         time.sleep(1)
-        interleaved(cluster, NODE, args.pods)
+        interleaved(cluster, NODE, args.pods, watch)
         time.sleep(1)
         watch.stop()
+        claims.stop()
         names = {
             "plain": [f"plain-{NODE}-{i}" for i in range(args.pods)],
             "gpuslice": [f"slice-{NODE}-{i}" for i in range(args.pods)],
         }
-        table = stage_table(cluster, watch, names)
+        table = stage_table(cluster, watch, claims, names)
+        table["gpuslice"] |= {k: round(v, 4) for k, v in kubelet_dra_means(cluster).items()}
+        points = scheduler_points(cluster)
+        table["gpuslice"] |= {k: round(v / args.pods, 4) for k, v in points.items()}
     finally:
         cluster.down()
     if args.json:

@@ -6,7 +6,8 @@ Starts a fresh devcluster (control plane + one kwok node), then one real node (k
 runc, CNI); measures
 - `up` time: the control plane alone, then what the real node adds (containerd, image import,
   kubelet until the Node is Ready);
-- pod create -> Running latency, one pod after the other (median, quartiles and extremes of `--pods`),
+- pod create -> Running latency as one pod watch sees both (no client start-up, no polling
+  interval in it), one pod after the other (median, quartiles and extremes of `--pods`),
   for plain probe-image pods on the kwok node (kwok plays the kubelet), then for plain pods, plain
   pods with the RuntimeDefault seccomp profile (what restricted Pod Security requires of every
   tenant pod, and what a GpuSlice pod is given) and GpuSlice pods on the real node, taking turns, so
@@ -23,8 +24,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,25 +59,66 @@ def pod(name: str, node: str, claim: str | None = None, *, seccomp: bool = False
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
 
 
-def running(cluster: DevCluster, name: str) -> bool:
-    out = cluster.kubectl("get", "pod", name, "-n", NS, "-o", "jsonpath={.status.phase}", check=False)
-    return out.stdout == "Running"
+class Watch:
+    """`kubectl get <resource> -w -o json`, each object stamped with the time it arrived."""
+
+    def __init__(self, cluster: DevCluster, resource: str = "pods") -> None:
+        argv = [
+            "kubectl",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "get",
+            resource,
+            "-n",
+            NS,
+            "-w",
+            "-o",
+            "json",
+        ]
+        self.events: list[tuple[float, dict[str, Any]]] = []
+        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        lines: list[str] = []
+        for line in self._proc.stdout:
+            lines.append(line)
+            if line.rstrip("\n") == "}":  # kubectl indents; an object ends with a bare brace
+                self.events.append((time.time(), json.loads("".join(lines))))
+                lines = []
+
+    def first(self, name: str, test: Any) -> float | None:
+        return next((t for t, o in self.events if o["metadata"]["name"] == name and test(o)), None)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait()
 
 
-def one_pod(cluster: DevCluster, node: str, name: str, *, sliced: bool, seccomp: bool = False) -> float:
-    """Create one pod (a GpuSlice's when `sliced`), time create -> Running, then delete it (and its
-    slice and claim, so the namespace's slice quota is free for the next one)."""
+def is_running(obj: dict[str, Any]) -> bool:
+    return bool(obj.get("status", {}).get("phase") == "Running")
+
+
+def one_pod(
+    cluster: DevCluster, node: str, name: str, watch: Watch, *, sliced: bool, seccomp: bool = False
+) -> float:
+    """Create one pod (a GpuSlice's when `sliced`), time create -> Running as a watch sees them (the
+    API server's news of the pod, not kubectl's start-up or a polling interval), then delete it
+    (and its slice and claim, so the namespace's slice quota is free for the next one)."""
     if sliced:
         meta = {"name": name, "namespace": NS}
         gpuslice = {"apiVersion": "gpuslice.io/v1alpha1", "kind": "GpuSlice", "metadata": meta}
         cluster.apply(json.dumps(gpuslice | {"spec": {"package": "v100-8g"}}))
-    started = time.monotonic()
     cluster.apply(json.dumps(pod(name, node, claim=name if sliced else None, seccomp=seccomp)))
-    while not running(cluster, name):
-        if time.monotonic() - started > 120:
+    deadline = time.monotonic() + 120
+    while (running := watch.first(name, is_running)) is None:
+        if time.monotonic() > deadline:
             raise SystemExit(f"pod {name} not Running after 120 s")
-        time.sleep(0.05)
-    took = time.monotonic() - started
+        time.sleep(0.02)
+    created = watch.first(name, lambda o: True)
+    assert created is not None
+    took = running - created
     cluster.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--grace-period=0", "--force")
     if sliced:
         cluster.kubectl("delete", "gpuslice", name, "-n", NS, "--wait=true")
@@ -85,14 +129,14 @@ def one_pod(cluster: DevCluster, node: str, name: str, *, sliced: bool, seccomp:
     return took
 
 
-def latencies(cluster: DevCluster, node: str, count: int) -> list[float]:
-    return [one_pod(cluster, node, f"plain-{node}-{i}", sliced=False) for i in range(count)]
+def latencies(cluster: DevCluster, node: str, count: int, watch: Watch) -> list[float]:
+    return [one_pod(cluster, node, f"plain-{node}-{i}", watch, sliced=False) for i in range(count)]
 
 
 KINDS = ("plain", "seccomp", "slice")
 
 
-def interleaved(cluster: DevCluster, node: str, count: int) -> dict[str, list[float]]:
+def interleaved(cluster: DevCluster, node: str, count: int, watch: Watch) -> dict[str, list[float]]:
     """`count` plain pods, `count` plain pods with the RuntimeDefault seccomp profile and `count`
     GpuSlice pods on `node`, taking turns (the order rotating), so the machine's load at any moment
     weighs on all alike."""
@@ -100,7 +144,7 @@ def interleaved(cluster: DevCluster, node: str, count: int) -> dict[str, list[fl
     for i in range(count):
         for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
             took = one_pod(
-                cluster, node, f"{kind}-{node}-{i}", sliced=kind == "slice", seccomp=kind == "seccomp"
+                cluster, node, f"{kind}-{node}-{i}", watch, sliced=kind == "slice", seccomp=kind == "seccomp"
             )
             out[kind].append(took)
     return out
@@ -141,8 +185,12 @@ def main() -> int:
         cluster.start_process("operator", [sys.executable, "-m", "gpuslice", "operator",
                                            "--kubeconfig", str(cluster.kubeconfig)])  # fmt: skip
         start_agents(cluster, "1x Tesla V100-PCIE-32GB")
-        kwok = latencies(cluster, "kwok-node-0", args.pods)
-        times = interleaved(cluster, "real-node-0", args.pods)
+        watch = Watch(cluster)
+        try:
+            kwok = latencies(cluster, "kwok-node-0", args.pods, watch)
+            times = interleaved(cluster, "real-node-0", args.pods, watch)
+        finally:
+            watch.stop()
         real, seccomp, sliced = times["plain"], times["seccomp"], times["slice"]
         load = os.getloadavg()
         time.sleep(10)  # let the node settle after the last pod

@@ -11,9 +11,16 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from gpuslice import constants as c
 from gpuslice.agent.gpus import GpuInfo
@@ -93,6 +100,73 @@ def wait_until_not_terminating(cluster: DevCluster, namespace: str, timeout: flo
 def apply(cluster: DevCluster, docs: list[dict[str, Any]], *, kubeconfig: Path | None = None) -> None:
     """Server-side apply, sent as JSON: YAML would turn a name like `n` into a boolean for Go."""
     cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), kubeconfig=kubeconfig)
+
+
+# --- reading gpuslice's /metrics ----------------------------------------------------------------------
+
+METRICS_READER_ROLE = Path(__file__).resolve().parents[1] / "manifests/base/metrics-reader.yaml"
+
+
+@dataclass(frozen=True)
+class MetricsReaders:
+    """Service account tokens for scraping a gated /metrics port, as pods in the cluster hold them."""
+
+    #: a tenant's pod: `edit` in its own namespace, nothing on /metrics
+    tenant: str
+    #: Prometheus: bound to the manifests' ClusterRole gpuslice-metrics-reader
+    prometheus: str
+
+
+@contextmanager
+def metrics_readers(cluster: DevCluster) -> Iterator[MetricsReaders]:
+    """Two service accounts in a namespace of their own; the manifests' metrics-reader role (under a
+    test-unique name, so files on one cluster do not share it) bound to `prometheus` only."""
+    token = uuid.uuid4().hex[:6]
+    ns = cluster.create_namespace(f"metrics-{token}")
+    (role,) = [d for d in yaml.safe_load_all(METRICS_READER_ROLE.read_text()) if d]
+    role["metadata"]["name"] = name = f"gpuslice-metrics-reader-{token}"
+    apply(
+        cluster,
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": n, "namespace": ns}}
+            for n in ("tenant", "prometheus")
+        ]
+        + [
+            role,
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "tenant-edit", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+                "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}],
+            },
+        ],
+    )
+    tokens = {
+        n: cluster.kubectl("create", "token", n, "-n", ns).stdout.strip() for n in ("tenant", "prometheus")
+    }
+    try:
+        yield MetricsReaders(tenant=tokens["tenant"], prometheus=tokens["prometheus"])
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.kubectl("delete", "clusterrole,clusterrolebinding", name, "--wait=false", check=False)
+
+
+def scrape(url: str, token: str | None, timeout: float = 20) -> tuple[int, str]:
+    """GET a metrics URL with `Authorization: Bearer <token>` (none without a token): status and body."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 # --- GPUs and what the agent publishes for them -----------------------------------------------------

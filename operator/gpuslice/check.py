@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.api.resourceslice import GATED_FIELDS, dropped_fields, dropped_gates, gates_fix
+from gpuslice.timefmt import parse_rfc3339
 
 MIN_MINOR = 36  # partitionable devices and consumable capacity on by default
 DRA_GA_MINOR = 34  # resource.k8s.io/v1
@@ -187,11 +188,10 @@ def live_peers(peering: Mapping[str, Any] | None, now: datetime) -> list[str]:
         if not isinstance(info, Mapping) or "lastseen" not in info:
             continue
         try:
-            seen = datetime.fromisoformat(str(info["lastseen"]))
+            # Kopf writes it with its offset; a zone-less one (older Kopf wrote utcnow()) is UTC.
+            seen = parse_rfc3339(str(info["lastseen"]), assume_utc=True)
         except ValueError:
             continue
-        if seen.tzinfo is None:
-            seen = seen.replace(tzinfo=UTC)
         if seen + timedelta(seconds=int(info.get("lifetime", 60))) >= now:
             out.append(peer)
     return sorted(out)

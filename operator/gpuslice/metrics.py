@@ -1,7 +1,9 @@
 """The one catalogue of gpuslice's Prometheus metrics: every series the operator and the agent export.
 
-Each process serves its own registry (`OPERATOR_REGISTRY` or `AGENT_REGISTRY`) with `serve`, so the
-operator never exports agent series and the other way round, although both import this module.
+Each process serves its own registry (`OPERATOR_REGISTRY` or `AGENT_REGISTRY`), so the operator never
+exports agent series and the other way round, although both import this module. Both serve it only
+through `gpuslice.metrics_auth.serve_protected`, to readers the API server lets GET /metrics: the
+series name tenants' namespaces, slices, pods and usage.
 The Grafana dashboard in `manifests/components/monitoring/` queries exactly these names; a test keeps
 the two in step.
 
@@ -12,9 +14,6 @@ per live slice, removed with `forget_slice` when it goes) and GPUs by node/UUID.
 
 from __future__ import annotations
 
-from threading import Thread
-from wsgiref.simple_server import WSGIServer
-
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -23,7 +22,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
 )
 
 from gpuslice.api.slice import Phase
@@ -245,13 +243,6 @@ GPU_XIDS = Counter(
 SOFTWARE_REASONS = ("NoKernelImageForGpu", "PtxTooNewForDriver", "DriverTooOld")
 _SLICE_METRICS = (SLICE_MEMORY_USED, SLICE_MEMORY_LIMIT, SLICE_COMPUTE_UTILIZATION, SLICE_GPU_IDLE)
 _SLICE_COUNTERS = (SLICE_REFUSED_ALLOCATIONS, SLICE_THROTTLED)
-
-
-def serve(port: int, registry: CollectorRegistry, addr: str = "0.0.0.0") -> tuple[WSGIServer, Thread]:
-    """Serve `registry` on http://addr:port/metrics from a daemon thread; returns the server to shut down."""
-    if not 0 < port < 65536:
-        raise ValueError(f"metrics port {port} is not a TCP port (1..65535); pass 0 to the caller to disable")
-    return start_http_server(port, addr=addr, registry=registry)
 
 
 class CounterFromTotal:

@@ -1,9 +1,10 @@
 """Who may read /metrics, decided the way Kubernetes' own components decide it (their delegated
 authentication and authorization): the request's bearer token goes to the API server in a
 TokenReview, and the user it names in a SubjectAccessReview of the non-resource URL /metrics, verb
-get. The agent's series carry every tenant's namespace and memory use; any pod that can reach the
-port must not read them. Prometheus' service account gets the right from a ClusterRole
-(`nonResourceURLs: [/metrics]`, `verbs: [get]`), as for the kubelet's and the API server's metrics.
+get. The agent's series carry every tenant's namespace and memory use, the operator's every
+allocated slice's namespace, name and pod; any pod that can reach either port must not read them.
+Prometheus' service account gets the right from a ClusterRole (`nonResourceURLs: [/metrics]`,
+`verbs: [get]`), as for the kubelet's and the API server's metrics.
 
 The HTTP server runs in its own thread; the reviews run on the process's event loop (its API client
 lives there) and are cached for a minute per token (ten seconds when refused), so a scrape every 30 s

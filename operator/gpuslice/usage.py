@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import io
 import json
@@ -33,14 +34,15 @@ from gpuslice.domain.ledger import (
     Total,
     advise,
     clip,
-    format_time,
     load,
     money,
     month_end,
+    month_of,
     month_start,
     months_between,
     totals,
 )
+from gpuslice.timefmt import parse_rfc3339, rfc3339
 
 
 class UsageError(Exception):
@@ -48,8 +50,11 @@ class UsageError(Exception):
 
 
 def parse_when(value: str, *, end: bool = False) -> datetime:
-    """RFC 3339 in UTC (2026-12-05T10:00:00Z), a date (2026-12-05: its start) or a month (2026-12)."""
-    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%d", "%Y-%m"):
+    """RFC 3339 (2026-12-05T10:00:00Z, or with an offset), a date (2026-12-05: its start, UTC) or a
+    month (2026-12)."""
+    with contextlib.suppress(ValueError):
+        return parse_rfc3339(value)
+    for fmt in ("%Y-%m-%d", "%Y-%m"):
         try:
             return datetime.strptime(value, fmt).replace(tzinfo=UTC)
         except ValueError:
@@ -68,10 +73,10 @@ def period(args: argparse.Namespace, now: datetime) -> tuple[datetime, datetime]
         except ValueError as exc:
             raise UsageError(f"--month {args.month!r} is not YYYY-MM, e.g. 2026-12") from exc
         return start, min(month_end(args.month), now)
-    since = parse_when(args.since) if args.since else month_start(now.strftime("%Y-%m"))
+    since = parse_when(args.since) if args.since else month_start(month_of(now))
     until = parse_when(args.until, end=True) if args.until else now
     if until <= since:
-        raise UsageError(f"--until {format_time(until)} is not after --since {format_time(since)}")
+        raise UsageError(f"--until {rfc3339(until)} is not after --since {rfc3339(since)}")
     return since, min(until, now)
 
 
@@ -187,8 +192,8 @@ def interval_rows(
                 "pod": iv.pod,
                 "node": iv.node,
                 "gpu": iv.gpu,
-                "start": format_time(part.start),
-                "end": format_time(iv.end) if iv.end is not None and part.end == iv.end else None,
+                "start": rfc3339(part.start),
+                "end": rfc3339(iv.end) if iv.end is not None and part.end == iv.end else None,
                 "sliceSeconds": part.seconds(until),
                 "pricePerHour": iv.price.per_hour if iv.price else None,
                 "currency": iv.price.currency if iv.price else None,
@@ -245,7 +250,7 @@ def render(
     note: str | None = None,
 ) -> str:
     if output == "json":
-        doc: dict[str, Any] = {"since": format_time(since), "until": format_time(until), "usage": usage}
+        doc: dict[str, Any] = {"since": rfc3339(since), "until": rfc3339(until), "usage": usage}
         if intervals is not None:
             doc["intervals"] = intervals
         if advice is not None:
@@ -266,7 +271,7 @@ def render(
         )
         for r in usage
     ]
-    lines = [f"{format_time(since)} .. {format_time(until)}"]
+    lines = [f"{rfc3339(since)} .. {rfc3339(until)}"]
     if table:
         lines.append(
             _table(

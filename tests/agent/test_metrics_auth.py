@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import urllib.error
-import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -17,7 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from gpuslice import kubehttp
 from gpuslice.metrics_auth import MetricsGate, reviewer, serve_protected
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
-from support import apply
+from support import metrics_readers, scrape
 
 pytestmark = pytest.mark.cluster
 
@@ -30,56 +27,8 @@ class Served:
     calls: list[str]
 
 
-def _get(url: str, token: str | None) -> tuple[int, str]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 @pytest.fixture(scope="module")
 def served(cluster: DevCluster) -> Iterator[Served]:
-    token = uuid.uuid4().hex[:6]
-    ns = cluster.create_namespace(f"metrics-{token}")
-    apply(
-        cluster,
-        [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": n, "namespace": ns}}
-            for n in ("tenant", "prometheus")
-        ]
-        + [
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": f"metrics-reader-{token}"},
-                "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": f"metrics-reader-{token}"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": f"metrics-reader-{token}",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}],
-            },
-            # a tenant with `edit` in its namespace, as in the red-team round
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "tenant-edit", "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-                "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}],
-            },
-        ],
-    )
-    tokens = {
-        n: cluster.kubectl("create", "token", n, "-n", ns).stdout.strip() for n in ("tenant", "prometheus")
-    }
     registry = CollectorRegistry()
     used = Gauge("gpuslice_slice_memory_used_bytes", "x", ["namespace"], registry=registry)
     used.labels("team-b").set(8 << 30)
@@ -96,27 +45,26 @@ def served(cluster: DevCluster) -> Iterator[Served]:
     port = free_port()
     server, _ = serve_protected(port, registry, MetricsGate(counted, loop), addr="127.0.0.1")
     try:
-        yield Served(f"http://127.0.0.1:{port}/metrics", tokens["tenant"], tokens["prometheus"], calls)
+        with metrics_readers(cluster) as readers:
+            yield Served(f"http://127.0.0.1:{port}/metrics", readers.tenant, readers.prometheus, calls)
     finally:
         server.shutdown()
         asyncio.run_coroutine_threadsafe(api.close(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        cluster.kubectl("delete", "clusterrole,clusterrolebinding", f"metrics-reader-{token}", check=False)
 
 
 def test_without_a_token_nothing_is_served(served: Served) -> None:
-    status, body = _get(served.url, None)
+    status, body = scrape(served.url, None)
     assert status == 401 and "bearer token" in body and "team-b" not in body
 
 
 def test_a_forged_token_is_refused(served: Served) -> None:
-    status, body = _get(served.url, "not-a-token")
+    status, body = scrape(served.url, "not-a-token")
     assert status == 401 and "not valid" in body and "team-b" not in body
 
 
 def test_another_tenants_pod_token_is_refused(served: Served) -> None:
-    status, body = _get(served.url, served.tenant_token)
+    status, body = scrape(served.url, served.tenant_token)
     assert status == 403 and "may not get /metrics" in body and "nonResourceURLs" in body
     assert "team-b" not in body
 
@@ -126,6 +74,6 @@ def test_prometheus_with_the_metrics_reader_role_reads_them_and_is_reviewed_once
 ) -> None:
     before = len(served.calls)
     for _ in range(3):
-        status, body = _get(served.url, served.prometheus_token)
+        status, body = scrape(served.url, served.prometheus_token)
         assert status == 200 and 'gpuslice_slice_memory_used_bytes{namespace="team-b"}' in body
     assert len(served.calls) - before == 1  # cached

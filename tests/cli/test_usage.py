@@ -95,6 +95,18 @@ def test_the_period_is_this_month_a_named_month_or_since_until() -> None:
         args("-n", "a", "-A")  # one or the other
 
 
+def test_since_and_until_take_any_rfc3339_zone() -> None:
+    # A time copied from a tool that writes its offset means the same instant as its Z form.
+    assert period(
+        args("--since", "2026-12-05T11:30:00+01:00", "--until", "2026-12-05T06:00:00-05:00"), NOW
+    ) == (
+        datetime(2026, 12, 5, 10, 30, tzinfo=UTC),
+        datetime(2026, 12, 5, 11, 0, tzinfo=UTC),
+    )
+    with pytest.raises(UsageError, match="--until '2026-12-05T10:30:00': give 2026-12-05T10:00:00Z"):
+        period(args("--until", "2026-12-05T10:30:00"), NOW)  # no zone: which one was meant?
+
+
 def _outputs(output: str, since: datetime, until: datetime, with_rest: bool = False) -> str:
     rows = intervals_of(OBJECTS)
     usage = usage_rows(totals(rows, until, since))

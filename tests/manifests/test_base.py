@@ -235,3 +235,62 @@ def test_tenant_role_never_grants_products_device_classes_or_resource_slices(bas
     )
     claim_verbs = {v for _, r, v in grants if r in ("resourceclaims", "resourceclaimtemplates")}
     assert claim_verbs == {"get", "list", "watch"}, "claims are the operator's to write"
+
+
+SCRAPERS = {"namespaceSelector": {"matchLabels": {"gpuslice.io/metrics-scraper": "true"}}}
+
+
+def test_every_metrics_port_is_reachable_from_scraper_namespaces_only(base):
+    # The operator's and the agents' series name tenants' namespaces and slices: besides each
+    # reader's token, only the monitoring namespace's pods may connect to the port at all.
+    workloads = [d for d in base if d["kind"] in ("Deployment", "DaemonSet")]
+    serving = [
+        w
+        for w in workloads
+        if any(p["name"] == "metrics" for c in pod_spec(w)["containers"] for p in c.get("ports", []))
+    ]
+    assert {w["metadata"]["name"] for w in serving} == {"gpuslice-operator", "gpuslice-agent"}
+    for w in serving:
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        policies = [
+            p
+            for p in base
+            if p["kind"] == "NetworkPolicy"
+            and p["metadata"]["namespace"] == w["metadata"]["namespace"]
+            and p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+            and "Ingress" in p["spec"]["policyTypes"]
+        ]
+        rules = [r for p in policies for r in p["spec"].get("ingress", [])]
+        to_metrics = [r for r in rules if "ports" not in r or any(p["port"] == "metrics" for p in r["ports"])]
+        name = w["metadata"]["name"]
+        assert to_metrics, f"{name}: no NetworkPolicy admits its metrics port, or none selects it"
+        assert all(r.get("from") == [SCRAPERS] for r in to_metrics), (name, to_metrics)
+
+
+def test_both_processes_may_ask_the_api_server_who_reads_their_metrics(base):
+    # gpuslice.metrics_auth reviews each scraper's token (TokenReview) and its right to GET /metrics
+    # (SubjectAccessReview) with the process's own service account.
+    def grants(account: str) -> set[tuple[str, str, str]]:
+        roles = {
+            b["roleRef"]["name"]
+            for b in base
+            if b["kind"] == "ClusterRoleBinding"
+            and {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in b["subjects"]
+        }
+        out = set()
+        for r in base:
+            if r["kind"] == "ClusterRole" and r["metadata"]["name"] in roles:
+                for rule in r.get("rules", []):
+                    for g in rule.get("apiGroups", []):
+                        for res in rule.get("resources", []):
+                            out.update((g, res, v) for v in rule["verbs"])
+        if "system:auth-delegator" in roles:  # Kubernetes' own role: exactly these two
+            out |= {("authentication.k8s.io", "tokenreviews", "create")}
+            out |= {("authorization.k8s.io", "subjectaccessreviews", "create")}
+        return out
+
+    for account in ("gpuslice-operator", "gpuslice-agent"):
+        assert {
+            ("authentication.k8s.io", "tokenreviews", "create"),
+            ("authorization.k8s.io", "subjectaccessreviews", "create"),
+        } <= grants(account), account

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import urllib.request
+import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuslice import metrics
+from gpuslice import metrics, metrics_auth
 
 SLICE = ("namespace", "slice", "package", "node", "gpu_uuid")
 GPU = ("node", "gpu_uuid", "model")
@@ -155,29 +154,16 @@ def test_forget_package_drops_the_operator_series_of_that_package():
     assert 'gpuslice_slices{package="v100-16g",phase="InUse"} 1.0' in text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_serve_exposes_one_registry_over_http():
-    metrics.PACKAGE_FREE_SLICES.labels("v100-8g").set(3)
-    metrics.GPU_MEMORY_TOTAL.labels("node-1", "GPU-0", "Tesla V100-PCIE-32GB").set(32 * 2**30)
-    port = _free_port()
-    server, thread = metrics.serve(port, metrics.OPERATOR_REGISTRY, addr="127.0.0.1")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as rsp:
-            body = rsp.read().decode()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-    assert 'gpuslice_package_free_slices{package="v100-8g"} 3.0' in body
-    assert "gpuslice_gpu_memory_total_bytes" not in body
-
-
 @pytest.mark.parametrize("port", [0, -1, 70000])
 def test_serve_rejects_a_port_that_is_not_one(port: int):
-    with pytest.raises(ValueError, match="not a TCP port"):
-        metrics.serve(port, metrics.AGENT_REGISTRY)
+    async def never_asked(token: str) -> tuple[int, str]:
+        raise AssertionError("no request can reach a server that was not started")
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="not a TCP port"):
+            metrics_auth.serve_protected(
+                port, metrics.AGENT_REGISTRY, metrics_auth.MetricsGate(never_asked, loop)
+            )
+    finally:
+        loop.close()

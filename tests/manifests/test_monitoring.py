@@ -163,3 +163,22 @@ def test_servicemonitor_scrapes_the_operator_and_every_agent(with_monitoring):
 
 def test_the_base_alone_has_no_prometheus_operator_kinds(base):
     assert not [d for d in base if d["apiVersion"].startswith("monitoring.coreos.com/")]
+
+
+def test_prometheus_sends_its_token_and_is_bound_to_the_metrics_reader_role(with_monitoring):
+    # Both processes answer /metrics only to a bearer token the API server allows GET /metrics.
+    (sm,) = _one(with_monitoring, "ServiceMonitor")
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert [e.get("bearerTokenFile") for e in sm["spec"]["endpoints"]] == [token] * len(
+        sm["spec"]["endpoints"]
+    )
+    (binding,) = [
+        b
+        for b in _one(with_monitoring, "ClusterRoleBinding")
+        if b["roleRef"]["name"] == "gpuslice-metrics-reader"
+    ]
+    assert [s["kind"] for s in binding["subjects"]] == ["ServiceAccount"]
+    (role,) = [
+        r for r in _one(with_monitoring, "ClusterRole") if r["metadata"]["name"] == "gpuslice-metrics-reader"
+    ]
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]

@@ -28,7 +28,14 @@ import yaml
 
 from gpuslice import constants
 from gpuslice_dev.devcluster.cluster import DevCluster
-from support import get_json, remove_operator_policies, wait_for, wait_until_not_terminating
+from support import (
+    get_json,
+    metrics_readers,
+    remove_operator_policies,
+    scrape,
+    wait_for,
+    wait_until_not_terminating,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -250,8 +257,20 @@ def peering_object(cluster: DevCluster, base: list[Doc]) -> Iterator[str]:
         cluster.kubectl("delete", kind, name, "--wait=false", check=False)
 
 
+@pytest.fixture
+def prometheus_token(cluster: DevCluster) -> Iterator[str]:
+    """A service account token bound to the manifests' metrics-reader role, as Prometheus holds one."""
+    with metrics_readers(cluster) as readers:
+        yield readers.prometheus
+
+
 def test_two_replicas_of_the_deployment_are_one_active_and_one_healthy_standby(
-    cluster: DevCluster, base: list[Doc], operator_kubeconfig: Path, peering_object: str, tmp_path: Path
+    cluster: DevCluster,
+    base: list[Doc],
+    operator_kubeconfig: Path,
+    peering_object: str,
+    prometheus_token: str,
+    tmp_path: Path,
 ) -> None:
     container = one(base, "Deployment", "gpuslice-operator")["spec"]["template"]["spec"]["containers"][0]
     argv = [*container["command"], *container["args"]]
@@ -302,7 +321,9 @@ def test_two_replicas_of_the_deployment_are_one_active_and_one_healthy_standby(
             wait_for(
                 lambda h=health: _http_status(f"http://127.0.0.1:{h}/healthz") == 200, what=f"{name} healthy"
             )
-            assert _http_status(f"http://127.0.0.1:{metrics_port}/metrics") == 200
+            # Both serve their metrics to Prometheus, which only the manifests' role lets them review.
+            status, body = scrape(f"http://127.0.0.1:{metrics_port}/metrics", prometheus_token)
+            assert status == 200 and "gpuslice_operator_writes_total" in body, (name, status, body)
     finally:
         for proc, _, _, _ in replicas.values():
             _stop(proc)

@@ -223,6 +223,74 @@ def test_deleting_the_pod_unprepares_its_claim(node_cluster: DevCluster) -> None
     delete(node_cluster, "gpuslice", pod)
 
 
+def _waiting_for_a_config_map(name: str) -> list[dict[str, Any]]:
+    """A slice pod that mounts a ConfigMap not there yet: kubelet waits on its volumes and does not
+    ask the agent to prepare the claim until the ConfigMap is made."""
+    docs = slice_pod(name, ["sleep", "3600"])
+    spec: Any = docs[1]["spec"]
+    spec["volumes"] = [{"name": "config", "configMap": {"name": f"{name}-config"}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "config", "mountPath": "/config"}]
+    return docs
+
+
+def _agent_log(cluster: DevCluster, claim: str) -> list[dict[str, Any]]:
+    lines = (cluster.dir / "logs" / f"agent-{NODE}.log").read_text(errors="replace").splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    return [r for r in records if r.get("claim") == f"{TENANT}/{claim}"]
+
+
+def test_a_claim_is_prepared_while_kubelet_mounts_the_pods_volumes(node_cluster: DevCluster) -> None:
+    """The agent prepares a bound pod's claim without waiting for kubelet's call (kubelet asks only
+    once the pod's volumes are mounted, and then waits for the answer): here kubelet cannot mount a
+    volume yet, and the claim is prepared all the same; once it can, kubelet's call is answered from
+    what was prepared and the pod runs on its slice."""
+    docs = _waiting_for_a_config_map("early")
+    try:
+        node_cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+        spec = wait_for(
+            lambda: (f := claim_spec_file(node_cluster, "early")).exists() and f, 60, "the claim prepared"
+        )
+        pod = get_json(node_cluster, "pod", "early", "-n", TENANT)
+        assert pod["spec"]["nodeName"] == NODE and pod["status"]["phase"] == "Pending", pod["status"]
+        [prepared] = [r for r in _agent_log(node_cluster, "early") if r["event"] == "claim prepared"]
+        assert prepared["ahead_of_kubelet"] is True
+
+        node_cluster.kubectl("create", "configmap", "early-config", "-n", TENANT, "--from-literal=a=b")
+        run_pod(node_cluster, [docs[1]])
+        rc, out, err = exec_in(node_cluster, "early", "gpuslice-probe", "smi")
+        assert (rc, out.strip()) == (0, "Tesla V100-PCIE-32GB, 8192 MiB"), err
+        events = [r["event"] for r in _agent_log(node_cluster, "early")]
+        assert events.count("claim prepared") == 1, events
+        assert "claim prepared ahead taken by kubelet" in events, events
+
+        delete(node_cluster, "pod", "early")  # kubelet's to unprepare now, as for any claim it prepared
+        wait_for(lambda: not spec.exists(), 60, "kubelet's NodeUnprepareResources to remove the CDI spec")
+    finally:
+        delete(node_cluster, "pod", "early")
+        delete(node_cluster, "configmap", "early-config")
+        delete(node_cluster, "gpuslice", "early")
+
+
+def test_a_claim_prepared_for_a_pod_that_never_started_is_given_back(node_cluster: DevCluster) -> None:
+    """kubelet unprepares only what it prepared: a claim the agent prepared ahead for a pod deleted
+    before kubelet got to it would stay on the node (its files, its card's memory in the agent's
+    count) unless the agent gives it back itself."""
+    docs = _waiting_for_a_config_map("never")
+    try:
+        node_cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
+        spec = wait_for(
+            lambda: (f := claim_spec_file(node_cluster, "never")).exists() and f, 60, "the claim prepared"
+        )
+        uid = get_json(node_cluster, "resourceclaim", "never", "-n", TENANT)["metadata"]["uid"]
+        delete(node_cluster, "pod", "never")
+        wait_for(lambda: not spec.exists(), 30, "the agent to give the claim back")
+        checkpoint = dirs_of(node_cluster, NODE).base / "agent" / "state" / "checkpoint.json"
+        assert uid not in json.loads(checkpoint.read_text())["claims"]
+    finally:
+        delete(node_cluster, "pod", "never")
+        delete(node_cluster, "gpuslice", "never")
+
+
 def test_a_recreated_slice_does_not_take_the_deleted_ones_claim(node_cluster: DevCluster) -> None:
     """A GpuSlice deleted while its pod runs and created again under the same name: the old claim
     (owned by the deleted slice's uid) stays until that pod is gone. It is not the new slice's: no

@@ -32,6 +32,8 @@ class OperatorProcess:
     def __init__(self, cluster: DevCluster, log: Path, *extra: str) -> None:
         self.cluster, self.log, self.extra = cluster, log, extra
         self.proc: subprocess.Popen[bytes] | None = None
+        #: the service account token `metrics` sends (one allowed GET /metrics: see `metrics_readers`)
+        self.metrics_token: str | None = None
 
     def start(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -60,6 +62,17 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    @property
+    def metrics_url(self) -> str:
+        port = next(a.split("=", 1)[1] for a in self.extra if a.startswith("--metrics-port="))
+        return f"http://127.0.0.1:{port}/metrics"
+
+    def metrics(self) -> str:
+        """The operator's /metrics, read with `metrics_token` as Prometheus reads it."""
+        status, body = support.scrape(self.metrics_url, self.metrics_token)
+        assert status == 200, f"GET {self.metrics_url}: {status} {body}"
+        return body
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,17 @@ from gpuslice import constants as c
 from gpuslice.operator.kube import MAX_WRITES_IN_FLIGHT
 from gpuslice.operator.run import POSTING_WORKERS
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
-from support import apply, argocd_health, deployment_doc, pod_doc, slice_doc, wait_for
+from support import (
+    MetricsReaders,
+    apply,
+    argocd_health,
+    deployment_doc,
+    metrics_readers,
+    pod_doc,
+    scrape,
+    slice_doc,
+    wait_for,
+)
 
 from .operator_cluster import (
     REPO,
@@ -52,7 +61,15 @@ RESYNC_SECONDS = 10
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def readers(cluster: DevCluster) -> Iterator[MetricsReaders]:
+    with metrics_readers(cluster) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: DevCluster, readers: MetricsReaders, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     cluster.apply_crds()
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = OperatorProcess(
@@ -62,6 +79,7 @@ def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
         f"--resync-seconds={RESYNC_SECONDS}",
         "--max-gpuslices-per-namespace=1000",  # the scale test puts 150 slices in one namespace
     )
+    op.metrics_token = readers.prometheus
     op.start()
     try:
         wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
@@ -302,12 +320,34 @@ def test_package_makes_device_class_and_quota_only_where_entitled(world: World) 
 
 
 def _metric(op: OperatorProcess, series: str) -> float | None:
-    port = next(a.split("=")[1] for a in op.extra if a.startswith("--metrics-port="))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
+    for line in op.metrics().splitlines():
         if line.startswith(series + " "):
             return float(line.split()[-1])
     return None
+
+
+def test_metrics_without_a_token_are_refused(operator: OperatorProcess) -> None:
+    # The operator's series name tenants' namespaces, slices and pods (gpuslice_slice_allocated):
+    # a pod that reaches the port must not read them.
+    status, body = scrape(operator.metrics_url, None)
+    assert (status, "bearer token" in body, "gpuslice_" in body) == (401, True, False), body
+
+
+def test_metrics_for_a_service_account_without_the_metrics_reader_role_are_refused(
+    operator: OperatorProcess, readers: MetricsReaders
+) -> None:
+    status, body = scrape(operator.metrics_url, readers.tenant)
+    assert (status, "may not get /metrics" in body, "gpuslice_" in body) == (403, True, False), body
+
+
+def test_the_metrics_reader_role_reads_the_operators_series_and_no_agents(
+    operator: OperatorProcess, readers: MetricsReaders
+) -> None:
+    status, body = scrape(operator.metrics_url, readers.prometheus)
+    assert status == 200, body
+    assert "# TYPE gpuslice_slice_allocated gauge" in body
+    assert "# TYPE gpuslice_operator_writes_total counter" in body
+    assert "gpuslice_slice_memory_used_bytes" not in body  # the agents' own series
 
 
 def test_package_capacity_counts_gpus_slices_and_what_other_packages_use(
@@ -993,15 +1033,11 @@ def test_samples_apply_and_work_end_to_end(cluster: DevCluster, operator: Operat
 
 
 def _metric_lines(op: OperatorProcess, prefix: str) -> list[str]:
-    port = next(a.split("=")[1] for a in op.extra if a.startswith("--metrics-port="))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return [line for line in text.splitlines() if line.startswith(prefix)]
+    return [line for line in op.metrics().splitlines() if line.startswith(prefix)]
 
 
 def _metric_sum(op: OperatorProcess, prefix: str) -> float:
-    port = next(a.split("=")[1] for a in op.extra if a.startswith("--metrics-port="))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+    return sum(float(line.split()[-1]) for line in op.metrics().splitlines() if line.startswith(prefix))
 
 
 def _sockets(pid: int) -> int:

@@ -157,8 +157,26 @@ def test_claims_of_other_drivers_are_not_indexed() -> None:
     assert not idx.claims and not idx.pool_claims
 
 
-def _state(**config: Any) -> OperatorState:
-    return OperatorState(config=OperatorConfig(**config), kube=None)  # type: ignore[arg-type]
+def _state(kube: Any = None, **config: Any) -> OperatorState:
+    """An operator's state over `kube` (a stand-in for the API where a test needs one)."""
+    return OperatorState(config=OperatorConfig(**config), kube=kube)
+
+
+def _package(name: str = "p", **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": "pu", **meta}, "spec": {"gpuModel": "m", "fraction": 25}}
+
+
+def _slice(name: str, package: str = "p") -> dict[str, Any]:
+    meta = {"namespace": "ns", "name": name, "uid": f"u-{name}"}
+    return {"metadata": meta, "spec": {"package": package}, "status": {}}
+
+
+def _one_slice(**more: list[dict[str, Any]]) -> tuple[Indexes, indexes.SliceView]:
+    """The indexes of package `p` and its slice ns/s (and `more` objects), and the slice's view."""
+    idx = idx_of(packages=[_package()], slices=[_slice("s")], **more)
+    entry = slices.one(idx.slices, ("ns", "s"))
+    assert entry is not None
+    return idx, entry
 
 
 def test_snapshot_counts_allocated_devices_from_the_pool_index() -> None:
@@ -359,6 +377,13 @@ def _snapshot_inputs(idx: Indexes) -> tuple[Any, Any, Any]:
     return idx.resource_slices, idx.pool_claims, idx.claims
 
 
+def _slices_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The operator's monotonic clock as a list of one value the test moves on."""
+    clock = [1000.0]
+    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    return clock
+
+
 class _RecordingKube:
     def __init__(self) -> None:
         self.applied: list[str] = []
@@ -373,15 +398,10 @@ async def test_a_claim_is_applied_once_while_its_watch_event_lags_behind(
 ) -> None:
     # At 2,000 slices the claims' watch lagged past a 10 s grace and every refresh applied again
     # (6,771 applies for 2,000 claims). Applied once; again only once the index showed it and lost it.
-    clock = [1000.0]
-    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    clock = _slices_clock(monkeypatch)
     kube = _RecordingKube()
-    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
-    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
-    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
-    without = idx_of(packages=[pkg], slices=[sl])
-    entry = slices.one(without.slices, ("ns", "s"))
-    assert entry is not None
+    state = _state(kube)
+    without, entry = _one_slice()
     for _ in range(5):  # 100 s without a watch event of the claim
         await slices.ensure_claim(state, entry, without)
         clock[0] += 20
@@ -390,7 +410,7 @@ async def test_a_claim_is_applied_once_while_its_watch_event_lags_behind(
         "metadata": {"namespace": "ns", "name": "s", "labels": {}},
         "spec": allocated_claim("ns", "s", "n", "d")["spec"],
     }
-    shown = idx_of(packages=[pkg], slices=[sl], claims=[claim])
+    shown, _ = _one_slice(claims=[claim])
     await slices.ensure_claim(state, entry, shown)
     await slices.ensure_claim(state, entry, without)  # deleted by someone: put back
     assert kube.applied == ["s", "s"]
@@ -410,18 +430,22 @@ class _StatusKube(_RecordingKube):
         (self.statuses if kind == c.SLICE_KIND else self.package_statuses).append(args[-1])
 
 
+def _kopf_event_reasons(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The reasons of the Events the operator records through Kopf, in order."""
+    events: list[str] = []
+    monkeypatch.setattr(slices.kopf, "event", lambda *_, reason, **__: events.append(reason))
+    return events
+
+
 async def test_the_refresh_that_creates_a_claim_writes_the_state_after_it_not_creating_claim(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # CreatingClaim lasted until the claim's watch event came back: one more status patch per slice
     # (a quarter of them in a burst). The apply's answer is the claim.
-    events: list[str] = []
-    monkeypatch.setattr(slices.kopf, "event", lambda *_, reason, **__: events.append(reason))
+    events = _kopf_event_reasons(monkeypatch)
     kube = _StatusKube()
-    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
-    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
-    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
-    await slices.refresh(state, "ns", "s", idx_of(packages=[pkg], slices=[sl]))
+    state = _state(kube)
+    await slices.refresh(state, "ns", "s", _one_slice()[0])
     assert kube.applied == ["s"]
     assert [(x["phase"], x["reason"]) for x in kube.statuses] == [("Pending", "WaitingForPod")]
     assert events == ["WaitingForPod"]
@@ -430,13 +454,10 @@ async def test_the_refresh_that_creates_a_claim_writes_the_state_after_it_not_cr
 async def test_a_refresh_before_the_claims_watch_event_does_not_go_back_to_creating_claim(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    events: list[str] = []
-    monkeypatch.setattr(slices.kopf, "event", lambda *_, reason, **__: events.append(reason))
+    events = _kopf_event_reasons(monkeypatch)
     kube = _StatusKube()
-    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
-    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
-    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
-    idx = idx_of(packages=[pkg], slices=[sl])
+    state = _state(kube)
+    idx, _ = _one_slice()
     await slices.refresh(state, "ns", "s", idx)
     await slices.refresh(state, "ns", "s", idx)  # another event of the slice; the claim's not seen yet
     assert [(x["phase"], x["reason"]) for x in kube.statuses] == [("Pending", "WaitingForPod")]
@@ -494,15 +515,10 @@ async def test_a_refused_claim_is_retried_with_a_growing_delay_not_on_every_even
 ) -> None:
     # Every pod or quota event refreshes the slice; each refresh re-applied a refused claim at once,
     # a write per event into an API server that was refusing because it was overloaded.
-    clock = [1000.0]
-    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    clock = _slices_clock(monkeypatch)
     api = _RefusingApi()
-    state = OperatorState(config=OperatorConfig(), kube=Kube(api))  # type: ignore[arg-type]
-    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
-    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
-    idx = idx_of(packages=[pkg], slices=[sl])
-    entry = slices.one(idx.slices, ("ns", "s"))
-    assert entry is not None
+    state = _state(Kube(api))  # type: ignore[arg-type]
+    idx, entry = _one_slice()
     for _ in range(600):  # an event every 0.1 s for a minute
         await slices.ensure_claim(state, entry, idx)
         clock[0] += 0.1
@@ -527,8 +543,7 @@ async def test_a_create_without_an_answer_in_time_is_retried_with_a_delay_too(
 ) -> None:
     # At 5,000 slices 1,281 claim applies timed out in the client: the error escaped the refresh
     # (a traceback per slice event), nothing remembered it, and the next events applied again.
-    clock = [1000.0]
-    monkeypatch.setattr(slices.time, "monotonic", lambda: clock[0])
+    clock = _slices_clock(monkeypatch)
     api = _RefusingApi()
 
     async def no_answer(*_: Any, **__: Any) -> Any:
@@ -536,12 +551,8 @@ async def test_a_create_without_an_answer_in_time_is_retried_with_a_delay_too(
         raise TimeoutError
 
     api.apply = no_answer  # type: ignore[method-assign]
-    state = OperatorState(config=OperatorConfig(), kube=Kube(api))  # type: ignore[arg-type]
-    pkg = {"metadata": {"name": "p", "uid": "pu"}, "spec": {"gpuModel": "m", "fraction": 25}}
-    sl = {"metadata": {"namespace": "ns", "name": "s", "uid": "su"}, "spec": {"package": "p"}, "status": {}}
-    idx = idx_of(packages=[pkg], slices=[sl])
-    entry = slices.one(idx.slices, ("ns", "s"))
-    assert entry is not None
+    state = _state(Kube(api))  # type: ignore[arg-type]
+    idx, entry = _one_slice()
     for _ in range(100):  # an event every 0.1 s for 10 s
         assert await slices.ensure_claim(state, entry, idx) is None
         clock[0] += 0.1
@@ -582,21 +593,12 @@ class _StuckKube(_StatusKube):
             self.in_flight -= 1
 
 
-def _package(name: str = "p", **meta: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "uid": "pu", **meta}, "spec": {"gpuModel": "m", "fraction": 25}}
-
-
-def _slice(name: str, package: str = "p") -> dict[str, Any]:
-    meta = {"namespace": "ns", "name": name, "uid": f"u-{name}"}
-    return {"metadata": meta, "spec": {"package": package}, "status": {}}
-
-
 async def test_an_event_of_a_slice_marks_it_for_its_package_and_does_not_wait_for_its_write() -> None:
     # At 5,000 slices every event handler refreshed its slice itself, waiting for the write: Kopf
     # indexes an object's next event only after its handler returns, so the claims index lagged
     # minutes behind and claims were applied again (30,765 applies for 5,000 claims).
     kube = _StuckKube()
-    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    state = _state(kube)
     kw, workloads = kw_of(packages=[_package()], slices=[_slice("s")])
     state.workloads = workloads
     await asyncio.wait_for(
@@ -620,7 +622,7 @@ async def test_a_slice_of_a_package_without_a_daemon_is_refreshed_by_its_event(
     # daemons); its slices still get a status from their own events.
     monkeypatch.setattr(slices.kopf, "event", lambda *_, **__: None)
     kube = _StatusKube()
-    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    state = _state(kube)
     deleting = _package("gone", deletionTimestamp="2026-12-03T00:00:00Z")
     kw, workloads = kw_of(packages=[deleting], slices=[_slice("a", "missing"), _slice("b", "gone")])
     state.workloads = workloads
@@ -634,7 +636,7 @@ async def test_a_slice_of_a_package_without_a_daemon_is_refreshed_by_its_event(
 async def test_a_burst_of_marked_slices_is_refreshed_a_bounded_number_at_a_time() -> None:
     # 5,000 refreshes at once each held its facts and status while its write waited for a slot.
     kube = _StuckKube()
-    state = OperatorState(config=OperatorConfig(), kube=kube)  # type: ignore[arg-type]
+    state = _state(kube)
     many = [_slice(f"s{i}") for i in range(300)]
     kw, workloads = kw_of(packages=[_package()], slices=many)
     state.workloads = workloads

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,17 +42,45 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return kernels.write_builds(tmp_path_factory.mktemp("images"))
 
 
-def on_double(built: ShimPaths, tmp_path: Path, spec: str = V100, driver: str = "535") -> dict[str, str]:
-    config = simulate.write_fake_config(
-        simulate.parse_gpu_spec(spec, seed="cudart"),
-        tmp_path / "fake-gpus.conf",
-        *simulate.driver_versions(driver),
-    )
-    return {**os.environ, **simulate.fake_driver_env(config, built.fake_dir)}
+@dataclass
+class Double:
+    """The runtime probes and kernel images, run on the driver double (no shim)."""
+
+    built: ShimPaths
+    probes: dict[str, Path]
+    images: dict[str, Path]
+    tmp_path: Path
+
+    def env(self, spec: str = V100, driver: str = "535") -> dict[str, str]:
+        """The environment that loads the double simulating `spec` under a `driver` driver."""
+        config = simulate.write_fake_config(
+            simulate.parse_gpu_spec(spec, seed="cudart"),
+            self.tmp_path / "fake-gpus.conf",
+            *simulate.driver_versions(driver),
+        )
+        return {**os.environ, **simulate.fake_driver_env(config, self.built.fake_dir)}
+
+    def run(
+        self,
+        major: str,
+        *args: str | Path,
+        spec: str = V100,
+        driver: str = "535",
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """The CUDA `major` runtime's probe with `args`, in `env` or on the double as `env()` sets it."""
+        return subprocess.run(
+            [str(self.probes[major]), *map(str, args)],
+            env=env if env is not None else self.env(spec, driver),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
 
-def probe_run(probe: Path, args: list[str | Path], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(probe), *map(str, args)], env=env, capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def double(built: ShimPaths, probes: dict[str, Path], images: dict[str, Path], tmp_path: Path) -> Double:
+    return Double(built, probes, images, tmp_path)
 
 
 def assert_all_steps_pass(proc: subprocess.CompletedProcess[str]) -> None:
@@ -60,10 +89,8 @@ def assert_all_steps_pass(proc: subprocess.CompletedProcess[str]) -> None:
 
 
 @pytest.mark.parametrize("spec", list(simulate.KNOWN_MODELS))
-def test_the_runtime_reads_each_models_properties(
-    built: ShimPaths, probes: dict[str, Path], tmp_path: Path, spec: str
-) -> None:
-    proc = probe_run(probes["12"], ["props"], on_double(built, tmp_path, f"1x {spec}"))
+def test_the_runtime_reads_each_models_properties(double: Double, spec: str) -> None:
+    proc = double.run("12", "props", spec=f"1x {spec}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got, model = values(proc.stdout), simulate.KNOWN_MODELS[spec]
     assert got["name"] == spec
@@ -77,10 +104,8 @@ def test_the_runtime_reads_each_models_properties(
     assert int(got["warp"]) == 32 and int(got["regs_per_block"]) == 65536
 
 
-def test_v100_limits_as_the_driver_reports_them(
-    built: ShimPaths, probes: dict[str, Path], tmp_path: Path
-) -> None:
-    got = values(probe_run(probes["12"], ["props"], on_double(built, tmp_path)).stdout)
+def test_v100_limits_as_the_driver_reports_them(double: Double) -> None:
+    got = values(double.run("12", "props").stdout)
     assert int(got["threads_per_sm"]) == 2048
     assert int(got["shared_per_sm"]) == 96 * 1024
     assert int(got["shared_per_block"]) == 48 * 1024
@@ -89,26 +114,14 @@ def test_v100_limits_as_the_driver_reports_them(
 
 
 @pytest.mark.parametrize(("major", "driver"), [("12", "535"), ("12", "580"), ("13", "580")])
-def test_the_runtime_runs_on_the_double(
-    built: ShimPaths,
-    probes: dict[str, Path],
-    images: dict[str, Path],
-    tmp_path: Path,
-    major: str,
-    driver: str,
-) -> None:
-    proc = probe_run(
-        probes[major], ["all", images["sm70"], "fill"], on_double(built, tmp_path, driver=driver)
-    )
-    assert_all_steps_pass(proc)
+def test_the_runtime_runs_on_the_double(double: Double, major: str, driver: str) -> None:
+    assert_all_steps_pass(double.run(major, "all", double.images["sm70"], "fill", driver=driver))
 
 
-def test_a_cuda13_runtime_is_refused_by_a_535_driver(
-    built: ShimPaths, probes: dict[str, Path], tmp_path: Path
-) -> None:
-    out = probe_run(probes["13"], ["version"], on_double(built, tmp_path, driver="535")).stdout
+def test_a_cuda13_runtime_is_refused_by_a_535_driver(double: Double) -> None:
+    out = double.run("13", "version", driver="535").stdout
     assert "runtime=13000 driver=12020 count=35 cudaErrorInsufficientDriver" in out, out
-    out = probe_run(probes["13"], ["version"], on_double(built, tmp_path, driver="580")).stdout
+    out = double.run("13", "version", driver="580").stdout
     assert "runtime=13000 driver=13000 count=0 cudaSuccess devices=1" in out, out
 
 
@@ -124,19 +137,9 @@ def test_a_cuda13_runtime_is_refused_by_a_535_driver(
     ],
 )
 def test_the_double_picks_kernel_images_like_the_driver(
-    built: ShimPaths,
-    probes: dict[str, Path],
-    images: dict[str, Path],
-    tmp_path: Path,
-    spec: str,
-    image: str,
-    driver: str,
-    load: str,
-    kernel: str | None,
+    double: Double, spec: str, image: str, driver: str, load: str, kernel: str | None
 ) -> None:
-    out = probe_run(
-        probes["12"], ["load", images[image], "fill"], on_double(built, tmp_path, spec, driver)
-    ).stdout
+    out = double.run("12", "load", double.images[image], "fill", spec=spec, driver=driver).stdout
     assert f"load {load}" in out, out
     if kernel:
         assert f"kernel {kernel}" in out, out
@@ -178,19 +181,13 @@ def test_the_integrity_check_uses_md2() -> None:
 @pytest.mark.parametrize(("major", "driver", "data"), [("12", "535", "cudart-12.9-procs.txt"),
                                                         ("13", "580", "cudart-13.0-procs.txt")])  # fmt: skip
 def test_every_name_the_runtime_looks_up_is_answered_as_by_the_driver(
-    built: ShimPaths,
-    probes: dict[str, Path],
-    images: dict[str, Path],
-    tmp_path: Path,
-    major: str,
-    driver: str,
-    data: str,
+    double: Double, major: str, driver: str, data: str
 ) -> None:
     """The recorded list (test data for replays through the shim) is what the runtime asks today, and
     the double answers each name except those newer than the simulated driver."""
-    log = tmp_path / "procs.log"
-    env = {**on_double(built, tmp_path, driver=driver), "GPUSLICE_FAKE_PROC_LOG": str(log)}
-    assert_all_steps_pass(probe_run(probes[major], ["all", images["sm70"], "fill"], env))
+    log = double.tmp_path / "procs.log"
+    env = {**double.env(driver=driver), "GPUSLICE_FAKE_PROC_LOG": str(log)}
+    assert_all_steps_pass(double.run(major, "all", double.images["sm70"], "fill", env=env))
     asked = [line.split("\t") for line in log.read_text().splitlines()]
     recorded = [
         line.split() for line in (PROCS_DATA / data).read_text().splitlines() if not line.startswith("#")
@@ -238,12 +235,10 @@ def test_the_fatbin_parser_reads_nvidias_own_images(built: ShimPaths, tmp_path: 
     assert {e[2] for e in cuda13} == {"zstd"}
 
 
-def test_a_v100_has_no_kernel_image_in_a_cuda13_build(
-    built: ShimPaths, probes: dict[str, Path], tmp_path: Path
-) -> None:
-    image = tmp_path / "devrt13.fatbin"
+def test_a_v100_has_no_kernel_image_in_a_cuda13_build(double: Double) -> None:
+    image = double.tmp_path / "devrt13.fatbin"
     image.write_bytes(kernels.device_runtime_fatbin("13"))
-    out = probe_run(probes["13"], ["load", image, "x"], on_double(built, tmp_path, driver="580")).stdout
+    out = double.run("13", "load", image, "x", driver="580").stdout
     assert "load 209 cudaErrorNoKernelImageForDevice" in out, out
 
 
@@ -269,10 +264,8 @@ def curand(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     ],
 )
 def test_real_library_images_load_where_the_driver_loads_them(
-    built: ShimPaths,
-    probes: dict[str, Path],
+    double: Double,
     curand: dict[str, tuple[Path, str]],
-    tmp_path: Path,
     major: str,
     driver: str,
     spec: str,
@@ -280,12 +273,12 @@ def test_real_library_images_load_where_the_driver_loads_them(
     kernel: str | None,
 ) -> None:
     path, name = curand[major]
-    env = on_double(built, tmp_path, spec, driver)
-    out = probe_run(probes[major], ["load", path, name], env).stdout
+    env = double.env(spec, driver)
+    out = double.run(major, "load", path, name, env=env).stdout
     assert f"load {load}" in out, out
     if kernel:
         assert f"kernel {kernel}" in out, out
-        out = probe_run(probes[major], ["load", path, "no_such_kernel"], env).stdout
+        out = double.run(major, "load", path, "no_such_kernel", env=env).stdout
         assert "kernel 500 cudaErrorSymbolNotFound" in out, out
 
 

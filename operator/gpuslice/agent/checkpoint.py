@@ -33,6 +33,9 @@ class ClaimRecord(BaseModel):
     name: str
     state: Literal["PrepareStarted", "Prepared"]
     devices: list[PreparedDevice]
+    #: Prepared by the agent when the claim's pod was bound, before kubelet asked (`agent.ahead`);
+    #: False once kubelet has asked for it. Only such claims are ever unprepared by the agent itself.
+    ahead: bool = False
 
 
 class Checkpoint(BaseModel):

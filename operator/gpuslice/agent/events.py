@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from gpuslice import constants as c
 from gpuslice import logs
 from gpuslice.agent.kube import Kube
 from gpuslice.kubehttp import ApiError
+from gpuslice.timefmt import rfc3339
 
 log = logs.get(__name__)
 
 
-async def slice_event(kube: Kube, node: str, key: str, type_: str, reason: str, message: str) -> None:
-    """Record an Event on the GpuSlice `key` (namespace/name); a refused write is logged, not raised."""
-    namespace, name = key.split("/", 1)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = {
-        "metadata": {"generateName": f"{name}.", "namespace": namespace},
-        "involvedObject": {
-            "apiVersion": c.GROUP_VERSION, "kind": c.SLICE_KIND,
-            "name": name, "namespace": namespace,
-        },
+def event_body(
+    involved: dict[str, Any], namespace: str, node: str, type_: str, reason: str, message: str
+) -> dict[str, Any]:
+    """A core/v1 Event from the agent on `node` about `involved` (its apiVersion, kind, name...),
+    stamped now; each is a new Event (count 1), named after the object as kubelet's are."""
+    stamp = rfc3339(dt.datetime.now(dt.UTC))
+    return {
+        "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+        "involvedObject": involved,
         "reason": reason,
         "message": message[:1024],
         "type": type_,
@@ -29,7 +30,14 @@ async def slice_event(kube: Kube, node: str, key: str, type_: str, reason: str, 
         "lastTimestamp": stamp,
         "count": 1,
         "source": {"component": "gpuslice-agent", "host": node},
-    }  # fmt: skip
+    }
+
+
+async def slice_event(kube: Kube, node: str, key: str, type_: str, reason: str, message: str) -> None:
+    """Record an Event on the GpuSlice `key` (namespace/name); a refused write is logged, not raised."""
+    namespace, name = key.split("/", 1)
+    involved = {"apiVersion": c.GROUP_VERSION, "kind": c.SLICE_KIND, "name": name, "namespace": namespace}
+    body = event_body(involved, namespace, node, type_, reason, message)
     try:
         await kube.create_event(namespace, body)
     except ApiError as exc:

@@ -28,6 +28,7 @@ from gpuslice.agent.owners import lookup_owner
 from gpuslice.agent.prepare import NodePaths
 from gpuslice.domain import health as dh
 from gpuslice.kubehttp import ApiError
+from gpuslice.timefmt import rfc3339
 
 log = logs.get(__name__)
 
@@ -46,7 +47,7 @@ XidQueue = asyncio.Queue[tuple[str, int, str]]
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return rfc3339(dt.datetime.now(dt.UTC))
 
 
 def checkpoint_slices(paths: NodePaths, kube: Kube, node: str) -> SlicesOnCard:

@@ -86,6 +86,12 @@ class Kube:
     def watch_packages(self) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
         return kubehttp.watch_forever(self.api, kubehttp.path(*GPUSLICE, c.PACKAGE_PLURAL))
 
+    def watch_node_pods(self, node: str) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
+        """The pods bound to `node`, as kubelet follows them (the API server indexes this selector)."""
+        return kubehttp.watch_forever(
+            self.api, kubehttp.path("", "v1", "pods"), fieldSelector=f"spec.nodeName={node}"
+        )
+
     def watch_node(self, node: str) -> AsyncIterator[tuple[str, list[dict[str, Any]] | dict[str, Any]]]:
         return kubehttp.watch_forever(
             self.api, kubehttp.path("", "v1", "nodes"), fieldSelector=f"metadata.name={node}"

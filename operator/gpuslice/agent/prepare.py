@@ -146,27 +146,50 @@ class Preparer:
             metrics.GPU_MEMORY_ALLOCATED.labels(*labels).set(handed_out)
             metrics.GPU_MEMORY_TOTAL.labels(*labels).set(gpu.memory_bytes)
 
-    async def _resolve(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
-        claim, slices = await self._read_claim_and_slices(namespace, name)
+    async def _resolve(
+        self, namespace: str, name: str, uid: str, claim: dict[str, Any] | None
+    ) -> list[PreparedDevice]:
+        if claim is None:
+            claim, slices = await self._read_claim_and_slices(namespace, name)
+        else:
+            slices = await self._list_slices()
         return resolve_claim(claim, uid=uid, node=self.node, slices=slices)
 
-    async def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
+    async def prepare(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        claim: dict[str, Any] | None = None,
+        ahead: bool = False,
+    ) -> list[PreparedDevice]:
+        """Prepare the claim (`claim`: the object when the caller has just read it), or answer from
+        the checkpoint when it is prepared. `ahead`: asked by the agent itself for a pod bound to the
+        node, not by kubelet (`agent.ahead`)."""
         record = self._checkpoint.claims.get(uid)
         if record is not None and record.state == "Prepared":
-            return record.devices
-        devices = await self._resolve(namespace, name, uid) if record is None else None
+            return self._answer(record, ahead)
+        devices = await self._resolve(namespace, name, uid, claim) if record is None else None
         async with self._lock:
             record = self._checkpoint.claims.get(uid)
             if record is not None and record.state == "Prepared":
-                return record.devices  # a concurrent call for the same claim prepared it
+                return self._answer(record, ahead)  # a concurrent call for the same claim prepared it
             if record is None:
                 if devices is None:  # the recorded claim was unprepared while this call waited
-                    devices = await self._resolve(namespace, name, uid)
+                    devices = await self._resolve(namespace, name, uid, None)
                 record = ClaimRecord(
-                    uid=uid, namespace=namespace, name=name, state="PrepareStarted", devices=devices
+                    uid=uid,
+                    namespace=namespace,
+                    name=name,
+                    state="PrepareStarted",
+                    devices=devices,
+                    ahead=ahead,
                 )
                 self._checkpoint.claims[uid] = record
                 self._save()
+            elif not ahead:
+                record.ahead = False
             # A record left in PrepareStarted by a killed agent is finished from what it recorded,
             # without asking the API again: the files below are written idempotently.
             self._write_files(record)
@@ -175,10 +198,37 @@ class Preparer:
             log.info(
                 "claim prepared",
                 claim=f"{namespace}/{name}",
+                ahead_of_kubelet=record.ahead,
                 uid=uid,
                 devices=[d.device for d in record.devices],
             )
             return record.devices
+
+    @staticmethod
+    def _answer(record: ClaimRecord, ahead: bool) -> list[PreparedDevice]:
+        if not ahead and record.ahead:
+            # kubelet has taken the claim: from now on only its NodeUnprepareResources removes it.
+            # Not saved here (kubelet is waiting); the next save records it, and a restarted agent
+            # that still reads `ahead` unprepares the claim only when no pod of the node uses it,
+            # which is when kubelet unprepares it too.
+            record.ahead = False
+            log.info("claim prepared ahead taken by kubelet", claim=f"{record.namespace}/{record.name}")
+        return record.devices
+
+    async def unprepare_unclaimed(self, uid: str) -> bool:
+        """Unprepare a claim prepared ahead that kubelet never asked for; False (nothing done) when
+        kubelet has asked for it meanwhile or it is gone."""
+        async with self._lock:
+            record = self._checkpoint.claims.get(uid)
+            if record is None or not record.ahead:
+                return False
+            self._remove(record.uid)
+            log.info(
+                "claim prepared ahead unprepared: no pod of the node uses it",
+                claim=f"{record.namespace}/{record.name}",
+                uid=uid,
+            )
+            return True
 
     async def _read_claim_and_slices(
         self, namespace: str, name: str
@@ -225,14 +275,20 @@ class Preparer:
 
     async def unprepare(self, uid: str) -> None:
         async with self._lock:
-            record = self._checkpoint.claims.get(uid)
-            self.paths.cdi_spec(uid).unlink(missing_ok=True)
-            shutil.rmtree(self.paths.claim_dir(uid), ignore_errors=True)
-            shutil.rmtree(self.paths.usage_dir(uid), ignore_errors=True)
+            record = self._remove(uid)
             if record is not None:
-                del self._checkpoint.claims[uid]
-                self._save()
                 log.info("claim unprepared", claim=f"{record.namespace}/{record.name}", uid=uid)
+
+    def _remove(self, uid: str) -> ClaimRecord | None:
+        """The claim's files and record gone (under the lock); the record it had."""
+        record = self._checkpoint.claims.get(uid)
+        self.paths.cdi_spec(uid).unlink(missing_ok=True)
+        shutil.rmtree(self.paths.claim_dir(uid), ignore_errors=True)
+        shutil.rmtree(self.paths.usage_dir(uid), ignore_errors=True)
+        if record is not None:
+            del self._checkpoint.claims[uid]
+            self._save()
+        return record
 
 
 async def prepare_many(

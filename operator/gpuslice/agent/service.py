@@ -11,6 +11,7 @@ from gpuslice import constants as c
 from gpuslice import logs, metrics, metrics_auth
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
+from gpuslice.agent.ahead import PrepareAhead
 from gpuslice.agent.attribution import package_policy
 from gpuslice.agent.health import HealthMonitor, checkpoint_claims, checkpoint_slices
 from gpuslice.agent.kube import Kube, api_client
@@ -88,6 +89,7 @@ async def run(opts: AgentOptions) -> int:
             log.info("removed a killed agent's temporary CDI file", file=str(stale))
     preparer = Preparer(opts.node, paths, kube.get_claim, lambda: kube.list_pool_slices(opts.node), gpus)
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
+    ahead = PrepareAhead(opts.node, preparer, kube.get_claim)
     publisher = Publisher(opts.node, gpus, kube)
     # no devices are published while the NVIDIA toolkit would hand cards to claim-less containers
     guard = toolkit.ToolkitGuard(
@@ -132,7 +134,7 @@ async def run(opts: AgentOptions) -> int:
         asyncio.create_task(coro)
         for coro in (
             follow_packages(), follow_node(), publisher.run(), reporter.run(), feedback.run(), guard.run(),
-            monitor.run(),
+            monitor.run(), ahead.follow(kube.watch_node_pods(opts.node)),
         )
     ]  # fmt: skip
     stopper = asyncio.create_task(stop.wait())

@@ -24,7 +24,6 @@ publishes again once it is fixed.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuslice import logs, metrics
+from gpuslice.agent.events import event_body
 from gpuslice.kubehttp import ApiError
 
 if TYPE_CHECKING:
@@ -168,24 +168,12 @@ def node_event_recorder(kube: Kube, node: str, node_uid: Callable[[], str | None
     """An Event recorder on the Node `node` (core/v1 Events in namespace default, as kubelet's)."""
 
     async def record(type_: str, reason: str, message: str) -> None:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         involved: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "name": node}
         uid = node_uid()
         if uid:
             involved["uid"] = uid
-        body = {
-            "metadata": {"generateName": f"{node}.", "namespace": "default"},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "source": {"component": "gpuslice-agent", "host": node},
-        }
         try:
-            await kube.create_event("default", body)
+            await kube.create_event("default", event_body(involved, "default", node, type_, reason, message))
         except ApiError as exc:
             log.warning("could not record node event", node=node, reason=reason, status=exc.status)
 

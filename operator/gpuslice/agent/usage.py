@@ -28,10 +28,10 @@ from gpuslice.agent.kube import Kube
 from gpuslice.agent.owners import ClaimOwner, lookup_owner
 from gpuslice.agent.prepare import NodePaths
 from gpuslice.agent.violations import ViolationEnforcer
-from gpuslice.domain.ledger import format_time
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import RegionFormatError, UsageSnapshot, read_usage, trim_region
 from gpuslice.shim.software import SoftwareState
+from gpuslice.timefmt import rfc3339
 
 #: A slice whose pod has held it this long without any process creating a context is reported idle
 #: (`status.usage.gpuIdleSince`): software that checks the GPU itself and falls back to the CPU
@@ -42,7 +42,7 @@ log = logs.get(__name__)
 
 
 def _iso(unix: float) -> str:
-    return format_time(dt.datetime.fromtimestamp(int(unix), dt.UTC))
+    return rfc3339(dt.datetime.fromtimestamp(int(unix), dt.UTC))
 
 
 def _cuda_version(v: int) -> str:

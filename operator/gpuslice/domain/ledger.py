@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from gpuslice.api.usage import (
     MAX_OBJECT_BYTES,
@@ -28,6 +29,7 @@ from gpuslice.api.usage import (
     UsageInterval,
     object_name,
 )
+from gpuslice.timefmt import parse_rfc3339, rfc3339
 
 #: A month is made final this long after it ended: a claim allocated in its last seconds may reach
 #: the operator's watch a moment later and must still be recorded in it.
@@ -36,18 +38,6 @@ FINAL_GRACE = timedelta(minutes=5)
 
 class LedgerFull(Exception):
     """An object would pass the size etcd accepts: refused loudly, never truncated."""
-
-
-def parse_time(value: str) -> datetime:
-    """RFC 3339 with a `Z` (what the API writes) or an offset, as an aware UTC datetime."""
-    if not value.endswith("Z") and "+" not in value[10:]:
-        raise ValueError(f"time {value!r} has no zone; write it like 2026-12-05T10:00:00Z")
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
-
-
-def format_time(value: datetime) -> str:
-    t = value.astimezone(UTC) if value.tzinfo is not UTC else value
-    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"
 
 
 def month_of(t: datetime) -> str:
@@ -173,18 +163,39 @@ def _same_price(a: Price | None, b: Price | None) -> bool:
     return Decimal(a.per_hour) == Decimal(b.per_hour) and a.currency == b.currency
 
 
+#: What names an interval's slice: copied alike from a holding into its intervals.
+_WHO = ("package", "slice", "claim", "claim_uid", "pod", "node", "gpu", "template")
+#: What an interval and its wire form hold alike, the slice's names and the usage readings recorded
+#: (`UsageInterval` takes these Python names as well as its camelCase ones).
+_CARRIED = (
+    *_WHO,
+    "peak_memory_bytes",
+    "memory_limit_bytes",
+    "mean_utilization_percent",
+    "observed_seconds",
+    "refused_allocations",
+)
+
+
+def _fields(source: object, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(source, name) for name in names}
+
+
 def _open(holding: Holding, start: datetime, price: Price | None) -> Interval:
-    return Interval(
-        package=holding.package,
-        slice=holding.slice,
-        claim=holding.claim,
-        claim_uid=holding.claim_uid,
-        pod=holding.pod,
-        node=holding.node,
-        gpu=holding.gpu,
+    return Interval(**_fields(holding, _WHO), start=start, price=price)
+
+
+def _continuation(interval: Interval, start: datetime, end: datetime | None, price: Price | None) -> Interval:
+    """The interval going on from `start`: same claim, its own readings from then on. The refused
+    count is the claim's running total (the agent's counter), so it goes on; so does the limit."""
+    return dataclasses.replace(
+        interval,
         start=start,
+        end=end,
         price=price,
-        template=holding.template,
+        peak_memory_bytes=0,
+        mean_utilization_percent=0.0,
+        observed_seconds=0,
     )
 
 
@@ -295,15 +306,7 @@ def _carry(ledgers: dict[str, Ledger], namespace: str, interval: Interval, until
             iv.claim_uid == interval.claim_uid and start <= iv.start < until for iv in ledger.intervals
         ):
             continue
-        follow = dataclasses.replace(
-            interval,
-            start=start,
-            end=min(until, ledger.end),
-            peak_memory_bytes=0,
-            mean_utilization_percent=0.0,
-            observed_seconds=0,
-        )
-        ledger.append(follow)
+        ledger.append(_continuation(interval, start, min(until, ledger.end), interval.price))
         changed.add(month)
     return changed
 
@@ -323,17 +326,7 @@ def reprice(ledgers: Mapping[str, Ledger], package: str, price: Price | None, at
             else:
                 _close(iv, at, ledger)
                 if at < ledger.end:
-                    # The refused count is the claim's running total (the agent's counter): it goes on.
-                    follow = dataclasses.replace(
-                        iv,
-                        start=at,
-                        end=None,
-                        price=price,
-                        peak_memory_bytes=0,
-                        mean_utilization_percent=0.0,
-                        observed_seconds=0,
-                    )
-                    ledger.append(follow)
+                    ledger.append(_continuation(iv, at, None, price))
             changed.add(month)
     return changed
 
@@ -341,30 +334,14 @@ def reprice(ledgers: Mapping[str, Ledger], package: str, price: Price | None, at
 def observe(interval: Interval, reading: Reading, previous: Reading | None) -> bool:
     """Fold one usage reading into an open interval; True when a recorded number changed. The mean
     utilization is weighted by time: `previous` (the reading before, same interval) held until now."""
-    before = (
-        interval.peak_memory_bytes,
-        interval.memory_limit_bytes,
-        interval.refused_allocations,
-        interval.observed_seconds,
-    )
-    interval.peak_memory_bytes = max(interval.peak_memory_bytes, reading.memory_used_bytes)
-    interval.memory_limit_bytes = reading.memory_limit_bytes or interval.memory_limit_bytes
-    interval.refused_allocations = max(interval.refused_allocations, reading.refused_allocations)
+    one = accumulator()
+    one.peak_memory_bytes = reading.memory_used_bytes
+    one.memory_limit_bytes = reading.memory_limit_bytes
+    one.refused_allocations = reading.refused_allocations
     if previous is not None and previous.at >= interval.start:
-        span = int((reading.at - previous.at).total_seconds())
-        if span > 0:
-            total = interval.observed_seconds + span
-            weighted = interval.mean_utilization_percent * interval.observed_seconds
-            weighted += (previous.utilization_percent or 0.0) * span
-            interval.mean_utilization_percent = round(weighted / total, 1)
-            interval.observed_seconds = total
-    after = (
-        interval.peak_memory_bytes,
-        interval.memory_limit_bytes,
-        interval.refused_allocations,
-        interval.observed_seconds,
-    )
-    return before != after
+        one.observed_seconds = max(0, int((reading.at - previous.at).total_seconds()))
+        one.mean_utilization_percent = previous.utilization_percent or 0.0
+    return merge(interval, one)
 
 
 def accumulator() -> Interval:
@@ -478,23 +455,11 @@ def hours(seconds: int) -> str:
 
 def to_wire(interval: Interval) -> UsageInterval:
     return UsageInterval(
-        package=interval.package,
-        slice=interval.slice,
-        claim=interval.claim,
-        claimUID=interval.claim_uid,
-        pod=interval.pod,
-        node=interval.node,
-        gpu=interval.gpu,
-        start=format_time(interval.start),
-        end=format_time(interval.end) if interval.end is not None else None,
+        **_fields(interval, _CARRIED),
+        start=rfc3339(interval.start),
+        end=rfc3339(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
         currency=interval.price.currency if interval.price else None,
-        template=interval.template,
-        peakMemoryBytes=interval.peak_memory_bytes,
-        memoryLimitBytes=interval.memory_limit_bytes,
-        meanUtilizationPercent=interval.mean_utilization_percent,
-        observedSeconds=interval.observed_seconds,
-        refusedAllocations=interval.refused_allocations,
     )
 
 
@@ -505,22 +470,10 @@ def from_wire(wire: UsageInterval, shard: int) -> Interval:
         else None
     )
     return Interval(
-        package=wire.package,
-        slice=wire.slice,
-        claim=wire.claim,
-        claim_uid=wire.claim_uid,
-        pod=wire.pod,
-        node=wire.node,
-        gpu=wire.gpu,
-        start=parse_time(wire.start),
-        end=parse_time(wire.end) if wire.end else None,
+        **_fields(wire, _CARRIED),
+        start=parse_rfc3339(wire.start),
+        end=parse_rfc3339(wire.end) if wire.end else None,
         price=price,
-        template=wire.template,
-        peak_memory_bytes=wire.peak_memory_bytes,
-        memory_limit_bytes=wire.memory_limit_bytes,
-        mean_utilization_percent=wire.mean_utilization_percent,
-        observed_seconds=wire.observed_seconds,
-        refused_allocations=wire.refused_allocations,
         shard=shard,
     )
 
@@ -531,7 +484,7 @@ def load(namespace: str, shards: Sequence[GpuUsage]) -> Ledger:
     first = ordered[0]
     ledger = Ledger(namespace, first.month)
     ledger.final = any(s.final for s in ordered)
-    confirmed = [parse_time(s.confirmed_at) for s in ordered if s.confirmed_at]
+    confirmed = [parse_rfc3339(s.confirmed_at) for s in ordered if s.confirmed_at]
     ledger.confirmed_at = max(confirmed) if confirmed else None
     for s in ordered:
         ledger.intervals.extend(from_wire(w, s.shard) for w in s.intervals)
@@ -577,7 +530,7 @@ def encode(ledger: Ledger, now: datetime) -> dict[int, GpuUsage]:
     first.interval_count = len(ledger.intervals)
     for shard in shards.values():
         shard.final = ledger.final
-        shard.confirmed_at = format_time(ledger.confirmed_at) if ledger.confirmed_at else None
+        shard.confirmed_at = rfc3339(ledger.confirmed_at) if ledger.confirmed_at else None
         size = len(shard.model_dump_json(by_alias=True, exclude_none=True))
         if size > MAX_OBJECT_BYTES:
             raise LedgerFull(

@@ -81,7 +81,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="URL",
         help="Kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
     )
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port, to bearer tokens the API server allows GET /metrics",
+    )
     p.add_argument(
         "--peering", action="store_true", help="use Kopf peering (needs its ClusterKopfPeering CRD) for HA"
     )

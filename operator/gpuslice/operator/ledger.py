@@ -45,7 +45,6 @@ from gpuslice.domain.ledger import (
     month_end,
     months_between,
     observe,
-    parse_time,
     reconcile,
     reprice,
 )
@@ -56,6 +55,7 @@ from gpuslice.metrics import LEDGER_WRITE_ERRORS, PACKAGE_PRICE, SLICE_ALLOCATED
 from gpuslice.operator.indexes import ns_of
 from gpuslice.operator.metering import Metering
 from gpuslice.operator.state import OperatorState, one, values
+from gpuslice.timefmt import micro_time, parse_rfc3339
 
 log = get(__name__)
 
@@ -88,7 +88,7 @@ class MeteredClaim:
 
 def _time(value: Any) -> datetime | None:
     try:
-        return parse_time(str(value)) if value else None
+        return parse_rfc3339(str(value)) if value else None
     except ValueError:
         return None
 
@@ -318,7 +318,7 @@ async def _read_heartbeat(state: OperatorState) -> datetime | None:
         return None
     renewed = str(((lease or {}).get("spec") or {}).get("renewTime") or "")
     try:
-        return datetime.strptime(renewed, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        return parse_rfc3339(renewed)
     except ValueError:
         return None
 
@@ -348,7 +348,7 @@ async def _heartbeat(state: OperatorState) -> None:
         },
         "spec": {
             "holderIdentity": "gpuslice-operator",
-            "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "renewTime": micro_time(now),
             "leaseDurationSeconds": max(1, int(state.config.ledger_heartbeat_seconds * 3)),
         },
     }

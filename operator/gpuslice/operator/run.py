@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from gpuslice import constants as c
-from gpuslice import metrics
+from gpuslice import metrics, metrics_auth
 from gpuslice.logs import get
 from gpuslice.operator import nodes
 from gpuslice.operator.config import OperatorConfig
@@ -125,7 +125,10 @@ async def run_async(config: OperatorConfig, stop_flag: asyncio.Event | None = No
     log.info("operator starting", identities=list(state.config.operator_identities))
     _register_startup(state)
     if config.metrics_port is not None:
-        metrics.serve(config.metrics_port, metrics.OPERATOR_REGISTRY)
+        # The series name tenants' namespaces, slices and pods: readers are authenticated and
+        # authorized by the API server, as for the agent's and Kubernetes' own components' metrics.
+        gate = metrics_auth.MetricsGate(metrics_auth.reviewer(state.kube.api), asyncio.get_running_loop())
+        metrics_auth.serve_protected(config.metrics_port, metrics.OPERATOR_REGISTRY, gate)
     await kopf.operator(
         clusterwide=True,
         standalone=config.standalone,

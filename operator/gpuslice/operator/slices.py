@@ -37,6 +37,7 @@ from gpuslice.operator.indexes import MANAGED, Indexes, Ref, SliceView, ns_of
 from gpuslice.operator.kube import error_message
 from gpuslice.operator.pod_slices import ensure_pod_slices, pods_without_slice, product_pod_package
 from gpuslice.operator.state import OperatorState, now, one, values
+from gpuslice.timefmt import parse_rfc3339
 
 log = get(__name__)
 
@@ -321,7 +322,7 @@ def _announce(entry: SliceView, before: dict[str, Any], desired: dict[str, Any])
 def _seconds_since(timestamp: str | None) -> float | None:
     if not timestamp:
         return None
-    created = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    created = parse_rfc3339(timestamp)
     return max(0.0, (datetime.now(UTC) - created).total_seconds())
 
 

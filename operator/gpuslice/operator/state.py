@@ -20,6 +20,7 @@ from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.kube import Kube
 from gpuslice.operator.metering import Metering
 from gpuslice.operator.workloads import Workloads
+from gpuslice.timefmt import rfc3339
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -159,4 +160,4 @@ class OperatorState:
 
 def now() -> str:
     """RFC 3339 in UTC with seconds, as metav1.Time serialises."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.now(UTC))
