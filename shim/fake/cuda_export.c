@@ -212,6 +212,15 @@ FAKE_EXPORT void gpuslice_fake_md2(const void *data, size_t len, unsigned char o
 static const unsigned char integrity_key[16] = {0x14, 0x6a, 0xdd, 0xae, 0x53, 0xa9, 0xa7, 0x52,
                                                 0xaa, 0x08, 0x41, 0x36, 0x0b, 0xf5, 0x5a, 0x9f};
 
+/* Starts one half of an HMAC over MD2: the key XORed with `pad` (0x36 inner, 0x5c outer). */
+static void md2_keyed(md2_ctx *m, unsigned char pad)
+{
+    unsigned char k[16];
+    for (int i = 0; i < 16; i++) k[i] = integrity_key[i] ^ pad;
+    md2_init(m);
+    md2_update(m, k, 16);
+}
+
 /* ---------------------------------------------------------------- the tables */
 
 static CUresult dark_unknown(const char *table, int slot)
@@ -415,11 +424,9 @@ static CUresult integrity_check(unsigned version, uint64_t unix_seconds, uint64_
              integrity_table,
              integrity_table[1],
              unix_seconds};
-    unsigned char pad[16], inner[16];
+    unsigned char inner[16];
     md2_ctx m;
-    for (int i = 0; i < 16; i++) pad[i] = integrity_key[i] ^ 0x36;
-    md2_init(&m);
-    md2_update(&m, pad, 16);
+    md2_keyed(&m, 0x36);
     md2_update(&m, &msg, sizeof(msg));
     for (int d = 0; d < sys()->count; d++) {
         const fake_gpu *g = &sys()->gpus[d];
@@ -431,9 +438,7 @@ static CUresult integrity_check(unsigned version, uint64_t unix_seconds, uint64_
         md2_update(&m, &dev, sizeof(dev));
     }
     md2_final(&m, inner);
-    for (int i = 0; i < 16; i++) pad[i] = integrity_key[i] ^ 0x5c;
-    md2_init(&m);
-    md2_update(&m, pad, 16);
+    md2_keyed(&m, 0x5c);
     md2_update(&m, inner, 16);
     unsigned char out[16];
     md2_final(&m, out);

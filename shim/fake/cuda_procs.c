@@ -93,30 +93,20 @@ static int trace_calls(void)
     return state == 2;
 }
 
-static void *traced_of(void *fn)
-{
-    static const struct {
-        void *real, *traced;
-    } map[] = {
-#define TR_ENTRY(base, since, fn) {(void *)procsym_##fn, fake_trace_##fn},
-#define TR_ENTRY_PTSZ(base, since, fn, ptsz) TR_ENTRY(base, since, fn) TR_ENTRY(base, since, ptsz)
-        GS_DRIVER_PROCS_UNIQUE(TR_ENTRY, TR_ENTRY_PTSZ)};
-    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (map[i].real == fn) return map[i].traced;
-    return fn;
-}
+/* What an entry point is handed out as instead of its symbol: its trampoline, or its tracing stub. */
+typedef struct {
+    void *fn, *tramp, *traced;
+} proc_stubs;
 
-static void *trampoline_of(void *fn)
+static const proc_stubs *stubs_of(void *fn)
 {
-    static const struct {
-        void *real, *tramp;
-    } map[] = {
-#define M_ENTRY(base, since, fn) {(void *)procsym_##fn, fake_tramp_##fn},
-#define M_ENTRY_PTSZ(base, since, fn, ptsz) M_ENTRY(base, since, fn) M_ENTRY(base, since, ptsz)
-        GS_DRIVER_PROCS_UNIQUE(M_ENTRY, M_ENTRY_PTSZ)};
+    static const proc_stubs map[] = {
+#define S_ENTRY(base, since, fn) {(void *)procsym_##fn, fake_tramp_##fn, fake_trace_##fn},
+#define S_ENTRY_PTSZ(base, since, fn, ptsz) S_ENTRY(base, since, fn) S_ENTRY(base, since, ptsz)
+        GS_DRIVER_PROCS_UNIQUE(S_ENTRY, S_ENTRY_PTSZ)};
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (map[i].real == fn) return map[i].tramp;
-    return fn;
+        if (map[i].fn == fn) return &map[i];
+    return NULL;
 }
 
 static int use_trampolines(void)
@@ -170,7 +160,9 @@ __attribute__((visibility("default"))) int cuGetProcAddress_v2(const char *symbo
     }
     void *fn = (flags & PER_THREAD_DEFAULT_STREAM) && best->ptsz ? best->ptsz : best->fn;
     log_lookup(symbol, cudaVersion, flags, CUDA_SUCCESS, ST_SUCCESS, fn);
-    *pfn = trace_calls() ? traced_of(fn) : use_trampolines() ? trampoline_of(fn) : fn;
+    int trace = trace_calls();
+    const proc_stubs *stub = trace || use_trampolines() ? stubs_of(fn) : NULL;
+    *pfn = !stub ? fn : trace ? stub->traced : stub->tramp;
     if (status) *status = ST_SUCCESS;
     return CUDA_SUCCESS;
 }

@@ -149,14 +149,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
         vmm_unref(v, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    alloc *a = malloc(sizeof(*a));
-    if (!a) abort();
-    *a = (alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, 0, NULL};
-    pthread_mutex_lock(&alloc_lock);
-    unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
-    a->next = buckets[b];
-    buckets[b] = a;
-    pthread_mutex_unlock(&alloc_lock);
+    track_alloc(&(alloc){ptr, size, v->dev, K_VMM_MAP, -1, (uintptr_t)v, NULL, 0, NULL});
     return CUDA_SUCCESS;
 }
 
@@ -169,7 +162,7 @@ FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
         alloc *a = untrack(p);
         if (!a || a->kind != K_VMM_MAP) {
             if (a) {
-                track(a->ptr, a->size, a->dev, a->kind);
+                track_alloc(a); /* put back as it was: its context, export and backing kept */
                 free(a);
             }
             return CUDA_ERROR_INVALID_VALUE;
@@ -338,13 +331,19 @@ FAKE_EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_
     return cuArray3DCreate_v2(ph, &v2);
 }
 
-FAKE_EXPORT CUresult cuArrayDestroy(CUarray h)
+/* Frees what array_new made (arrays and mipmapped arrays are laid out alike). */
+static CUresult array_free(struct CUarray_st *a)
 {
     CHECK_INIT();
-    if (!h) return CUDA_ERROR_INVALID_HANDLE;
-    uncharge(h->dev, h->size);
-    free(h);
+    if (!a) return CUDA_ERROR_INVALID_HANDLE;
+    uncharge(a->dev, a->size);
+    free(a);
     return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuArrayDestroy(CUarray h)
+{
+    return array_free(h);
 }
 
 FAKE_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
@@ -363,10 +362,6 @@ FAKE_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARR
 
 FAKE_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
 {
-    CHECK_INIT();
-    if (!h) return CUDA_ERROR_INVALID_HANDLE;
-    uncharge(h->dev, h->size);
-    free(h);
-    return CUDA_SUCCESS;
+    return array_free((struct CUarray_st *)(void *)h);
 }
 

@@ -62,16 +62,21 @@ void uncharge(int dev, uint64_t size)
     fake_uncharge(sys()->state[dev], size);
 }
 
-void track(uint64_t ptr, uint64_t size, int dev, int kind)
+void track_alloc(const alloc *rec)
 {
     alloc *a = malloc(sizeof(*a));
     if (!a) abort();
-    *a = (alloc){ptr, size, dev, kind, -1, 0, current_ctx, 0, NULL};
+    *a = *rec;
     pthread_mutex_lock(&alloc_lock);
-    unsigned b = (unsigned)((ptr >> 12) % NBUCKETS);
+    unsigned b = (unsigned)((a->ptr >> 12) % NBUCKETS);
     a->next = buckets[b];
     buckets[b] = a;
     pthread_mutex_unlock(&alloc_lock);
+}
+
+void track(uint64_t ptr, uint64_t size, int dev, int kind)
+{
+    track_alloc(&(alloc){ptr, size, dev, kind, -1, 0, current_ctx, 0, NULL});
 }
 
 alloc *untrack(uint64_t ptr)
@@ -695,7 +700,7 @@ static CUresult free_ptr(CUdeviceptr dptr, int want_kind_linear)
     alloc *a = untrack(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     if (want_kind_linear && (a->kind == K_IPC || a->kind == K_VMM_MAP)) {
-        track(a->ptr, a->size, a->dev, a->kind);
+        track_alloc(a); /* put back as it was: its context, export and backing kept */
         free(a);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -817,14 +822,7 @@ static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, CUdeviceptr *dptr, s
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *dptr = (CUdeviceptr)(uintptr_t)p;
-    alloc *a = malloc(sizeof(*a));
-    if (!a) abort();
-    *a = (alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, 0, NULL};
-    pthread_mutex_lock(&alloc_lock);
-    unsigned b = (unsigned)((*dptr >> 12) % NBUCKETS);
-    a->next = buckets[b];
-    buckets[b] = a;
-    pthread_mutex_unlock(&alloc_lock);
+    track_alloc(&(alloc){*dptr, size, pool->id, K_POOL, -1, (uintptr_t)pool, NULL, 0, NULL});
     return CUDA_SUCCESS;
 }
 
@@ -1073,7 +1071,7 @@ FAKE_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
     alloc *a = untrack(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     if (a->kind != K_IPC) {
-        track(a->ptr, a->size, a->dev, a->kind);
+        track_alloc(a); /* put back as it was: its context, export and backing kept */
         free(a);
         return CUDA_ERROR_INVALID_VALUE;
     }

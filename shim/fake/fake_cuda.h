@@ -175,6 +175,9 @@ fake_system *sys(void);
 int valid_dev(CUdevice d);
 CUresult charge(int dev, uint64_t size);
 void uncharge(int dev, uint64_t size);
+/* Files a copy of an allocation record under its address. */
+void track_alloc(const alloc *rec);
+/* ... one in the current context, with no IPC export, not managed. */
 void track(uint64_t ptr, uint64_t size, int dev, int kind);
 alloc *untrack(uint64_t ptr);
 /* The allocation holding [ptr, ptr+1): 1 and its range, or 0. */

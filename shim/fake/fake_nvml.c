@@ -11,6 +11,7 @@
 
 #include "fake_common.h"
 #include "fake_health.h"
+#include "fake_nvml.h"
 
 static _Atomic int init_count;
 
@@ -22,13 +23,24 @@ int fake_nvml_initialized(void) { return atomic_load(&init_count) > 0; } /* for 
     } while (0)
 
 /* A handle is a pointer to the GPU's description (as opaque as the driver's). */
-static fake_gpu *gpu_of(nvmlDevice_t d)
+int fake_nvml_card(nvmlDevice_t dev, nvmlReturn_t *rc)
 {
+    if (atomic_load(&init_count) <= 0) {
+        *rc = NVML_ERROR_UNINITIALIZED;
+        return -1;
+    }
     fake_system *s = fake_system_get();
-    if (!s) return NULL;
-    fake_gpu *g = (fake_gpu *)(void *)d;
-    if (g < s->gpus || g >= s->gpus + s->count) return NULL;
-    return g;
+    fake_gpu *g = (fake_gpu *)(void *)dev;
+    if (!s || g < s->gpus || g >= s->gpus + s->count) {
+        *rc = NVML_ERROR_INVALID_ARGUMENT;
+        return -1;
+    }
+    int i = (int)(g - s->gpus);
+    if (fake_health_lost(i)) {
+        *rc = NVML_ERROR_GPU_IS_LOST;
+        return -1;
+    }
+    return i;
 }
 
 static int index_of(const fake_gpu *g)
@@ -36,11 +48,31 @@ static int index_of(const fake_gpu *g)
     return (int)(g - fake_system_get()->gpus);
 }
 
+/* Declares fake_gpu *g, the card's description, or returns the failed check's error. */
 #define GET_GPU(dev, g)                                                                                  \
-    CHECK_INIT();                                                                                        \
-    fake_gpu *g = gpu_of(dev);                                                                           \
-    if (!g) return NVML_ERROR_INVALID_ARGUMENT;                                                          \
-    if (fake_health_lost(index_of(g))) return NVML_ERROR_GPU_IS_LOST
+    GET_CARD(dev, g##_index);                                                                            \
+    fake_gpu *g = &fake_system_get()->gpus[g##_index]
+
+/* A getter of one value of a card: the checks, the output pointer, then the value (an expression of
+ * the card g, or a constant). */
+#define CARD_VALUE(fn, type, value)                                                                      \
+    FAKE_EXPORT nvmlReturn_t fn(nvmlDevice_t dev, type *out)                                            \
+    {                                                                                                    \
+        GET_GPU(dev, g);                                                                                 \
+        (void)g;                                                                                         \
+        if (!out) return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+        *out = (value);                                                                                  \
+        return NVML_SUCCESS;                                                                             \
+    }
+
+/* A getter of one string of a card, NVML's way (buffer and length). */
+#define CARD_STRING(fn, value)                                                                           \
+    FAKE_EXPORT nvmlReturn_t fn(nvmlDevice_t dev, char *out, unsigned int length)                        \
+    {                                                                                                    \
+        GET_GPU(dev, g);                                                                                 \
+        (void)g;                                                                                         \
+        return copy_str(out, length, (value));                                                           \
+    }
 
 FAKE_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
@@ -184,25 +216,9 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, 
     return NVML_ERROR_NOT_FOUND;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index)
-{
-    GET_GPU(dev, g);
-    if (!index) return NVML_ERROR_INVALID_ARGUMENT;
-    *index = (unsigned int)index_of(g);
-    return NVML_SUCCESS;
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length)
-{
-    GET_GPU(dev, g);
-    return copy_str(name, length, g->name);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length)
-{
-    GET_GPU(dev, g);
-    return copy_str(uuid, length, g->uuid);
-}
+CARD_VALUE(nvmlDeviceGetIndex, unsigned int, (unsigned int)index_of(g))
+CARD_STRING(nvmlDeviceGetName, g->name)
+CARD_STRING(nvmlDeviceGetUUID, g->uuid)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char *serial, unsigned int length)
 {
@@ -211,13 +227,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char *serial, uns
     return copy_str(serial, length, g->serial);
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minor)
-{
-    GET_GPU(dev, g);
-    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
-    *minor = g->minor;
-    return NVML_SUCCESS;
-}
+CARD_VALUE(nvmlDeviceGetMinorNumber, unsigned int, g->minor)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int *major, int *minor)
 {
@@ -304,14 +314,20 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory
     return NVML_SUCCESS;
 }
 
-/* Utilization over the last second, as NVML's sampling window roughly is. */
+/* The device's utilization over the last second (as NVML's sampling window roughly is), in percent:
+ * also what clocks, power and temperature follow. */
+static unsigned busy_percent(const fake_gpu *g)
+{
+    uint64_t now = fake_now_ns(), window = 1000000000ull;
+    uint64_t busy = fake_busy_between(fake_system_get()->state[index_of(g)], 0, now - window, now);
+    return (unsigned)(busy * 100 / window);
+}
+
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *util)
 {
     GET_GPU(dev, g);
     if (!util) return NVML_ERROR_INVALID_ARGUMENT;
-    uint64_t now = fake_now_ns(), window = 1000000000ull;
-    uint64_t busy = fake_busy_between(fake_system_get()->state[index_of(g)], 0, now - window, now);
-    util->gpu = (unsigned int)(busy * 100 / window);
+    util->gpu = busy_percent(g);
     util->memory = 0;
     return NVML_SUCCESS;
 }
@@ -448,14 +464,6 @@ static const nvml_model *model_of(const fake_gpu *g)
     return &nvml_models[0];
 }
 
-/* The device's utilization over the last second, in percent: what clocks, power and temperature follow. */
-static unsigned busy_percent(const fake_gpu *g)
-{
-    uint64_t now = fake_now_ns(), window = 1000000000ull;
-    uint64_t busy = fake_busy_between(fake_system_get()->state[index_of(g)], 0, now - window, now);
-    return (unsigned)(busy * 100 / window);
-}
-
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1Memory_t *bar1)
 {
     GET_GPU(dev, g);
@@ -466,46 +474,20 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1M
     return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *mw)
+/* The draw in mW: from idle to the power limit with the utilization. */
+static unsigned power_mw(const fake_gpu *g)
 {
-    GET_GPU(dev, g);
-    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
     const nvml_model *m = model_of(g);
-    *mw = (m->idle_w + (m->power_limit_w - m->idle_w) * busy_percent(g) / 100) * 1000;
-    return NVML_SUCCESS;
+    return (m->idle_w + (m->power_limit_w - m->idle_w) * busy_percent(g) / 100) * 1000;
 }
 
+CARD_VALUE(nvmlDeviceGetPowerUsage, unsigned int, power_mw(g))
 /* Energy since the driver loaded, in mJ: the idle draw over the system's uptime (monotonic). */
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long *mj)
-{
-    GET_GPU(dev, g);
-    if (!mj) return NVML_ERROR_INVALID_ARGUMENT;
-    *mj = (unsigned long long)model_of(g)->idle_w * (fake_now_ns() / 1000000ull);
-    return NVML_SUCCESS;
-}
-
-static nvmlReturn_t power_limit(nvmlDevice_t dev, unsigned int *mw)
-{
-    GET_GPU(dev, g);
-    if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
-    *mw = model_of(g)->power_limit_w * 1000;
-    return NVML_SUCCESS;
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, unsigned int *mw)
-{
-    return power_limit(dev, mw);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t dev, unsigned int *mw)
-{
-    return power_limit(dev, mw);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *mw)
-{
-    return power_limit(dev, mw);
-}
+CARD_VALUE(nvmlDeviceGetTotalEnergyConsumption, unsigned long long,
+           (unsigned long long)model_of(g)->idle_w * (fake_now_ns() / 1000000ull))
+CARD_VALUE(nvmlDeviceGetPowerManagementLimit, unsigned int, model_of(g)->power_limit_w * 1000)
+CARD_VALUE(nvmlDeviceGetPowerManagementDefaultLimit, unsigned int, model_of(g)->power_limit_w * 1000)
+CARD_VALUE(nvmlDeviceGetEnforcedPowerLimit, unsigned int, model_of(g)->power_limit_w * 1000)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t dev, unsigned int *min_mw,
                                                                       unsigned int *max_mw)
@@ -517,14 +499,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice
     return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
-    *mode = NVML_FEATURE_ENABLED;
-    return NVML_SUCCESS;
-}
+CARD_VALUE(nvmlDeviceGetPowerManagementMode, nvmlEnableState_t, NVML_FEATURE_ENABLED)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, nvmlTemperatureSensors_t sensor, unsigned int *t)
 {
@@ -537,8 +512,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, nvmlTemperat
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t dev, nvmlTemperatureThresholds_t type,
                                                            unsigned int *t)
 {
-    GET_GPU(dev, g);
-    (void)g;
+    CHECK_CARD(dev);
     if (!t) return NVML_ERROR_INVALID_ARGUMENT;
     switch (type) {
     case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: *t = 90; break;
@@ -553,20 +527,12 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t dev, nvm
 /* Passively cooled data-center boards have no fan of their own. */
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t dev, unsigned int *speed)
 {
-    GET_GPU(dev, g);
-    (void)g;
     (void)speed;
+    CHECK_CARD(dev);
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNumFans(nvmlDevice_t dev, unsigned int *n)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    if (!n) return NVML_ERROR_INVALID_ARGUMENT;
-    *n = 0;
-    return NVML_SUCCESS;
-}
+CARD_VALUE(nvmlDeviceGetNumFans, unsigned int, 0)
 
 static unsigned clock_mhz(const fake_gpu *g, nvmlClockType_t type, int max)
 {
@@ -580,20 +546,22 @@ static unsigned clock_mhz(const fake_gpu *g, nvmlClockType_t type, int max)
     }
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz)
+static nvmlReturn_t clock_of(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz, int max)
 {
     GET_GPU(dev, g);
     if (!mhz || (unsigned)type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
-    *mhz = clock_mhz(g, type, 0);
+    *mhz = clock_mhz(g, type, max);
     return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz)
+{
+    return clock_of(dev, type, mhz, 0);
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz)
 {
-    GET_GPU(dev, g);
-    if (!mhz || (unsigned)type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
-    *mhz = clock_mhz(g, type, 1);
-    return NVML_SUCCESS;
+    return clock_of(dev, type, mhz, 1);
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t dev, nvmlClockType_t type, unsigned int *mhz)
@@ -610,84 +578,46 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t dev,
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t dev, nvmlClockType_t type, nvmlClockId_t id,
                                             unsigned int *mhz)
 {
-    GET_GPU(dev, g);
-    if (!mhz || (unsigned)type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
-    *mhz = clock_mhz(g, type, id != NVML_CLOCK_ID_CURRENT);
-    return NVML_SUCCESS;
+    return clock_of(dev, type, mhz, id != NVML_CLOCK_ID_CURRENT);
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, nvmlPstates_t *state)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    if (!state) return NVML_ERROR_INVALID_ARGUMENT;
-    *state = NVML_PSTATE_0; /* data-center boards stay in P0 with persistence mode on */
-    return NVML_SUCCESS;
-}
+/* Data-center boards stay in P0 with persistence mode on. */
+CARD_VALUE(nvmlDeviceGetPerformanceState, nvmlPstates_t, NVML_PSTATE_0)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPowerState(nvmlDevice_t dev, nvmlPstates_t *state)
 {
     return nvmlDeviceGetPerformanceState(dev, state);
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons)
-{
-    GET_GPU(dev, g);
-    if (!reasons) return NVML_ERROR_INVALID_ARGUMENT;
-    *reasons = busy_percent(g) > 0 ? 0 : nvmlClocksEventReasonGpuIdle;
-    return NVML_SUCCESS;
-}
+CARD_VALUE(nvmlDeviceGetCurrentClocksEventReasons, unsigned long long,
+           busy_percent(g) > 0 ? 0 : nvmlClocksEventReasonGpuIdle)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons)
 {
     return nvmlDeviceGetCurrentClocksEventReasons(dev, reasons);
 }
 
-static nvmlReturn_t feature(nvmlDevice_t dev, nvmlEnableState_t *current, nvmlEnableState_t *pending,
-                            nvmlEnableState_t value)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    if (!current) return NVML_ERROR_INVALID_ARGUMENT;
-    *current = value;
-    if (pending) *pending = value;
-    return NVML_SUCCESS;
-}
-
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, nvmlEnableState_t *current,
                                               nvmlEnableState_t *pending)
 {
     if (!pending) return NVML_ERROR_INVALID_ARGUMENT;
-    return feature(dev, current, pending, NVML_FEATURE_ENABLED);
+    CHECK_CARD(dev);
+    if (!current) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
-{
-    return feature(dev, mode, NULL, NVML_FEATURE_ENABLED);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
-{
-    return feature(dev, mode, NULL, NVML_FEATURE_DISABLED);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t dev, nvmlEnableState_t *mode)
-{
-    return feature(dev, mode, NULL, NVML_FEATURE_DISABLED);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t dev, nvmlEnableState_t *mode)
-{
-    return feature(dev, mode, NULL, NVML_FEATURE_DISABLED);
-}
+CARD_VALUE(nvmlDeviceGetPersistenceMode, nvmlEnableState_t, NVML_FEATURE_ENABLED)
+CARD_VALUE(nvmlDeviceGetDisplayMode, nvmlEnableState_t, NVML_FEATURE_DISABLED)
+CARD_VALUE(nvmlDeviceGetDisplayActive, nvmlEnableState_t, NVML_FEATURE_DISABLED)
+CARD_VALUE(nvmlDeviceGetAccountingMode, nvmlEnableState_t, NVML_FEATURE_DISABLED)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, nvmlMemoryErrorType_t type,
                                                      nvmlEccCounterType_t counter, unsigned long long *count)
 {
-    GET_GPU(dev, g);
-    (void)g;
     (void)type;
     (void)counter;
+    CHECK_CARD(dev);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     *count = 0;
     return NVML_SUCCESS;
@@ -704,10 +634,9 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t dev, nvmlM
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t dev, nvmlPageRetirementCause_t cause,
                                                    unsigned int *count, unsigned long long *addresses)
 {
-    GET_GPU(dev, g);
-    (void)g;
     (void)cause;
     (void)addresses;
+    CHECK_CARD(dev);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     *count = 0;
     return NVML_SUCCESS;
@@ -715,57 +644,18 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t dev, nvmlPageRet
 
 /* nvmlDeviceGetRetiredPagesPendingStatus: fake_nvml_health.c (a card's pending retirements). */
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, nvmlComputeMode_t *mode)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
-    *mode = NVML_COMPUTEMODE_DEFAULT;
-    return NVML_SUCCESS;
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t dev, nvmlBrandType_t *brand)
-{
-    GET_GPU(dev, g);
-    if (!brand) return NVML_ERROR_INVALID_ARGUMENT;
-    *brand = model_of(g)->brand;
-    return NVML_SUCCESS;
-}
-
-static nvmlReturn_t pcie_link(nvmlDevice_t dev, unsigned int *out, int gen)
-{
-    GET_GPU(dev, g);
-    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
-    *out = gen ? model_of(g)->pcie_gen : 16;
-    return NVML_SUCCESS;
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen)
-{
-    return pcie_link(dev, gen, 1);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned int *gen)
-{
-    return pcie_link(dev, gen, 1);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned int *width)
-{
-    return pcie_link(dev, width, 0);
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned int *width)
-{
-    return pcie_link(dev, width, 0);
-}
+CARD_VALUE(nvmlDeviceGetComputeMode, nvmlComputeMode_t, NVML_COMPUTEMODE_DEFAULT)
+CARD_VALUE(nvmlDeviceGetBrand, nvmlBrandType_t, model_of(g)->brand)
+CARD_VALUE(nvmlDeviceGetCurrPcieLinkGeneration, unsigned int, model_of(g)->pcie_gen)
+CARD_VALUE(nvmlDeviceGetMaxPcieLinkGeneration, unsigned int, model_of(g)->pcie_gen)
+CARD_VALUE(nvmlDeviceGetCurrPcieLinkWidth, unsigned int, 16)
+CARD_VALUE(nvmlDeviceGetMaxPcieLinkWidth, unsigned int, 16)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, nvmlPcieUtilCounter_t counter,
                                                      unsigned int *kbps)
 {
-    GET_GPU(dev, g);
-    (void)g;
     (void)counter;
+    CHECK_CARD(dev);
     if (!kbps) return NVML_ERROR_INVALID_ARGUMENT;
     *kbps = 0;
     return NVML_SUCCESS;
@@ -773,8 +663,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, nvmlPcieU
 
 static nvmlReturn_t codec(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
 {
-    GET_GPU(dev, g);
-    (void)g;
+    CHECK_CARD(dev);
     if (!util || !period_us) return NVML_ERROR_INVALID_ARGUMENT;
     *util = 0;
     *period_us = 167000;
@@ -791,78 +680,48 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsig
     return codec(dev, util, period);
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *version, unsigned int length)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    return copy_str(version, length, "88.00.4F.00.09");
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t dev, char *version, unsigned int length)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    return copy_str(version, length, "G500.0200.00.03");
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t dev, char *part, unsigned int length)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    return copy_str(part, length, "900-2G500-0010-000");
-}
-
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t dev, unsigned int *multi)
-{
-    GET_GPU(dev, g);
-    (void)g;
-    if (!multi) return NVML_ERROR_INVALID_ARGUMENT;
-    *multi = 0;
-    return NVML_SUCCESS;
-}
+CARD_STRING(nvmlDeviceGetVbiosVersion, "88.00.4F.00.09")
+CARD_STRING(nvmlDeviceGetInforomImageVersion, "G500.0200.00.03")
+CARD_STRING(nvmlDeviceGetBoardPartNumber, "900-2G500-0010-000")
+CARD_VALUE(nvmlDeviceGetMultiGpuBoard, unsigned int, 0)
 
 /* PCIe boards have no NVLink. */
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link_id, nvmlEnableState_t *active)
 {
-    GET_GPU(dev, g);
-    (void)g;
     (void)link_id;
     (void)active;
+    CHECK_CARD(dev);
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link_id,
                                                               nvmlIntNvLinkDeviceType_t *type)
 {
-    GET_GPU(dev, g);
-    (void)g;
     (void)link_id;
     (void)type;
+    CHECK_CARD(dev);
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link_id, nvmlPciInfo_t *pci)
 {
-    GET_GPU(dev, g);
-    (void)g;
     (void)link_id;
     (void)pci;
+    CHECK_CARD(dev);
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 /* GPU fabric (NVSwitch / multi-node NVLink) membership: a Hopper-and-later notion; PCIe boards have none. */
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfoV_t *info)
 {
-    GET_GPU(dev, g);
-    (void)g;
+    CHECK_CARD(dev);
     if (!info) return NVML_ERROR_INVALID_ARGUMENT;
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info)
 {
-    GET_GPU(dev, g);
-    (void)g;
+    CHECK_CARD(dev);
     if (!info) return NVML_ERROR_INVALID_ARGUMENT;
     return NVML_ERROR_NOT_SUPPORTED;
 }

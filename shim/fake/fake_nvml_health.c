@@ -13,8 +13,7 @@
 #include <unistd.h>
 
 #include "fake_health.h"
-
-int fake_nvml_initialized(void); /* fake_nvml.c */
+#include "fake_nvml.h"
 
 #define SET_MAGIC 0x45564e54u
 #define SUPPORTED_EVENTS (nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeSingleBitEccError)
@@ -25,21 +24,6 @@ struct nvmlEventSet_st {
     unsigned long long types[FAKE_MAX_GPUS]; /* registered event types, by visible index */
     uint32_t registered_at[FAKE_MAX_GPUS];   /* sequence number when the device was registered */
 };
-
-/* The visible index of an NVML handle (a pointer to the GPU's description), or -1. */
-static int index_of_handle(nvmlDevice_t d)
-{
-    fake_system *s = fake_system_get();
-    fake_gpu *g = (fake_gpu *)(void *)d;
-    if (!s || g < s->gpus || g >= s->gpus + s->count) return -1;
-    return (int)(g - s->gpus);
-}
-
-#define GET_INDEX(dev, i)                                                                                \
-    if (!fake_nvml_initialized()) return NVML_ERROR_UNINITIALIZED;                                       \
-    int i = index_of_handle(dev);                                                                        \
-    if (i < 0) return NVML_ERROR_INVALID_ARGUMENT;                                                       \
-    if (fake_health_lost(i)) return NVML_ERROR_GPU_IS_LOST
 
 FAKE_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
 {
@@ -66,8 +50,7 @@ FAKE_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *types)
 {
-    GET_INDEX(dev, i);
-    (void)i;
+    CHECK_CARD(dev);
     if (!types) return NVML_ERROR_INVALID_ARGUMENT;
     *types = SUPPORTED_EVENTS;
     return NVML_SUCCESS;
@@ -75,7 +58,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsi
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set)
 {
-    GET_INDEX(dev, i);
+    GET_CARD(dev, i);
     if (!set || set->magic != SET_MAGIC || types == 0) return NVML_ERROR_INVALID_ARGUMENT;
     set->types[i] |= types & SUPPORTED_EVENTS;
     set->registered_at[i] = atomic_load(&fake_health()->seq);
@@ -127,7 +110,7 @@ FAKE_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *d
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, nvmlEnableState_t *isPending)
 {
-    GET_INDEX(dev, i);
+    GET_CARD(dev, i);
     if (!isPending) return NVML_ERROR_INVALID_ARGUMENT;
     fake_gpu_health *g = fake_health_of(i);
     *isPending = g && atomic_load(&g->retired_pages_pending) ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
@@ -137,7 +120,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corrRows, unsigned int *uncRows,
                                                    unsigned int *isPending, unsigned int *failureOccurred)
 {
-    GET_INDEX(dev, i);
+    GET_CARD(dev, i);
     if (!corrRows || !uncRows || !isPending || !failureOccurred) return NVML_ERROR_INVALID_ARGUMENT;
     if (fake_system_get()->gpus[i].cc_major < 8) return NVML_ERROR_NOT_SUPPORTED; /* row remapping: Ampere on */
     fake_gpu_health *g = fake_health_of(i);

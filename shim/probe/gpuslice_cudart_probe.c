@@ -69,15 +69,10 @@ static int cmd_alloc(int n, char **sizes)
 
 static int cmd_kernels(const char *path, const char *name)
 {
-    size_t len = 0;
-    void *image = probe_read_file(path, &len);
-    if (!image) {
-        fprintf(stderr, "gpuslice-cudart-probe: cannot read %s\n", path);
-        return 2;
-    }
+    void *image = probe_read_file("gpuslice-cudart-probe: ", path);
+    if (!image) return 2;
     cudaLibrary_t lib = NULL;
-    cudaError_t rc = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
-    printf("load %d %s\n", (int)rc, cudaGetErrorName(rc));
+    cudaError_t rc = probe_load_library(&lib, image);
     if (rc == cudaSuccess) {
         cudaKernel_t k = NULL;
         rc = cudaLibraryGetKernel(&k, lib, name);

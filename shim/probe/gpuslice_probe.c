@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_ptx.h"
+
 #define PROG "gpuslice-probe"
 #define MIB (1024ull * 1024ull)
 
@@ -248,22 +250,7 @@ static int cmd_hold(const char *size_arg, const char *seconds_arg)
 
 /* ----------------------------------------------------------------------------------------- burn */
 
-/* `spin` busy-waits a given number of SM clock cycles: loadable by the real driver (PTX JIT, no
- * nvcc) and by the test double, which does not execute it but takes each launch's duration from the
- * comment (as shim/tests/cuda_probe.c does). */
-static const char spin_ptx[] =
-    "// gpuslice-fake: duration_us=%u\n"
-    ".version 6.0\n.target sm_70\n.address_size 64\n"
-    ".visible .entry spin(.param .u64 spin_param_0)\n{\n"
-    "\t.reg .pred %%p<2>;\n\t.reg .b64 %%rd<6>;\n"
-    "\tld.param.u64 %%rd1, [spin_param_0];\n"
-    "\tmov.u64 %%rd2, %%clock64;\n"
-    "$L_spin:\n"
-    "\tmov.u64 %%rd3, %%clock64;\n"
-    "\tsub.s64 %%rd4, %%rd3, %%rd2;\n"
-    "\tsetp.lt.u64 %%p1, %%rd4, %%rd1;\n"
-    "\t@%%p1 bra $L_spin;\n"
-    "\tret;\n}\n";
+static const char spin_ptx[] = PROBE_PTX_HEAD PROBE_PTX_SPIN;
 
 /* Milliseconds one spin(cycles) takes on the device (best of 5, timed with events) into *best_ms;
  * on failure returns the failed call's result and names it in *call. */

@@ -71,39 +71,38 @@ static inline int gs_table_put(gs_table *t, uint64_t key, uint64_t val)
     return -1;
 }
 
-/* Looks key up without removing it; -1 when unknown. */
-static inline int gs_table_get(gs_table *t, uint64_t key, uint64_t *val)
+/* The slot holding key, or NULL when the key is unknown. */
+static inline gs_slot *gs_table_find(gs_table *t, uint64_t key)
 {
-    if (key <= GS_TABLE_TOMB) return -1;
+    if (key <= GS_TABLE_TOMB) return NULL;
     uint64_t i = gs_table_hash(key) & t->mask;
     for (uint64_t n = 0; n <= t->mask; n++, i = (i + 1) & t->mask) {
         uint64_t k = atomic_load_explicit(&t->slots[i].key, memory_order_acquire);
-        if (k == GS_TABLE_EMPTY) return -1;
-        if (k == key) {
-            *val = atomic_load_explicit(&t->slots[i].val, memory_order_acquire);
-            return 0;
-        }
+        if (k == GS_TABLE_EMPTY) return NULL;
+        if (k == key) return &t->slots[i];
     }
-    return -1;
+    return NULL;
+}
+
+/* Looks key up without removing it; -1 when unknown. */
+static inline int gs_table_get(gs_table *t, uint64_t key, uint64_t *val)
+{
+    gs_slot *s = gs_table_find(t, key);
+    if (!s) return -1;
+    *val = atomic_load_explicit(&s->val, memory_order_acquire);
+    return 0;
 }
 
 /* Removes key and returns its value through *val; -1 when the key is unknown. */
 static inline int gs_table_take(gs_table *t, uint64_t key, uint64_t *val)
 {
-    if (key <= GS_TABLE_TOMB) return -1;
-    uint64_t i = gs_table_hash(key) & t->mask;
-    for (uint64_t n = 0; n <= t->mask; n++, i = (i + 1) & t->mask) {
-        uint64_t k = atomic_load_explicit(&t->slots[i].key, memory_order_acquire);
-        if (k == GS_TABLE_EMPTY) return -1;
-        if (k == key) {
-            *val = atomic_load_explicit(&t->slots[i].val, memory_order_acquire);
-            /* Only the owner of a live key removes it, so a plain CAS to tombstone cannot race a put. */
-            if (atomic_compare_exchange_strong_explicit(&t->slots[i].key, &k, GS_TABLE_TOMB, memory_order_acq_rel,
-                                                        memory_order_relaxed))
-                return 0;
-            return -1;
-        }
-    }
+    gs_slot *s = gs_table_find(t, key);
+    if (!s) return -1;
+    *val = atomic_load_explicit(&s->val, memory_order_acquire);
+    /* Only the owner of a live key removes it, so a plain CAS to tombstone cannot race a put. */
+    uint64_t k = key;
+    if (atomic_compare_exchange_strong_explicit(&s->key, &k, GS_TABLE_TOMB, memory_order_acq_rel, memory_order_relaxed))
+        return 0;
     return -1;
 }
 

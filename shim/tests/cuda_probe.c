@@ -17,7 +17,8 @@
  *                                            prints the busy fraction of the second half
  *   cuda_probe boundary HI                   largest single cuMemAlloc that succeeds (bisection)
  *   cuda_probe vmm LIMIT                     VMM: physical memory stays charged while mapped,
- *                                            also after cuMemRelease, and after a retained handle
+ *                                            also after cuMemRelease, and after a retained handle;
+ *                                            freeing a mapping as a cuMemAlloc pointer is refused
  *   cuda_probe ctx-teardown LIMIT            destroying a context (cuCtxDestroy, primary reset, last
  *                                            primary release) credits every allocation made in it
  *   cuda_probe fork-query BYTES              allocate, fork a child that asks NVML for memory info,
@@ -46,6 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../probe/probe_ptx.h"
 #include "probe_common.h"
 
 /* The legacy 32-bit entry points, reachable by name like any other export. */
@@ -335,22 +337,7 @@ static int ipc_open(const char *hex)
 
 /* ------------------------------------------------------------------------------------------------ */
 
-/* Two kernels, loadable by the real driver (PTX JIT, no nvcc) and by the test double (which reads the
- * duration from the comment): `empty`, and `spin`, which busy-waits a given number of SM clock cycles. */
-static const char kernels_ptx[] =
-    "// gpuslice-fake: duration_us=%u\n"
-    ".version 6.0\n.target sm_70\n.address_size 64\n"
-    ".visible .entry empty()\n{\n\tret;\n}\n"
-    ".visible .entry spin(.param .u64 spin_param_0)\n{\n"
-    "\t.reg .pred %%p<2>;\n\t.reg .b64 %%rd<6>;\n"
-    "\tld.param.u64 %%rd1, [spin_param_0];\n"
-    "\tmov.u64 %%rd2, %%clock64;\n"
-    "$L_spin:\n"
-    "\tmov.u64 %%rd3, %%clock64;\n"
-    "\tsub.s64 %%rd4, %%rd3, %%rd2;\n"
-    "\tsetp.lt.u64 %%p1, %%rd4, %%rd1;\n"
-    "\t@%%p1 bra $L_spin;\n"
-    "\tret;\n}\n";
+static const char kernels_ptx[] = PROBE_PTX_HEAD PROBE_PTX_EMPTY PROBE_PTX_SPIN;
 
 /* Milliseconds one spin(cycles) takes on the device, timed with events. */
 static double time_spin(CUfunction fn, unsigned long long cycles)
@@ -482,6 +469,10 @@ static int vmm_scenario(size_t limit)
     CUdeviceptr p;
     EXPECT_RC(cuMemAlloc(&p, six), CUDA_ERROR_OUT_OF_MEMORY);
     EXPECT_RC(cuMemsetD8(va, 7, 4096), CUDA_SUCCESS);
+    /* Freeing a mapping as if it were cuMemAlloc's or an IPC opening is refused and changes nothing. */
+    EXPECT_RC(cuMemFree(va), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuIpcCloseMemHandle(va), CUDA_ERROR_INVALID_VALUE);
+    CHECK(mem_free() == limit - six, "free %zu after refused frees, expected %zu", mem_free(), limit - six);
     EXPECT_RC(cuMemUnmap(va, six), CUDA_SUCCESS);
     CHECK(mem_free() == limit, "free %zu after the last unmap, expected %zu", mem_free(), limit);
     EXPECT_RC(vmm_create(&h2, six), CUDA_SUCCESS);

@@ -84,12 +84,8 @@ static char host_stub; /* the "host function" nvcc would register the kernel und
 
 static int cmd_all(const char *fatbin_path, const char *kernel)
 {
-    size_t len = 0;
-    void *image = probe_read_file(fatbin_path, &len);
-    if (!image) {
-        fprintf(stderr, "cannot read %s\n", fatbin_path);
-        return 2;
-    }
+    void *image = probe_read_file("", fatbin_path);
+    if (!image) return 2;
     int dev = -1;
     check("cudaSetDevice", cudaSetDevice(0));
     check("cudaGetDevice", cudaGetDevice(&dev));
@@ -231,15 +227,10 @@ static int cmd_all(const char *fatbin_path, const char *kernel)
 
 static int cmd_load(const char *fatbin_path, const char *kernel)
 {
-    size_t len = 0;
-    void *image = probe_read_file(fatbin_path, &len);
-    if (!image) {
-        fprintf(stderr, "cannot read %s\n", fatbin_path);
-        return 2;
-    }
+    void *image = probe_read_file("", fatbin_path);
+    if (!image) return 2;
     cudaLibrary_t lib = NULL;
-    cudaError_t rc = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
-    printf("load %d %s\n", (int)rc, cudaGetErrorName(rc));
+    cudaError_t rc = probe_load_library(&lib, image);
     if (rc != cudaSuccess) return 0;
     cudaKernel_t k = NULL;
     rc = cudaLibraryGetKernel(&k, lib, kernel);

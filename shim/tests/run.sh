@@ -60,32 +60,30 @@ slice() { # slice MEMORY SHARE: write the limits file the shim reads
         "$work/usage" > "$conf"
 }
 
-check() { # check NAME COMMAND...: run under the shim; pass when it exits 0
-    local name=$1
-    shift
-    if out=$(LD_PRELOAD="$preload" timeout 120 "$@" 2>&1); then
+verdict() { # verdict OK NAME FAILED_AS DETAIL: count one check (OK 1 or 0); a failure prints DETAIL indented
+    if (($1)); then
         passed=$((passed + 1))
-        echo "PASS $name"
+        echo "PASS $2"
     else
         failed=$((failed + 1))
-        echo "FAIL $name"
-        echo "$out" | tail -20 | sed 's/^/    /'
+        echo "FAIL $3"
+        sed 's/^/    /' <<<"$4"
     fi
 }
 
+check() { # check NAME COMMAND...: run under the shim; pass when it exits 0
+    local name=$1 ok=0 out
+    shift
+    out=$(LD_PRELOAD="$preload" timeout 120 "$@" 2>&1) && ok=1
+    verdict "$ok" "$name" "$name" "$(tail -20 <<<"$out")"
+}
+
 expect_output() { # expect_output NAME PATTERN COMMAND...: pass when the output matches PATTERN
-    local name=$1 pattern=$2
+    local name=$1 pattern=$2 ok=0 out
     shift 2
-    local out
     out=$(LD_PRELOAD="$preload" timeout 120 "$@" 2>&1)
-    if grep -Eq -- "$pattern" <<<"$out" && ! grep -q "ERROR: .*Sanitizer" <<<"$out"; then
-        passed=$((passed + 1))
-        echo "PASS $name"
-    else
-        failed=$((failed + 1))
-        echo "FAIL $name (wanted /$pattern/)"
-        echo "$out" | tail -20 | sed 's/^/    /'
-    fi
+    grep -Eq -- "$pattern" <<<"$out" && ! grep -q "ERROR: .*Sanitizer" <<<"$out" && ok=1
+    verdict "$ok" "$name" "$name (wanted /$pattern/)" "$(tail -20 <<<"$out")"
 }
 
 slice "$limit" 100
@@ -149,14 +147,8 @@ for _ in 1 2 3; do
 done
 stress_ok=1
 for p in "${pids[@]}"; do wait "$p" || stress_ok=0; done
-if ((stress_ok)) && ! grep -q "Sanitizer" "$work"/stress.*; then
-    passed=$((passed + 1))
-    echo "PASS concurrency stress (3 processes x 4 threads)"
-else
-    failed=$((failed + 1))
-    echo "FAIL concurrency stress"
-    tail -n 20 "$work"/stress.* | sed 's/^/    /'
-fi
+grep -q "Sanitizer" "$work"/stress.* && stress_ok=0
+verdict "$stress_ok" "concurrency stress (3 processes x 4 threads)" "concurrency stress" "$(tail -n 20 "$work"/stress.*)"
 
 # IPC within one slice: the exporter's memory is already charged; opening it is not new memory.
 # (Opening another slice's memory is charged to the importer: tests/shim/test_shim_memory.py.)

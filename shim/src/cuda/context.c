@@ -70,6 +70,14 @@ static void context_bytes_add(int64_t delta)
     if (self >= 0) atomic_fetch_add(&gs_reg.entries[self].context_bytes, (uint64_t)delta);
 }
 
+/* Bytes a context held besides allocations go back to the slice and off the process's context bytes. */
+static void credit_context_bytes(uint64_t b)
+{
+    if (!b) return;
+    release(b);
+    context_bytes_add(-(int64_t)b);
+}
+
 /* Credits what a context's limits took above the ones it started with (the driver resets them with
  * the context: destroy, primary reset, last primary release). */
 static void credit_context_limits(unsigned idx)
@@ -78,10 +86,7 @@ static void credit_context_limits(unsigned idx)
     for (int i = 0; i < GS_LIM_N; i++) {
         uint64_t b = atomic_exchange(&ctx_limit_charged[idx][i], 0);
         atomic_store(&ctx_limit_base[idx][i], 0);
-        if (b) {
-            release(b);
-            context_bytes_add(-(int64_t)b);
-        }
+        credit_context_bytes(b);
     }
 }
 
@@ -90,11 +95,7 @@ static void credit_context_memory(unsigned idx)
 {
     if (idx == 0 || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
     credit_context_limits(idx);
-    uint64_t b = atomic_exchange(&ctx_cost[idx], 0);
-    if (b) {
-        release(b);
-        context_bytes_add(-(int64_t)b);
-    }
+    credit_context_bytes(atomic_exchange(&ctx_cost[idx], 0));
 }
 
 /* Credits every allocation the driver freed with context `idx`. Rare: a scan of the table is fine. */
@@ -359,54 +360,47 @@ GS_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     return rc;
 }
 
-/* The last release destroys the primary context; the driver says whether it is still active. */
-#define PRIMARY_RELEASE(name)                                                                            \
-    do {                                                                                                 \
-        NEED_REAL(name);                                                                                 \
-        pthread_mutex_lock(&primary_lock);                                                               \
-        CUresult rc_ = real_##name(dev);                                                                 \
-        if (rc_ == CUDA_SUCCESS && !primary_active(dev)) {                                               \
-            credit_context(primary_idx(dev));                                                            \
-            credit_context_memory(primary_idx(dev));                                                     \
-        }                                                                                                \
-        pthread_mutex_unlock(&primary_lock);                                                             \
-        return rc_;                                                                                      \
-    } while (0)
+enum primary_drop { PRIMARY_RELEASE, PRIMARY_RESET };
+
+/* The last release destroys the primary context (the driver says whether it is still active): its
+ * allocations and its own memory go. A reset frees the context's allocations and resets its limits;
+ * if the context is no longer active afterwards, its own memory went too. */
+static CUresult primary_drop(CUresult (*real)(CUdevice), CUdevice dev, enum primary_drop how)
+{
+    pthread_mutex_lock(&primary_lock);
+    CUresult rc = real(dev);
+    if (rc == CUDA_SUCCESS && (how == PRIMARY_RESET || !primary_active(dev))) {
+        unsigned idx = primary_idx(dev);
+        credit_context(idx);
+        if (how == PRIMARY_RESET && primary_active(dev)) credit_context_limits(idx);
+        else credit_context_memory(idx);
+    }
+    pthread_mutex_unlock(&primary_lock);
+    return rc;
+}
 
 GS_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    PRIMARY_RELEASE(cuDevicePrimaryCtxRelease_v2);
+    NEED_REAL(cuDevicePrimaryCtxRelease_v2);
+    return primary_drop(real_cuDevicePrimaryCtxRelease_v2, dev, PRIMARY_RELEASE);
 }
 
 GS_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-    PRIMARY_RELEASE(cuDevicePrimaryCtxRelease);
+    NEED_REAL(cuDevicePrimaryCtxRelease);
+    return primary_drop(real_cuDevicePrimaryCtxRelease, dev, PRIMARY_RELEASE);
 }
-
-/* A reset frees the context's allocations and resets its limits; if the context is no longer
- * active afterwards, its own memory went too. */
-#define PRIMARY_RESET(name)                                                                              \
-    do {                                                                                                 \
-        NEED_REAL(name);                                                                                 \
-        pthread_mutex_lock(&primary_lock);                                                               \
-        CUresult rc_ = real_##name(dev);                                                                 \
-        if (rc_ == CUDA_SUCCESS) {                                                                       \
-            credit_context(primary_idx(dev));                                                            \
-            if (primary_active(dev)) credit_context_limits(primary_idx(dev));                            \
-            else credit_context_memory(primary_idx(dev));                                                \
-        }                                                                                                \
-        pthread_mutex_unlock(&primary_lock);                                                             \
-        return rc_;                                                                                      \
-    } while (0)
 
 GS_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    PRIMARY_RESET(cuDevicePrimaryCtxReset_v2);
+    NEED_REAL(cuDevicePrimaryCtxReset_v2);
+    return primary_drop(real_cuDevicePrimaryCtxReset_v2, dev, PRIMARY_RESET);
 }
 
 GS_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 {
-    PRIMARY_RESET(cuDevicePrimaryCtxReset);
+    NEED_REAL(cuDevicePrimaryCtxReset);
+    return primary_drop(real_cuDevicePrimaryCtxReset, dev, PRIMARY_RESET);
 }
 
 /* cuCtxSetLimit: the malloc heap, the per-thread stack (times every thread the device holds
