@@ -394,3 +394,15 @@ def test_the_probe_rootfs_runs_in_runc_with_the_shim_preloaded_as_cdi_would(
         "libcuda.so.1",
         "libnvidia-ml.so.1",
     ]
+
+
+def test_a_probe_is_rebuilt_when_a_header_it_includes_changes(tmp_path: Path) -> None:
+    """The cudart probe includes probe/*.h: a change there alone must rebuild it, or the image keeps
+    the old code while the source tree says otherwise."""
+    source, header, out = tmp_path / "probe.c", tmp_path / "probe_file.h", tmp_path / "probe"
+    for path, at in ((source, 100), (header, 100), (out, 200)):
+        path.write_text("x")
+        os.utime(path, (at, at))
+    assert images.up_to_date(out, source)
+    os.utime(header, (300, 300))
+    assert not images.up_to_date(out, source)

@@ -123,14 +123,21 @@ def probe_binary(built: ShimPaths) -> Path:
     return built.tests_dir.parent / "probe" / "gpuslice-probe"
 
 
+def up_to_date(out: Path, source: Path) -> bool:
+    """`out` is newer than `source` and every header beside it (the probes include theirs)."""
+    inputs = [source, *source.parent.glob("*.h")]
+    return out.is_file() and out.stat().st_mtime >= max(p.stat().st_mtime for p in inputs)
+
+
 def cudart_probe_binary(built: ShimPaths) -> Path:
     """gpuslice-cudart-probe, built against libcudart 12 from its wheel next to gpuslice-probe (once
-    per change of its source; concurrent callers each build into a file of their own, then rename)."""
+    per change of its source or its headers; concurrent callers each build into a file of their own,
+    then rename)."""
     from gpuslice_dev.gpusim.cudart import build_program
 
     source = SHIM_SOURCE_DIR / "probe" / "gpuslice_cudart_probe.c"
     out = probe_binary(built).parent / "gpuslice-cudart-probe"
-    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+    if up_to_date(out, source):
         return out
     staging = out.with_name(f".{out.name}.{os.getpid()}")
     try:
