@@ -495,6 +495,52 @@ def test_quota_used_up_says_x_of_y_and_recovers_when_a_slice_frees(world: World)
     )
 
 
+def test_a_slot_freed_at_the_entitlement_goes_to_the_next_slice_within_seconds(world: World) -> None:
+    # A tenant at its entitlement of one deletes a slice and creates another at once, and expects the
+    # freed slot within a second or two. The old claim counts until garbage collection deletes it,
+    # and, while a pod holds it, until that pod is gone; kube-controller-manager then recounts the
+    # quota, and that quota event must reach the waiting slice (not the operator's resync, 10 s here).
+    ns, pkg = world.namespace, world.pkg("8g")
+    world.packages({"8g": 25}, slices=1)
+    world.gpus(world.cluster.nodes[0], 1, {"8g": 25})
+    _tenant_ok(world)
+
+    def claim_within(name: str, seconds: float) -> float:
+        start = time.monotonic()
+        wait_for(lambda: get(world.cluster, "resourceclaim", name, "-n", ns), 30, f"claim {name}")
+        took = time.monotonic() - start
+        assert took < seconds, f"claim {name} {took:.1f} s after the slot was freed"
+        return took
+
+    apply(world.cluster, [slice_doc("a", ns, pkg)])
+    claim_within("a", 5)
+    world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "a", "-n", ns)
+    apply(world.cluster, [slice_doc("b", ns, pkg)])
+    claim_within("b", 5)
+    # b in use; its pod is stopping (the finalizer stands in for a kubelet stopping its containers)
+    # when the tenant deletes b and creates c: c waits for the quota, and goes once the pod has gone.
+    pod = pod_doc("b", ns)
+    pod["metadata"]["finalizers"] = ["gpuslice-test/stopping"]
+    apply(world.cluster, [pod])
+    wait_status(world.cluster, ns, "b", phase="InUse")
+    world.cluster.kubectl("delete", "pod", "b", "-n", ns, "--wait=false")
+    world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "b", "-n", ns)
+    apply(world.cluster, [slice_doc("c", ns, pkg)])
+    st = wait_status(world.cluster, ns, "c", reason="QuotaExceeded")
+    assert st["quota"] == {"used": 1, "hard": 1, "quota": c.QUOTA_NAME}
+    world.cluster.kubectl(
+        "patch",
+        "pod",
+        "b",
+        "-n",
+        ns,
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/metadata/finalizers"}]',
+    )
+    claim_within("c", 3)
+
+
 def test_no_gpu_of_the_model_and_all_gpus_full_are_told_apart(world: World) -> None:
     world.packages({"32g": 100, "none": 25}, slices=4)
     world.gpus(world.cluster.nodes[1], 1, {"32g": 100})

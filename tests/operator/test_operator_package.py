@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -21,6 +22,7 @@ from kopf._cogs.structs.references import Resource
 
 from gpuslice import cli
 from gpuslice import constants as c
+from gpuslice.domain.claim_retry import REFUSED_RETRY_MAX_SECONDS
 from gpuslice.kubehttp import ApiError
 from gpuslice.metrics import WRITES
 from gpuslice.operator import indexes, nodes, packages, run, slices
@@ -532,10 +534,80 @@ async def test_a_refused_claim_is_retried_with_a_growing_delay_not_on_every_even
         return body
 
     api.apply = accept  # type: ignore[method-assign]
-    clock[0] += slices.REFUSED_RETRY_MAX_SECONDS
+    clock[0] += REFUSED_RETRY_MAX_SECONDS
     await slices.ensure_claim(state, entry, idx)
     assert created == ["s"]
     assert ("ns", "s") not in state.create_errors
+
+
+def _quota(used: int, hard: int = 1, requests_used: int | None = None) -> dict[str, Any]:
+    """The gpuslice quota of ns for package p, as kube-controller-manager last counted it; the
+    `requests.<resource>` key counts `requests_used` (default: as many as the devices key)."""
+    key, requests = c.quota_key("p"), c.QUOTA_REQUESTS_PREFIX + c.extended_resource_name("p")
+    hard_keys = {key: str(hard), requests: str(hard)}
+    used_keys = {key: str(used), requests: str(used if requests_used is None else requests_used)}
+    return {
+        "metadata": {"namespace": "ns", "name": c.QUOTA_NAME},
+        "spec": {"hard": hard_keys},
+        "status": {"hard": hard_keys, "used": used_keys},
+    }
+
+
+class _QuotaRefusingKube(_RecordingKube):
+    """The API server's quota admission, which refuses the first `refusals` creates."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    async def apply(self, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if self.refusals:
+            self.refusals -= 1
+            self.applied.append("refused")
+            name = body["metadata"]["name"]
+            message = f'resourceclaims.resource.k8s.io "{name}" is forbidden: exceeded quota: gpuslice'
+            raise ApiError(403, "Forbidden", json.dumps({"message": message}))
+        return await super().apply(body, **kw)
+
+
+async def test_a_slice_refused_for_quota_the_quota_already_shows_free_is_tried_again_by_itself() -> None:
+    # The old slice's claim went and kube-controller-manager's recount (the quota event that marks
+    # waiting slices) reached the operator before the API server's refusal of the new slice's claim:
+    # no event came again, and the freed slot stayed unused until the resync (up to 30 s).
+    kube = _QuotaRefusingKube(refusals=1)
+    state = _state(kube)
+    idx, entry = _one_slice(quotas=[_quota(used=0)])
+    await slices.ensure_claim(state, entry, idx)
+    assert kube.applied == ["refused"]
+    assert state.changes.take("p", lambda ref: "p") == []
+    await asyncio.sleep(0.6)  # the first retry's delay, half a second
+    assert state.changes.take("p", lambda ref: "p") == [("ns", "s")]
+    await slices.ensure_claim(state, entry, idx)  # what the package's daemon does with the mark
+    assert kube.applied == ["refused", "s"]
+    assert ("ns", "s") not in state.create_errors
+
+
+@pytest.mark.parametrize(
+    "full_quota",
+    [_quota(used=1), _quota(used=0, requests_used=1)],
+    ids=["devices", "requests-of-the-product"],  # pods asking for it in resources.limits use it up first
+)
+async def test_a_slice_refused_for_quota_without_room_waits_for_the_quota_event_then_goes_at_once(
+    monkeypatch: pytest.MonkeyPatch, full_quota: dict[str, Any]
+) -> None:
+    clock = _slices_clock(monkeypatch)
+    kube = _QuotaRefusingKube(refusals=1)
+    state = _state(kube)
+    full, entry = _one_slice(quotas=[full_quota])
+    for _ in range(50):  # other events of the slice meanwhile: no create while the quota is used up
+        await slices.ensure_claim(state, entry, full)
+        clock[0] += 0.1
+    assert kube.applied == ["refused"]
+    await asyncio.sleep(0)
+    assert state.changes.take("p", lambda ref: "p") == []  # no timer: thousands may wait like this
+    freed, _ = _one_slice(quotas=[_quota(used=0)])  # the quota event after the old claim went
+    await slices.ensure_claim(state, entry, freed)
+    assert kube.applied == ["refused", "s"]
 
 
 async def test_a_create_without_an_answer_in_time_is_retried_with_a_delay_too(

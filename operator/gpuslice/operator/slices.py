@@ -22,10 +22,12 @@ from gpuslice import constants as c
 from gpuslice.api.refusal import is_quota_refusal
 from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.capacity import Capacity
+from gpuslice.domain.claim_retry import no_room, quota_retry_delay, refused_retry_delay
 from gpuslice.domain.claims import slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.health import stranded_claims
 from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
+from gpuslice.domain.pod_slices import resource_of
 from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, own_claims, slice_status
 from gpuslice.domain.software import warnings_raised
 from gpuslice.domain.views import ClaimView, claim_view
@@ -46,15 +48,6 @@ log = get(__name__)
 #: this only covers an applied claim deleted before its watch event arrived; a watch that lags under
 #: load must not turn every refresh into another apply.
 APPLIED_GRACE_SECONDS = 120.0
-
-#: A create refused for another reason than quota (an overloaded API server's timeouts, a webhook
-#: down) is retried after 1, 2, 4 ... s, at most this long apart: every event of the slice's pods
-#: refreshes it, and re-applying on each one only adds load to an API server that is refusing.
-REFUSED_RETRY_MAX_SECONDS = 30.0
-
-
-def _retry_delay(refusals: int) -> float:
-    return 0.0 if refusals == 0 else min(2.0 ** (refusals - 1), REFUSED_RETRY_MAX_SECONDS)
 
 
 def _facts(
@@ -152,10 +145,12 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
         # Applied, its watch event not here yet: the claim as the apply answered, so a refresh
         # meanwhile does not go back to CreatingClaim (and forth again when the event comes).
         return state.created.get(key)
+    since = time.monotonic() - state.applied.get(key, -1e9)
     if is_quota_refusal(error):
-        if _quota_full(idx, ns, pkg):
-            return None  # refused for quota, and still no room: retrying now would be refused again
-    elif time.monotonic() - state.applied.get(key, -1e9) < _retry_delay(state.refusals.get(key, 0)):
+        delay = quota_retry_delay(_quota_full(idx, ns, pkg), state.refusals.get(key, 0))
+        if delay is None or since < delay:
+            return None  # no room yet (its quota event rechecks it), or tried a moment ago
+    elif since < refused_retry_delay(state.refusals.get(key, 0)):
         return None
     state.applied[key] = time.monotonic()
     try:
@@ -168,8 +163,16 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
         if state.create_errors.get((ns, name)) != message:
             log.info("claim create refused", namespace=ns, slice=name, reason=message)
         state.create_errors[(ns, name)] = message
-        if not is_quota_refusal(message):
-            state.refusals[key] = state.refusals.get(key, 0) + 1
+        refusals = state.refusals.get(key, 0) + 1
+        delay = quota_retry_delay(_quota_full(idx, ns, pkg), refusals) if is_quota_refusal(message) else 0.0
+        if delay is None:
+            state.refusals.pop(key, None)  # waits for the quota event that shows room, then goes at once
+            return None
+        state.refusals[key] = refusals
+        if is_quota_refusal(message):
+            # The quota shows room already, so the event that showed it came before this refusal:
+            # none may mark the slice again before the resync. It marks itself.
+            asyncio.get_running_loop().call_later(delay, state.changes.mark, [key], pkg)
         return None
     state.create_errors.pop((ns, name), None)
     state.refusals.pop(key, None)
@@ -180,12 +183,14 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
 
 
 def _quota_full(idx: Indexes, ns: str, package: str) -> bool:
-    key = c.quota_key(package)
-    for q in values(idx.quotas, ns):
-        usage = q.usage(key)
-        if usage is not None and usage[0] >= usage[1]:
-            return True
-    return False
+    """No room in the namespace's quotas for one more claim of `package`: under its devices key, or
+    the `requests.<resource>` key its claims are charged too (which pods asking for the product in
+    resources.limits use up at creation, before their claims count under the devices key)."""
+    keys = [c.quota_key(package)]
+    specs = {name: view.spec for name in idx.packages if (view := one(idx.packages, name)) is not None}
+    if (resource := resource_of(package, specs)) is not None:
+        keys.append(c.QUOTA_REQUESTS_PREFIX + resource)
+    return no_room(values(idx.quotas, ns), keys)
 
 
 async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> None:
