@@ -46,6 +46,19 @@ def _outsider(s, built, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _views_beside(s, proc: subprocess.Popen[str], settle: float) -> tuple[dict[str, str], dict[str, str]]:
+    """NVML_VIEW inside the slice and of the whole card (no shim), read `settle` seconds after `proc`
+    started; `proc` is killed afterwards."""
+    try:
+        time.sleep(settle)
+        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    return inside, card
+
+
 def test_nvml_process_lists_show_only_the_slices_processes(make_slice, built):
     s = make_slice(memory_bytes=LIMIT)
     other = _outsider(s, built, "hold", str(5 * GIB))
@@ -156,13 +169,7 @@ def test_utilization_is_the_slices_own_as_a_share_of_its_quota(make_slice, built
     # the launching processes run until both views are read (on a loaded machine starting two Pythons
     # with NVML can take seconds: a launch of fixed length could end before the card is read)
     other = _outsider(s, built, "launch", "120", "1000", "kernel")
-    try:
-        time.sleep(2)
-        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
-        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
-    finally:
-        other.kill()
-        other.wait(timeout=60)
+    inside, card = _views_beside(s, other, settle=2)
     assert int(card["gpu_util"]) >= 50
     assert int(inside["gpu_util"]) == 0
     # the slice's own work reads as a share of its quota: half the card is 100 % of a 50 % slice
@@ -172,13 +179,7 @@ def test_utilization_is_the_slices_own_as_a_share_of_its_quota(make_slice, built
         stdout=subprocess.PIPE,
         text=True,
     )
-    try:
-        time.sleep(3)
-        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
-        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
-    finally:
-        burner.kill()
-        burner.wait(timeout=60)
+    inside, card = _views_beside(s, burner, settle=3)
     expected = min(100, 2 * int(card["gpu_util"]))
     assert int(card["gpu_util"]) > 10
     assert abs(int(inside["gpu_util"]) - expected) <= 25, (inside["gpu_util"], card["gpu_util"])
