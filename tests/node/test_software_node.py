@@ -17,7 +17,7 @@ import pytest
 
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.images import KERNEL_IMAGES_IN_IMAGE
-from node.node_cluster import TENANT, delete, exec_in, run_pod, sleeping_slice_pod, slice_pod
+from node.node_cluster import TENANT, exec_in, sleeping_slice_pod
 from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
