@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -46,6 +48,22 @@ def _outsider(s, built, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@contextmanager
+def _mine_beside_an_outsider(s, built) -> Iterator[tuple[Holder, subprocess.Popen[str]]]:
+    """For the block: 2 GiB held by a process of the slice, 5 GiB by another tenant's process on the
+    same card (the outsider); both let go afterwards."""
+    other = _outsider(s, built, "hold", str(5 * GIB))
+    assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
+    mine = Holder(s, built, 2 * GIB)
+    try:
+        yield mine, other
+    finally:
+        mine.close()
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+
+
 def _views_beside(s, proc: subprocess.Popen[str], settle: float) -> tuple[dict[str, str], dict[str, str]]:
     """NVML_VIEW inside the slice and of the whole card (no shim), read `settle` seconds after `proc`
     started; `proc` is killed afterwards."""
@@ -61,17 +79,9 @@ def _views_beside(s, proc: subprocess.Popen[str], settle: float) -> tuple[dict[s
 
 def test_nvml_process_lists_show_only_the_slices_processes(make_slice, built):
     s = make_slice(memory_bytes=LIMIT)
-    other = _outsider(s, built, "hold", str(5 * GIB))
-    assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
-    mine = Holder(s, built, 2 * GIB)
-    try:
+    with _mine_beside_an_outsider(s, built) as (mine, other):
         inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
         card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
-    finally:
-        mine.close()
-        assert other.stdin is not None
-        other.stdin.close()
-        other.wait(timeout=30)
     assert card["nvmlDeviceGetComputeRunningProcesses"] == ",".join(
         str(p) for p in sorted([mine.proc.pid, other.pid])
     )
@@ -120,16 +130,8 @@ NVML_THROUGH_DLVSYM = textwrap.dedent(
 
 def test_nvml_reached_through_dlvsym_still_shows_only_the_slices_processes(make_slice, built):
     s = make_slice(memory_bytes=LIMIT)
-    other = _outsider(s, built, "hold", str(5 * GIB))
-    assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
-    mine = Holder(s, built, 2 * GIB)
-    try:
+    with _mine_beside_an_outsider(s, built) as (mine, other):
         result = run(s, [sys.executable, "-c", NVML_THROUGH_DLVSYM])
-    finally:
-        mine.close()
-        assert other.stdin is not None
-        other.stdin.close()
-        other.wait(timeout=30)
     assert result.returncode == 0, result.stderr
     seen = values(result.stdout)
     assert set(seen) == {"libc-dlsym", "libc-dlvsym"}, result.stdout
