@@ -16,29 +16,20 @@ agent's log (claim prepared). Prints the median of each stage for both kinds and
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from _realnode import fresh_cluster, parse_args, start_real_node_cluster
+from real_node import Watch, interleaved
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "operator"))
-sys.path.insert(0, str(REPO / "bench"))
-
-from real_node import NS, Watch, interleaved  # noqa: E402
-
-from gpuslice_dev.devcluster.cluster import DevCluster  # noqa: E402
-from gpuslice_dev.devcluster.node_agents import start_agents  # noqa: E402
-from gpuslice_dev.devcluster.realnode import start_real_nodes  # noqa: E402
+from gpuslice_dev.devcluster.cluster import DevCluster
 
 NODE = "real-node-0"
 STAGES = (
@@ -190,22 +181,10 @@ def stage_table(
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pods", type=int, default=10)
-    ap.add_argument("--dir", type=Path, default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    cluster = DevCluster(args.dir or Path(tempfile.mkdtemp(prefix="gpuslice-bench-stages-")))
-    cluster.wipe()
+    args = parse_args(__doc__, pods=10)
+    cluster = fresh_cluster(args.dir, "gpuslice-bench-stages-")
     try:
-        cluster.up(nodes=1)
-        start_real_nodes(cluster, 1)
-        cluster.apply_crds()
-        cluster.apply(REPO / "manifests" / "samples" / "v100-8g.yaml")
-        cluster.create_namespace(NS, {"tenant.example.com/project": "team-a"})
-        cluster.start_process("operator", [sys.executable, "-m", "gpuslice", "operator",
-                                           "--kubeconfig", str(cluster.kubeconfig)])  # fmt: skip
-        start_agents(cluster, "1x Tesla V100-PCIE-32GB")
+        start_real_node_cluster(cluster, kwok_nodes=1)
         watch = Watch(cluster)
         claims = Watch(cluster, "resourceclaims")
         time.sleep(1)

@@ -16,26 +16,17 @@ Prints a table of medians and maxima (or JSON with --json).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "operator"))
+from _realnode import NS, PACKAGE, PROBE, fresh_cluster, gpuslice, parse_args, start_real_node_cluster
 
-from gpuslice_dev.devcluster.cluster import DevCluster  # noqa: E402
-from gpuslice_dev.devcluster.node_agents import start_agents  # noqa: E402
-from gpuslice_dev.devcluster.realnode import start_real_nodes  # noqa: E402
+from gpuslice_dev.devcluster.cluster import DevCluster
 
-PROBE = "localhost/gpuslice/probe:dev"
-NS = "bench"
-PRODUCT = "gpuslice.io/v100-8g"
+PRODUCT = f"gpuslice.io/{PACKAGE}"
 
 
 def pod(name: str, claim: str | None = None) -> dict[str, Any]:
@@ -47,16 +38,6 @@ def pod(name: str, claim: str | None = None) -> dict[str, Any]:
     else:
         container["resources"] = {"limits": {PRODUCT: "1"}}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
-
-
-def gpuslice(name: str) -> dict[str, Any]:
-    meta = {"name": name, "namespace": NS}
-    return {
-        "apiVersion": "gpuslice.io/v1alpha1",
-        "kind": "GpuSlice",
-        "metadata": meta,
-        "spec": {"package": "v100-8g"},
-    }
 
 
 def jsonpath(cluster: DevCluster, kind: str, name: str, path: str) -> str:
@@ -108,24 +89,12 @@ def one(cluster: DevCluster, form: str, i: int) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pods", type=int, default=10)
-    ap.add_argument("--dir", type=Path, default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    cluster = DevCluster(args.dir or Path(tempfile.mkdtemp(prefix="gpuslice-bench-form-")))
-    cluster.wipe()
+    args = parse_args(__doc__, pods=10)
+    cluster = fresh_cluster(args.dir, "gpuslice-bench-form-")
     forms = ("limits", "gpuslice", "gpuslice+create")
     samples: dict[str, list[dict[str, float]]] = {f: [] for f in forms}
     try:
-        cluster.up(nodes=0)
-        start_real_nodes(cluster, 1)
-        cluster.apply_crds()
-        cluster.apply(REPO / "manifests" / "samples" / "v100-8g.yaml")
-        cluster.create_namespace(NS, {"tenant.example.com/project": "team-a"})
-        cluster.start_process("operator", [sys.executable, "-m", "gpuslice", "operator",
-                                           "--kubeconfig", str(cluster.kubeconfig)])  # fmt: skip
-        start_agents(cluster, "1x Tesla V100-PCIE-32GB")
+        start_real_node_cluster(cluster, kwok_nodes=0)
         one(cluster, "limits", -1)  # warm-up: admission policies in place, images and paths cached
         for i in range(args.pods):
             for form in forms:

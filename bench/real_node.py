@@ -20,27 +20,18 @@ Prints a table, then one line with the ratios (or JSON with --json).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "operator"))
+from _realnode import NS, PROBE, fresh_cluster, gpuslice, parse_args, start_real_node_cluster
 
-from gpuslice_dev.devcluster.cluster import DevCluster  # noqa: E402
-from gpuslice_dev.devcluster.node_agents import start_agents  # noqa: E402
-from gpuslice_dev.devcluster.realnode import process_names, start_real_nodes  # noqa: E402
-
-PROBE = "localhost/gpuslice/probe:dev"
-NS = "bench"
+from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.realnode import process_names
 
 
 def pod(name: str, node: str, claim: str | None = None, *, seccomp: bool = False) -> dict[str, Any]:
@@ -107,9 +98,7 @@ def one_pod(
     API server's news of the pod, not kubectl's start-up or a polling interval), then delete it
     (and its slice and claim, so the namespace's slice quota is free for the next one)."""
     if sliced:
-        meta = {"name": name, "namespace": NS}
-        gpuslice = {"apiVersion": "gpuslice.io/v1alpha1", "kind": "GpuSlice", "metadata": meta}
-        cluster.apply(json.dumps(gpuslice | {"spec": {"package": "v100-8g"}}))
+        cluster.apply(json.dumps(gpuslice(name)))
     cluster.apply(json.dumps(pod(name, node, claim=name if sliced else None, seccomp=seccomp)))
     deadline = time.monotonic() + 120
     while (running := watch.first(name, is_running)) is None:
@@ -164,27 +153,11 @@ def rss_mib(cluster: DevCluster, node: str) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pods", type=int, default=20)
-    ap.add_argument("--dir", type=Path, default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    directory = args.dir or Path(tempfile.mkdtemp(prefix="gpuslice-bench-node-"))
-    cluster = DevCluster(directory)
-    cluster.wipe()
+    args = parse_args(__doc__, pods=20)
+    cluster = fresh_cluster(args.dir, "gpuslice-bench-node-")
     try:
-        t0 = time.monotonic()
-        cluster.up(nodes=1)
-        control_plane = time.monotonic() - t0
-        t1 = time.monotonic()
-        start_real_nodes(cluster, 1)
-        real_node_up = time.monotonic() - t1
-        cluster.apply_crds()
-        cluster.apply(REPO / "manifests" / "samples" / "v100-8g.yaml")
-        cluster.create_namespace(NS, {"tenant.example.com/project": "team-a"})
-        cluster.start_process("operator", [sys.executable, "-m", "gpuslice", "operator",
-                                           "--kubeconfig", str(cluster.kubeconfig)])  # fmt: skip
-        start_agents(cluster, "1x Tesla V100-PCIE-32GB")
+        up = start_real_node_cluster(cluster, kwok_nodes=1)
+        control_plane, real_node_up = up.control_plane_s, up.real_node_s
         watch = Watch(cluster)
         try:
             kwok = latencies(cluster, "kwok-node-0", args.pods, watch)

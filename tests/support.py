@@ -337,6 +337,11 @@ def deployment_doc(
     cpu: str = "100m",
 ) -> dict[str, Any]:
     pod = pod_doc(name, namespace, claim, template=template, cpu=cpu)
+    return deployment_of(name, namespace, pod["spec"], replicas)
+
+
+def deployment_of(name: str, namespace: str, pod_spec: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
+    """A Deployment `name` of `replicas` pods of `pod_spec`, labelled and selected by `app: name`."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -344,7 +349,7 @@ def deployment_doc(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
         },
     }
 

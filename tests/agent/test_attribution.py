@@ -8,6 +8,8 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -265,9 +267,20 @@ def test_find_violations_without_a_pod_list_stops_nobody(tmp_path: Path) -> None
     assert f.kind == KIND_UNKNOWN and f.stop == () and seen[100].start_time == 4242
 
 
-def test_stop_signals_only_the_process_that_was_judged() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+@contextmanager
+def _python_child(code: str) -> Iterator[subprocess.Popen[str]]:
+    """`python -c code` as a child (its stdout a pipe), killed on the way out if it still runs."""
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_stop_signals_only_the_process_that_was_judged() -> None:
+    with _python_child("import time; time.sleep(60)") as child:
         seen = at.read_owner(child.pid)
         assert seen.start_time is not None
         # a different start time: the PID was reused, nothing is signalled
@@ -275,10 +288,6 @@ def test_stop_signals_only_the_process_that_was_judged() -> None:
         assert child.poll() is None
         assert at.stop(child.pid, seen)
         assert child.wait(timeout=10) == -9
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert not at.stop(child.pid, seen)  # gone
 
 
@@ -306,8 +315,7 @@ ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): the leader thread alone
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="SYS_exit is 60 on x86_64")
 def test_a_process_whose_leader_thread_exited_is_stopped() -> None:
-    child = subprocess.Popen([sys.executable, "-c", LEADER_EXITS], stdout=subprocess.PIPE, text=True)
-    try:
+    with _python_child(LEADER_EXITS) as child:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 10
         while (stat := procfs.read_stat(child.pid)) is not None and not stat.zombie:
@@ -317,10 +325,6 @@ def test_a_process_whose_leader_thread_exited_is_stopped() -> None:
         assert seen.owner.certain and seen.start_time is not None, seen  # not given up on
         assert at.stop(child.pid, seen)
         assert child.wait(timeout=10) == -9
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
 
 def test_overlapping_claim_sets_cannot_hide_a_violation() -> None:

@@ -39,6 +39,13 @@ def unschedulable(msg: str) -> dict[str, Any]:
     }
 
 
+def _no_gpu_for_claim_s() -> Any:
+    """Pod p of claim s, left Pending by kube-scheduler: no GPU can take the claim."""
+    return pod_view(
+        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
+    )
+
+
 def quota(used: int, hard: int, name: str = "gpuslice") -> Any:
     return quota_view(
         {
@@ -127,9 +134,7 @@ def test_claim_without_pod_waits_for_one_and_shows_how_to_use_it() -> None:
 
 
 def test_no_gpu_of_the_model_is_named() -> None:
-    p = pod_view(
-        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
-    )
+    p = _no_gpu_for_claim_s()
     empty = Capacity(gpus=0, total=0, allocated=0, free=0, memory_per_slice_bytes=None)
     st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=empty), NOW)
     assert (
@@ -138,9 +143,7 @@ def test_no_gpu_of_the_model_is_named() -> None:
 
 
 def test_all_gpus_full_says_entitlement_is_not_a_reservation() -> None:
-    p = pod_view(
-        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
-    )
+    p = _no_gpu_for_claim_s()
     full = Capacity(gpus=2, total=8, allocated=8, free=0, memory_per_slice_bytes=8 * c.GIB)
     st = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=full), NOW)
     assert st.reason == Reason.GPUS_FULL
@@ -148,9 +151,7 @@ def test_all_gpus_full_says_entitlement_is_not_a_reservation() -> None:
 
 
 def test_a_slice_waiting_for_capacity_records_the_count_it_was_decided_on() -> None:
-    p = pod_view(
-        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
-    )
+    p = _no_gpu_for_claim_s()
     full = Capacity(gpus=1, total=2, allocated=0, free=0, memory_per_slice_bytes=16 * c.GIB)
     waiting = slice_status(facts(claims=[unallocated_claim()], pods=[p], capacity=full), NOW)
     assert waiting.reason == Reason.GPUS_FULL
@@ -173,9 +174,7 @@ def health(st: GpuSliceStatus) -> dict[str, tuple[str, str, int | None]]:
 
 
 def test_ready_follows_kstatus_ready_reconciling_or_stalled() -> None:
-    waiting_pod = pod_view(
-        pod("p", claim="s", **unschedulable("0/3 nodes are available: 3 cannot allocate all claims."))
-    )
+    waiting_pod = _no_gpu_for_claim_s()
     full = Capacity(gpus=2, total=8, allocated=8, free=0, memory_per_slice_bytes=8 * c.GIB)
     allocated = claim_view(allocated_claim("ns", "s", "n0", "d", reserved_for=[]))
     cases = {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from gpuslice_dev.devcluster.cluster import DevCluster
 
@@ -64,3 +66,15 @@ def exec_in(cluster: DevCluster, pod: str, *command: str) -> tuple[int, str, str
 
 def delete(cluster: DevCluster, kind: str, name: str) -> None:
     cluster.kubectl("delete", kind, name, "-n", TENANT, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+@contextmanager
+def sleeping_slice_pod(cluster: DevCluster, name: str) -> Iterator[str]:
+    """A slice pod of the probe image that only sleeps, Ready for the block (its name); then it and its
+    GpuSlice are deleted."""
+    pod = run_pod(cluster, slice_pod(name, ["sleep", "3600"]))
+    try:
+        yield pod
+    finally:
+        delete(cluster, "pod", pod)
+        delete(cluster, "gpuslice", pod)

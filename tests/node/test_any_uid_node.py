@@ -22,7 +22,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster, State
 from gpuslice_dev.devcluster.node_agents import fake_gpu_config
 from gpuslice_dev.devcluster.realnode import bridge_owner_of, dirs_of, stop_node
 from gpuslice_dev.gpusim.build import ensure_built
-from node.node_cluster import PROBE, TENANT, delete, exec_in, run_pod, slice_pod
+from node.node_cluster import PROBE, TENANT, exec_in, sleeping_slice_pod
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=70)]
@@ -208,10 +208,8 @@ STATE_ATTACKS = [
 @pytest.fixture(scope="module")
 def root_pod(node_cluster: DevCluster) -> Iterator[str]:
     """A slice pod whose container runs as root (the strongest tenant without extra capabilities)."""
-    pod = run_pod(node_cluster, slice_pod("state-root", ["sleep", "3600"]))
-    yield pod
-    delete(node_cluster, "pod", pod)
-    delete(node_cluster, "gpuslice", pod)
+    with sleeping_slice_pod(node_cluster, "state-root") as pod:
+        yield pod
 
 
 def test_no_container_can_write_the_doubles_state_and_nvml_stays_true(
@@ -245,10 +243,6 @@ def test_another_devclusters_teardown_leaves_this_nodes_bridge(
     State(dir=str(other.dir), real_nodes=[NODE], node_slots={NODE: d.slot}).save()
     stop_node(other, NODE)
     assert bridge_owner_of(d.bridge) == d.bridge_owner, f"{d.bridge} was deleted by the other cluster"
-    pod = run_pod(c, slice_pod("after-teardown", ["sleep", "3600"]))
-    try:
+    with sleeping_slice_pod(c, "after-teardown") as pod:
         rc, out, err = exec_in(c, pod, "gpuslice-probe", "smi")  # kubelet exec over the node's address
         assert rc == 0 and "8192 MiB" in out, err
-    finally:
-        delete(c, "pod", pod)
-        delete(c, "gpuslice", pod)

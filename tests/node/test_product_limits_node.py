@@ -17,7 +17,7 @@ from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster
 from node.node_cluster import PROBE, TENANT, delete, exec_in, run_pod, slice_pod
 from node.test_isolation_node import _container_pid, _release, gpu_holder
-from support import apply, get_json, wait_for
+from support import apply, deployment_of, get_json, wait_for
 
 # tests/operator is a package whose name the standard library's `operator` shadows here: load the
 # helpers of its cluster tests (a tenant user, waiting for a slice's status) by path.
@@ -54,17 +54,7 @@ def product_pod(name: str, namespace: str = TENANT, limits: dict[str, str] | Non
 
 def deployment(name: str, namespace: str, replicas: int) -> dict[str, Any]:
     """A Deployment as a chart writes it: the GPU in the container's limits."""
-    pod = product_pod("x", namespace)["spec"]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod},
-        },
-    }
+    return deployment_of(name, namespace, product_pod("x", namespace)["spec"], replicas)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from gpuslice_dev.agents import DEV_USAGE_INTERVAL
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
 from gpuslice_dev.devcluster.realnode import dirs_of, leftovers, start_real_nodes
-from node.node_cluster import GPU_SPEC, TENANT, delete, exec_in, run_pod, slice_pod
+from node.node_cluster import GPU_SPEC, TENANT, delete, exec_in, run_pod, sleeping_slice_pod, slice_pod
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=150)]
@@ -30,10 +30,8 @@ NODE = "real-node-0"
 @pytest.fixture(scope="module")
 def probe_pod(node_cluster: DevCluster) -> Iterator[str]:
     """One long-running slice pod the read-only checks share."""
-    pod = run_pod(node_cluster, slice_pod("probe", ["sleep", "3600"]))
-    yield pod
-    delete(node_cluster, "pod", pod)
-    delete(node_cluster, "gpuslice", pod)
+    with sleeping_slice_pod(node_cluster, "probe") as pod:
+        yield pod
 
 
 def claim_spec_file(cluster: DevCluster, claim: str) -> Path:

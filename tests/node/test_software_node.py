@@ -17,7 +17,7 @@ import pytest
 
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.images import KERNEL_IMAGES_IN_IMAGE
-from node.node_cluster import TENANT, delete, exec_in, run_pod, slice_pod
+from node.node_cluster import TENANT, exec_in, sleeping_slice_pod
 from support import get_json, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -27,10 +27,8 @@ SM70 = f"{KERNEL_IMAGES_IN_IMAGE}/kernels-sm70.fatbin"
 
 @pytest.fixture
 def app(node_cluster: DevCluster) -> Iterator[str]:
-    pod = run_pod(node_cluster, slice_pod("sw-app", ["sleep", "3600"]))
-    yield pod
-    delete(node_cluster, "pod", pod)
-    delete(node_cluster, "gpuslice", pod)
+    with sleeping_slice_pod(node_cluster, "sw-app") as pod:
+        yield pod
 
 
 def condition(cluster: DevCluster, name: str, type_: str) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ import yaml
 
 import support
 from gpuslice_dev.devcluster.cluster import DevCluster
-from support import V100, apply, wait_for
+from support import V100, apply, remove_operator_policies, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 #: Test objects carry this label so teardown finds them, and pools this prefix so they never
@@ -79,6 +79,32 @@ class OperatorProcess:
 
     def tail(self, n: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:]) if self.log.exists() else ""
+
+
+@contextmanager
+def module_operator(
+    cluster: DevCluster, log: Path, *extra: str, metrics_token: str | None = None
+) -> Iterator[OperatorProcess]:
+    """A module's operator: the CRDs applied, `gpuslice operator *extra` started and its admission
+    policies in place. On the way out the module's GpuSlices and GpuPackages (those with TEST_LABEL) go
+    while it still runs (packages carry its finalizer), then it stops, its policies and the module's
+    ResourceSlices are removed and the tail of its log is printed."""
+    cluster.apply_crds()
+    op = OperatorProcess(cluster, log, *extra)
+    op.metrics_token = metrics_token
+    op.start()
+    try:
+        wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
+        yield op
+    finally:
+        cluster.kubectl(
+            "delete", "gpuslices.gpuslice.io", "-A", "-l", TEST_LABEL, "--wait=false", check=False
+        )
+        cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", TEST_LABEL, "--timeout=60s", check=False)
+        op.stop()
+        remove_operator_policies(cluster)
+        cluster.kubectl("delete", "resourceslices", "-l", TEST_LABEL, check=False)
+        print(op.tail(), flush=True)
 
 
 def package_doc(

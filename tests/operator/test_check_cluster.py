@@ -10,7 +10,16 @@ import pytest
 
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
-from support import apply, check_line, get_json, gpuslice_check, package_doc, published, wait_for
+from support import (
+    apply,
+    check_line,
+    get_json,
+    gpuslice_check,
+    package_doc,
+    published,
+    remove_operator_policies,
+    wait_for,
+)
 
 from .operator_cluster import OperatorProcess
 
@@ -56,13 +65,7 @@ def test_check_passes_line_by_line_on_a_cluster_set_up_for_gpuslice(
         # the admission policies the operator made once it is stopped (as test_operator_cluster does).
         cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", label, "--timeout=60s", check=False)
         op.stop()
-        cluster.kubectl(
-            "delete",
-            "validatingadmissionpolicybindings,validatingadmissionpolicies",
-            "-l",
-            f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY_VALUE}",
-            check=False,
-        )
+        remove_operator_policies(cluster)
         cluster.kubectl("label", "node", node, "nvidia.com/gpu.present-", check=False)
         cluster.kubectl("delete", "resourceslices", "-l", label, check=False)
         if not had_runtime_class:

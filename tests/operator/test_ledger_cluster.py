@@ -27,9 +27,17 @@ import pytest
 
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
-from support import apply, deployment_doc, pod_doc, remove_operator_policies, slice_doc, wait_for
+from support import apply, deployment_doc, pod_doc, slice_doc, wait_for
 
-from .operator_cluster import REPO, TEST_LABEL, OperatorProcess, get, package_doc, publish_gpus, tenant_rbac
+from .operator_cluster import (
+    REPO,
+    OperatorProcess,
+    get,
+    module_operator,
+    package_doc,
+    publish_gpus,
+    tenant_rbac,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=140)]
 NS_LABEL = "gpuslice-test/ledger"
@@ -42,27 +50,15 @@ BILLING_ERRORS: list[float] = []
 
 @pytest.fixture(scope="module")
 def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    cluster.apply_crds()
     log = tmp_path_factory.mktemp("ledger-operator") / "operator.log"
-    op = OperatorProcess(
-        cluster, log, f"--metrics-port={free_port()}", f"--ledger-heartbeat-seconds={HEARTBEAT_SECONDS}"
-    )
-    op.start()
-    try:
-        wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
-        yield op
-    finally:
-        cluster.kubectl(
-            "delete", "gpuslices.gpuslice.io", "-A", "-l", TEST_LABEL, "--wait=false", check=False
-        )
-        cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", TEST_LABEL, "--timeout=60s", check=False)
-        op.stop()
-        remove_operator_policies(cluster)
-        cluster.kubectl("delete", "resourceslices", "-l", TEST_LABEL, check=False)
-        if BILLING_ERRORS:
-            worst = max(BILLING_ERRORS)
-            print(f"\n[ledger] billing error, max over {len(BILLING_ERRORS)} intervals: {worst:.2f} s")
-        print(op.tail(), flush=True)
+    heartbeat = f"--ledger-heartbeat-seconds={HEARTBEAT_SECONDS}"
+    with module_operator(cluster, log, f"--metrics-port={free_port()}", heartbeat) as op:
+        try:
+            yield op
+        finally:
+            if BILLING_ERRORS:
+                worst = max(BILLING_ERRORS)
+                print(f"\n[ledger] billing error, max over {len(BILLING_ERRORS)} intervals: {worst:.2f} s")
 
 
 @dataclass

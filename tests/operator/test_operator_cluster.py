@@ -47,6 +47,7 @@ from .operator_cluster import (
     create_as,
     get,
     kubectl_as,
+    module_operator,
     package_doc,
     publish_gpus,
     tenant_rbac,
@@ -70,36 +71,15 @@ def readers(cluster: DevCluster) -> Iterator[MetricsReaders]:
 def operator(
     cluster: DevCluster, readers: MetricsReaders, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    cluster.apply_crds()
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(
+    with module_operator(
         cluster,
-        log,
+        tmp_path_factory.mktemp("operator") / "operator.log",
         f"--metrics-port={free_port()}",
         f"--resync-seconds={RESYNC_SECONDS}",
         "--max-gpuslices-per-namespace=1000",  # the scale test puts 150 slices in one namespace
-    )
-    op.metrics_token = readers.prometheus
-    op.start()
-    try:
-        wait_for(lambda: get(cluster, "validatingadmissionpolicybinding", "gpuslice-protect"), 60, "policies")
+        metrics_token=readers.prometheus,
+    ) as op:
         yield op
-    finally:
-        # Packages carry the operator's finalizer: delete them while it still runs.
-        cluster.kubectl(
-            "delete", "gpuslices.gpuslice.io", "-A", "-l", TEST_LABEL, "--wait=false", check=False
-        )
-        cluster.kubectl("delete", "gpupackages.gpuslice.io", "-l", TEST_LABEL, "--timeout=60s", check=False)
-        op.stop()
-        cluster.kubectl(
-            "delete",
-            "validatingadmissionpolicybindings,validatingadmissionpolicies",
-            "-l",
-            f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY_VALUE}",
-            check=False,
-        )
-        cluster.kubectl("delete", "resourceslices", "-l", TEST_LABEL, check=False)
-        print(op.tail(), flush=True)
 
 
 @dataclass

@@ -7,6 +7,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpuslice.shim.config import SliceConfig, SliceConfigError
 from gpuslice_dev.gpusim.build import ShimPaths
 from gpuslice_dev.gpusim.runner import PreparedSlice
 
@@ -29,6 +30,20 @@ def run(prepared: PreparedSlice, args: Sequence[str | Path], *, shim: bool = Tru
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def python_config_view(text: str) -> str:
+    """What SliceConfig.parse makes of a slice config, in the form the C parser's `config_check`
+    prints: `error`, or `ok memory=... share=... uuid=... overhead=... usage=...`."""
+    try:
+        c = SliceConfig.parse(text)
+    except SliceConfigError:
+        return "error"
+    memory = "unlimited" if c.memory_bytes is None else str(c.memory_bytes)
+    return (
+        f"ok memory={memory} share={c.compute_share} uuid={c.gpu_uuid} "
+        f"overhead={c.context_overhead_bytes} usage={c.usage_dir}"
     )
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -22,6 +23,30 @@ from gpuslice_dev.gpusim.simulate import start_fake_driverd
 from shim.shim_helpers import GIB, env_of, probe, run, values
 
 LIMIT = 8 * GIB
+
+
+def _launch_beside(s, built, launch: list[str], write: Callable[[], None], every: float) -> str:
+    """The probe's `launch *launch` in slice `s` while a thread calls `write` every `every` seconds
+    (another writer of what the shim reads); its output, once it exited 0."""
+    proc = subprocess.Popen(
+        [str(probe(built)), "launch", *launch], env=env_of(s), stdout=subprocess.PIPE, text=True
+    )
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            write()
+            time.sleep(every)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        stop.set()
+        t.join()
+    assert proc.returncode == 0
+    return out
 
 
 @pytest.mark.parametrize("kind", ["kernel", "ex", "coop", "graph"])
@@ -55,29 +80,9 @@ def test_the_agents_utilization_figure_drives_the_throttle(make_slice, built):
     """The agent's figure wins over the shim's own NVML reading: while the agent reports 5 %, a process
     keeping the GPU busy is left alone even at share 20."""
     s = make_slice(memory_bytes=LIMIT, compute_share=20)
-    proc = subprocess.Popen(
-        # 20 ms kernels: see test_share_100_never_throttles
-        [str(probe(built)), "launch", "3", "20000", "kernel"],
-        env=env_of(s),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    stop = threading.Event()
     util = create_utilization_file(utilization_file_for(s.config_path))
-
-    def agent() -> None:
-        while not stop.is_set():
-            write_utilization(util, 5.0)
-            time.sleep(0.1)
-
-    t = threading.Thread(target=agent)
-    t.start()
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        stop.set()
-        t.join()
-    assert proc.returncode == 0
+    # 20 ms kernels: see test_share_100_never_throttles
+    out = _launch_beside(s, built, ["3", "20000", "kernel"], lambda: write_utilization(util, 5.0), 0.1)
     assert float(values(out)["busy_fraction"]) > 0.8
     snap = read_usage(s.usage_dir)
     assert snap.shim_utilization_percent == 5.0
@@ -88,28 +93,15 @@ def test_a_figure_written_into_the_usage_region_is_not_trusted(make_slice, built
     """Every process of a slice can write its usage region: a tenant writing "5 %" into the word the
     agent once used must not switch its throttle off."""
     s = make_slice(memory_bytes=LIMIT, compute_share=20)
-    proc = subprocess.Popen(
-        [str(probe(built)), "launch", "4", "1000", "kernel"], env=env_of(s), stdout=subprocess.PIPE, text=True
-    )
-    stop = threading.Event()
+    region = s.usage_dir / REGION_FILE
 
     def tenant() -> None:
-        region = s.usage_dir / REGION_FILE
-        while not stop.is_set():
-            if region.exists() and region.stat().st_size >= 4096:
-                with open(region, "r+b") as f:
-                    f.seek(OFFSET_AGENT_UTILIZATION)
-                    f.write(((int(time.time() * 1000) << 16) | 500).to_bytes(8, "little"))
-            time.sleep(0.05)
+        if region.exists() and region.stat().st_size >= 4096:
+            with open(region, "r+b") as f:
+                f.seek(OFFSET_AGENT_UTILIZATION)
+                f.write(((int(time.time() * 1000) << 16) | 500).to_bytes(8, "little"))
 
-    t = threading.Thread(target=tenant)
-    t.start()
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        stop.set()
-        t.join()
-    assert proc.returncode == 0
+    out = _launch_beside(s, built, ["4", "1000", "kernel"], tenant, 0.05)
     assert float(values(out)["busy_fraction"]) < 0.35
 
 

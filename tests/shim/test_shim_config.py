@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslice.shim.config import SliceConfig, SliceConfigError
-from shim.shim_helpers import GIB, probe, run, values
+from shim.shim_helpers import GIB, probe, python_config_view, run, values
 
 UUID = "GPU-0b9f3a2e-1c4d-4e5f-8a6b-7c8d9e0f1a2b"
 
@@ -122,18 +122,6 @@ def _configs(draw):
     return "\n".join(lines) + draw(st.sampled_from(["\n", "", "\r\n", "\n\n"]))
 
 
-def _python_view(text: str) -> str:
-    try:
-        c = SliceConfig.parse(text)
-    except SliceConfigError:
-        return "error"
-    memory = "unlimited" if c.memory_bytes is None else str(c.memory_bytes)
-    return (
-        f"ok memory={memory} share={c.compute_share} uuid={c.gpu_uuid} "
-        f"overhead={c.context_overhead_bytes} usage={c.usage_dir}"
-    )
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_configs())
 def test_the_c_parser_and_python_agree_exactly(built, tmp_path, text):
@@ -145,4 +133,4 @@ def test_the_c_parser_and_python_agree_exactly(built, tmp_path, text):
     c_view = out.stdout.removesuffix("\n")
     if c_view.startswith("error"):
         c_view = "error"
-    assert c_view == _python_view(text), f"config {text!r}"
+    assert c_view == python_config_view(text), f"config {text!r}"

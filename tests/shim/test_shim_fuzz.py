@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.shim.config import SliceConfig, SliceConfigError
 from gpuslice_dev.gpusim.build import ShimPaths
-from shim.shim_helpers import probe
+from shim.shim_helpers import probe, python_config_view
 
 SHIM = Path(__file__).resolve().parents[2] / "shim"
 #: seconds of fuzzing in the suite (over a million inputs on an idle core); longer runs: e.g. 600
@@ -23,15 +22,7 @@ CLANGS = ("clang", "clang-19", "clang-16", "clang-15", "clang-14")
 
 
 def _python_view(raw: bytes) -> str:
-    try:
-        c = SliceConfig.parse(raw.decode("utf-8", "surrogateescape"))
-    except SliceConfigError:
-        return "error"
-    memory = "unlimited" if c.memory_bytes is None else str(c.memory_bytes)
-    return (
-        f"ok memory={memory} share={c.compute_share} uuid={c.gpu_uuid} "
-        f"overhead={c.context_overhead_bytes} usage={c.usage_dir}"
-    )
+    return python_config_view(raw.decode("utf-8", "surrogateescape"))
 
 
 def test_config_parser_survives_coverage_guided_fuzzing_and_agrees_with_python(

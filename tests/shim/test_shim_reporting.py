@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -46,19 +48,40 @@ def _outsider(s, built, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def test_nvml_process_lists_show_only_the_slices_processes(make_slice, built):
-    s = make_slice(memory_bytes=LIMIT)
+@contextmanager
+def _mine_beside_an_outsider(s, built) -> Iterator[tuple[Holder, subprocess.Popen[str]]]:
+    """For the block: 2 GiB held by a process of the slice, 5 GiB by another tenant's process on the
+    same card (the outsider); both let go afterwards."""
     other = _outsider(s, built, "hold", str(5 * GIB))
     assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
     mine = Holder(s, built, 2 * GIB)
     try:
-        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
-        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+        yield mine, other
     finally:
         mine.close()
         assert other.stdin is not None
         other.stdin.close()
         other.wait(timeout=30)
+
+
+def _views_beside(s, proc: subprocess.Popen[str], settle: float) -> tuple[dict[str, str], dict[str, str]]:
+    """NVML_VIEW inside the slice and of the whole card (no shim), read `settle` seconds after `proc`
+    started; `proc` is killed afterwards."""
+    try:
+        time.sleep(settle)
+        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    return inside, card
+
+
+def test_nvml_process_lists_show_only_the_slices_processes(make_slice, built):
+    s = make_slice(memory_bytes=LIMIT)
+    with _mine_beside_an_outsider(s, built) as (mine, other):
+        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
+        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
     assert card["nvmlDeviceGetComputeRunningProcesses"] == ",".join(
         str(p) for p in sorted([mine.proc.pid, other.pid])
     )
@@ -107,16 +130,8 @@ NVML_THROUGH_DLVSYM = textwrap.dedent(
 
 def test_nvml_reached_through_dlvsym_still_shows_only_the_slices_processes(make_slice, built):
     s = make_slice(memory_bytes=LIMIT)
-    other = _outsider(s, built, "hold", str(5 * GIB))
-    assert other.stdout is not None and other.stdout.readline().startswith("held rc=0")
-    mine = Holder(s, built, 2 * GIB)
-    try:
+    with _mine_beside_an_outsider(s, built) as (mine, other):
         result = run(s, [sys.executable, "-c", NVML_THROUGH_DLVSYM])
-    finally:
-        mine.close()
-        assert other.stdin is not None
-        other.stdin.close()
-        other.wait(timeout=30)
     assert result.returncode == 0, result.stderr
     seen = values(result.stdout)
     assert set(seen) == {"libc-dlsym", "libc-dlvsym"}, result.stdout
@@ -156,13 +171,7 @@ def test_utilization_is_the_slices_own_as_a_share_of_its_quota(make_slice, built
     # the launching processes run until both views are read (on a loaded machine starting two Pythons
     # with NVML can take seconds: a launch of fixed length could end before the card is read)
     other = _outsider(s, built, "launch", "120", "1000", "kernel")
-    try:
-        time.sleep(2)
-        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
-        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
-    finally:
-        other.kill()
-        other.wait(timeout=60)
+    inside, card = _views_beside(s, other, settle=2)
     assert int(card["gpu_util"]) >= 50
     assert int(inside["gpu_util"]) == 0
     # the slice's own work reads as a share of its quota: half the card is 100 % of a 50 % slice
@@ -172,13 +181,7 @@ def test_utilization_is_the_slices_own_as_a_share_of_its_quota(make_slice, built
         stdout=subprocess.PIPE,
         text=True,
     )
-    try:
-        time.sleep(3)
-        inside = values(run(s, [sys.executable, "-c", NVML_VIEW]).stdout)
-        card = values(run(s, [sys.executable, "-c", NVML_VIEW], shim=False).stdout)
-    finally:
-        burner.kill()
-        burner.wait(timeout=60)
+    inside, card = _views_beside(s, burner, settle=3)
     expected = min(100, 2 * int(card["gpu_util"]))
     assert int(card["gpu_util"]) > 10
     assert abs(int(inside["gpu_util"]) - expected) <= 25, (inside["gpu_util"], card["gpu_util"])

@@ -79,17 +79,26 @@ def apiserver_argv(
     ]
 
 
-def controller_manager_argv(
-    bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path, service_account_key: Path
-) -> list[str]:
+def _served_controller_flags(kubeconfig: Path, port: int) -> list[str]:
+    """What kube-controller-manager and kube-scheduler are both given: one kubeconfig to reach the API
+    server and to check who calls their own HTTPS port (127.0.0.1:port), and no leader election (one of
+    each runs)."""
     return [
-        str(bins.kube_controller_manager),
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         "--leader-elect=false",
+    ]
+
+
+def controller_manager_argv(
+    bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path, service_account_key: Path
+) -> list[str]:
+    return [
+        str(bins.kube_controller_manager),
+        *_served_controller_flags(kubeconfig, port),
         # Each controller acts as its own service account, with the bootstrap RBAC roles.
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={service_account_key}",
@@ -104,12 +113,7 @@ def controller_manager_argv(
 def scheduler_argv(bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path) -> list[str]:
     return [
         str(bins.kube_scheduler),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
-        "--leader-elect=false",
+        *_served_controller_flags(kubeconfig, port),
         f"--feature-gates={FEATURE_GATES}",
         f"--cert-dir={pki_dir / 'scheduler-generated'}",
     ]
