@@ -21,6 +21,9 @@ USAGE_PLURAL: Final = "gpuusages"
 DRIVER_NAME: Final = "gpuslice.io"
 DRA_GROUP: Final = "resource.k8s.io"
 DRA_VERSION: Final = "v1"
+#: The finalizer kube-scheduler puts on a claim before it allocates it (and kube-controller-manager's
+#: resourceclaim controller takes off once the claim is deallocated or deleted).
+DRA_CLAIM_FINALIZER: Final = "resource.kubernetes.io/delete-protection"
 DEVICE_CLASS_SUFFIX: Final = ".gpuslice.io"
 #: The only request name a gpuslice claim may carry (the documented form).
 CLAIM_REQUEST_NAME: Final = "gpu"

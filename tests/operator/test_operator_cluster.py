@@ -419,6 +419,11 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
         proc = create_as(world.cluster, alice, pod_doc("ollama", world.namespace, "llm"))
         assert proc.returncode == 0, proc.stderr
         st = wait_status(world.cluster, world.namespace, "llm", phase="InUse")
+    # Made with the scheduler's finalizer, the claim was allocated in one write of its status: no
+    # update of the claim itself by kube-scheduler (one round trip less before the pod is bound).
+    claim = get(world.cluster, "resourceclaim", "llm", "-n", world.namespace, "--show-managed-fields")
+    writes = [(m["manager"], m.get("subresource", "")) for m in claim["metadata"]["managedFields"]]
+    assert [w for w in writes if w[0] == "kube-scheduler"] == [("kube-scheduler", "status")], writes
     assert st["node"] == world.cluster.nodes[0] and st["gpuUUID"] == f"GPU-{pool}-0"
     assert st["device"].startswith("gpu-0-") and st["allocations"][0]["pod"] == "ollama"
     conds = {x["type"]: x["status"] for x in st["conditions"]}
