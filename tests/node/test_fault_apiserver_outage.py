@@ -6,13 +6,19 @@ While it is down the node keeps its promises without it (checked through CRI eve
 container runs, the shim refuses an allocation past the slice, NVML and the agent's prepared claims
 fit the cards; meanwhile containerd and then kubelet are SIGKILLed and started again (the outage's
 wait shared with those faults). Once it is back the operator and the agent recover by themselves
-(same processes), every invariant holds again within 30 s, and a new slice pod starts."""
+(same processes), every invariant holds again within 30 s, and a new slice pod starts.
+
+It brings up a cluster of its own: what it leaves behind (a node that was unreachable for minutes,
+controllers' caches rebuilt after the outage) is not a state the other node files are written for;
+a node file that ran after it on the same cluster saw kube-scheduler place a pod on a node cordoned
+a moment before (tests/node/test_fault_node_lost.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -22,7 +28,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import agent_process_name
 from gpuslice_dev.devcluster.realnode import process_names
 from invariants import Invariants, real_node
-from node.node_cluster import TENANT, delete, run_pod, slice_pod
+from node.node_cluster import TENANT, delete, fresh_node_cluster, run_pod, slice_pod
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=420)]
@@ -31,6 +37,12 @@ NODE = "real-node-0"
 #: kubelet/containerd kills are scheduled within it: shorter outages need their schedule re-checked)
 OUTAGE = float(os.environ.get("GPUSLICE_APISERVER_OUTAGE_SECONDS", "300"))
 CHECK_EVERY = 30.0
+
+
+@pytest.fixture(scope="module")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    with fresh_node_cluster(tmp_path_factory.mktemp("outage")) as c:
+        yield c
 
 
 def _node_ready(cluster: DevCluster) -> bool:
