@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 from _realnode import fresh_cluster, parse_args, start_real_node_cluster
-from real_node import Watch, interleaved
+from real_node import Watch, interleaved, is_running
 
 from gpuslice_dev.devcluster.cluster import DevCluster
 
@@ -92,53 +92,46 @@ def agent_prepared(log: Path) -> dict[str, float]:
     return out
 
 
+def metric_total(text: str, metric: str, selector: str) -> float:
+    """The sum of a Prometheus text exposition's `metric` samples whose labels contain `selector`."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(metric + "{") and selector in line
+    )
+
+
 def kubelet_dra_means(cluster: DevCluster) -> dict[str, float]:
     """From kubelet's own histograms: its whole DRA prepare per GpuSlice pod (its claim read and
     checkpoints, and the agent's gRPC call; plain pods' calls cost nothing and add nothing to the
     sum) and the agent's gRPC call alone, in mean seconds."""
     text = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/metrics").stdout
-
-    def total(metric: str, selector: str) -> float:
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(metric + "{") and selector in line
-        )
-
-    calls = total("dra_grpc_operations_duration_seconds_count", 'NodePrepareResources"')
+    grpc = "dra_grpc_operations_duration_seconds"
+    calls = metric_total(text, f"{grpc}_count", 'NodePrepareResources"')
     if not calls:
         return {}
+    prepare = metric_total(text, "dra_operations_duration_seconds_sum", 'operation_name="PrepareResources"')
     return {
-        "kubelet DRA prepare (mean)": total(
-            "dra_operations_duration_seconds_sum", 'operation_name="PrepareResources"'
-        )
-        / calls,
-        "  of it the agent's gRPC (mean)": total(
-            "dra_grpc_operations_duration_seconds_sum", 'NodePrepareResources"'
-        )
-        / calls,
+        "kubelet DRA prepare (mean)": prepare / calls,
+        "  of it the agent's gRPC (mean)": metric_total(text, f"{grpc}_sum", 'NodePrepareResources"') / calls,
     }
 
 
 def scheduler_points(cluster: DevCluster) -> dict[str, float]:
-    """kube-scheduler's mean seconds per extension point over all pods of the run (plain pods add
-    near nothing to the DRA points), per GpuSlice pod: where its allocation goes."""
+    """kube-scheduler's seconds per extension point, summed over all pods of the run (plain pods add
+    near nothing to the DRA points); the caller divides by the GpuSlice pods."""
     st = cluster.state()
     assert st is not None
     user = yaml.safe_load(cluster.kubeconfig.read_text())["users"][0]["user"]
     port = st.ports["kube-scheduler"]
     argv = ["curl", "-sk", "--cert", user["client-certificate"], "--key", user["client-key"]]
     text = subprocess.run([*argv, f"https://127.0.0.1:{port}/metrics"], capture_output=True, text=True).stdout
-    out: dict[str, float] = {}
-    for point in ("PreFilter", "Filter", "Reserve", "PreBind", "Bind"):
-        total = sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("scheduler_framework_extension_point_duration_seconds_sum{")
-            and f'extension_point="{point}"' in line
+    return {
+        f"  scheduler {point} (sum per slice pod)": metric_total(
+            text, "scheduler_framework_extension_point_duration_seconds_sum", f'extension_point="{point}"'
         )
-        out[f"  scheduler {point} (sum per slice pod)"] = total
-    return out
+        for point in ("PreFilter", "Filter", "Reserve", "PreBind", "Bind")
+    }
 
 
 def stage_table(
@@ -153,7 +146,7 @@ def stage_table(
             seen = {
                 "created": watch.first(name, lambda o: True),
                 "bound": watch.first(name, lambda o: bool(o["spec"].get("nodeName"))),
-                "running": watch.first(name, lambda o: o.get("status", {}).get("phase") == "Running"),
+                "running": watch.first(name, is_running),
                 # a GpuSlice pod's claim (named after it): made by the operator, allocated by kube-scheduler
                 "claim_made": claims.first(name, lambda o: True),
                 "allocated": claims.first(name, lambda o: bool(o.get("status", {}).get("allocation"))),

@@ -109,16 +109,20 @@ class PrepareAhead:
                 assert isinstance(obj, list)
                 self._pods = {p.uid: p for p in map(pod_claims, obj) if p is not None}
                 self._listed = True
+                self._tried = {t for t in self._tried if t[0] in self._pods}
+                changed = list(self._pods.values())
             else:
                 assert isinstance(obj, dict)
                 uid = str((obj.get("metadata") or {}).get("uid", ""))
                 seen = pod_claims(obj)
                 if kind == "DELETED" or seen is None:
                     self._pods.pop(uid, None)
+                    self._tried = {t for t in self._tried if t[0] != uid}
+                    changed = []
                 else:
                     self._pods[uid] = seen
-            self._tried = {t for t in self._tried if t[0] in self._pods}
-            for pod in list(self._pods.values()):
+                    changed = [seen]
+            for pod in changed:  # an event changes one pod: the others were looked at already
                 if pod.starting:
                     for name in pod.claims:
                         self._start(pod.namespace, name, pod.uid)

@@ -215,20 +215,19 @@ class Preparer:
             log.info("claim prepared ahead taken by kubelet", claim=f"{record.namespace}/{record.name}")
         return record.devices
 
-    async def unprepare_unclaimed(self, uid: str) -> bool:
-        """Unprepare a claim prepared ahead that kubelet never asked for; False (nothing done) when
-        kubelet has asked for it meanwhile or it is gone."""
+    async def unprepare_unclaimed(self, uid: str) -> None:
+        """Unprepare a claim prepared ahead that kubelet never asked for; nothing when kubelet has
+        asked for it meanwhile or it is gone."""
         async with self._lock:
             record = self._checkpoint.claims.get(uid)
             if record is None or not record.ahead:
-                return False
+                return
             self._remove(record.uid)
             log.info(
                 "claim prepared ahead unprepared: no pod of the node uses it",
                 claim=f"{record.namespace}/{record.name}",
                 uid=uid,
             )
-            return True
 
     async def _read_claim_and_slices(
         self, namespace: str, name: str
