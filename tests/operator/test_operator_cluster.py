@@ -987,6 +987,59 @@ def test_package_deletion_is_held_while_slices_use_it(world: World) -> None:
     wait_for(lambda: c.quota_key(pkg) not in world.quota_hard(), 30, "quota key gone")
 
 
+def _label_history(
+    cluster: DevCluster, namespace: str, label: str
+) -> tuple[subprocess.Popen[str], list[str | None]]:
+    """A watch of the namespace (kubectl's own) recording the label's value at each event."""
+    history: list[str | None] = []
+    watch = subprocess.Popen(
+        [
+            str(cluster.bins.kubectl),
+            f"--kubeconfig={cluster.kubeconfig}",
+            "get",
+            "namespace",
+            namespace,
+            "-w",
+            "-o",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def read() -> None:
+        decoder, buf = json.JSONDecoder(), ""
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            buf += line
+            with contextlib.suppress(json.JSONDecodeError):
+                doc, _ = decoder.raw_decode(buf.strip())
+                buf = ""
+                history.append((doc["metadata"].get("labels") or {}).get(label))
+
+    threading.Thread(target=read, daemon=True).start()
+    return watch, history
+
+
+def test_deleting_the_last_package_removes_the_tenant_label_for_good(world: World) -> None:
+    """A namespace event between the deletion handler's label removal and the package's removal from
+    the operator's view must not put the label back: after uninstall nobody is left to take it off."""
+    world.packages({"8g": 25})
+    _tenant_ok(world)
+    watch, history = _label_history(world.cluster, world.namespace, c.LABEL_TENANT)
+    try:
+        wait_for(lambda: history, 10, "the watch's first event")
+        world.cluster.kubectl("delete", "gpupackages.gpuslice.io", world.pkg("8g"), "--wait=true")
+        wait_for(lambda: history[-1] is None, 30, "the tenant label removed")
+        time.sleep(5)  # the operator's answers to its own label removal come within this
+    finally:
+        watch.terminate()
+        watch.wait()
+    assert history[0] == "true"
+    removed = history.index(None)
+    assert history[removed:] == [None] * (len(history) - removed), history
+
+
 def _versions(w: World) -> dict[str, str]:
     out = {}
     for args in (

@@ -34,7 +34,7 @@ from gpuslice.domain.tenancy import (
 )
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
-from gpuslice.operator.indexes import MANAGED, Indexes, PackageView, ns_of
+from gpuslice.operator.indexes import MANAGED, Indexes, ns_of
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import mark_quota_waiters
 from gpuslice.operator.state import OperatorState, one, values
@@ -43,15 +43,18 @@ log = get(__name__)
 TIMER = "package_timer"
 
 
-def live_packages(
-    packages: kopf.Index[str, PackageView], exclude: str | None = None
-) -> dict[str, GpuPackageSpec]:
-    """Packages that count for quotas: all but `exclude` (one whose deletion is completing)."""
+def live_packages(idx: Indexes, exclude: str | None = None) -> dict[str, GpuPackageSpec]:
+    """Packages that count for quotas: all but those whose deletion is completing, `exclude` and any
+    being deleted that no GpuSlice uses (its deletion handler lets it go once it has taken the label
+    off; a namespace event in between, such as that very label change, must not put it back)."""
     out = {}
-    for name in packages:
-        entry = one(packages, name)
-        if entry and name != exclude:
-            out[name] = entry.spec
+    for name in idx.packages:
+        entry = one(idx.packages, name)
+        if entry is None or name == exclude:
+            continue
+        if entry.deleting and not values(idx.package_slices, name):
+            continue
+        out[name] = entry.spec
     return out
 
 
@@ -61,7 +64,7 @@ def desired_tenant(
     return tenant_state(
         namespace,
         labels,
-        live_packages(idx.packages, exclude),
+        live_packages(idx, exclude),
         state.config.pod_security,
         state.config.max_slices_per_namespace,
     )
