@@ -102,12 +102,33 @@ def test_quota_refusal_says_x_of_y() -> None:
 def test_a_quota_counting_more_than_the_namespace_holds_says_it_recounts_by_itself() -> None:
     """Kubernetes charged a create that failed: the advice to delete a slice would be wrong."""
     refused = 'resourceclaims "s" is forbidden: exceeded quota: gpuslice, requested: ...=1, used: ...=2'
-    st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=1), NOW)
+    st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=[package_claim("a")]), NOW)
     assert st.reason == Reason.QUOTA_EXCEEDED
     assert "counts 2 of 2 v100-8g slices used, but namespace ns holds 1 of them" in st.message
     assert "recounts" in st.message and "delete a GpuSlice" not in st.message
-    st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=2), NOW)
+    held = [package_claim("a"), package_claim("b")]
+    st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=held), NOW)
     assert "delete a GpuSlice or workload you no longer need" in st.message
+
+
+def package_claim(name: str, deleting: bool = False, pods: tuple[str, ...] = ()) -> Any:
+    meta: dict[str, Any] = {"namespace": "ns", "name": name, "labels": {c.LABEL_PACKAGE: "v100-8g"}}
+    if deleting:
+        meta["deletionTimestamp"] = NOW
+    status = {"reservedFor": [{"resource": "pods", "name": p, "uid": p} for p in pods]}
+    return claim_view({"metadata": meta, "spec": {}, "status": status})
+
+
+def test_a_quota_held_by_a_deleted_slices_stopping_pod_names_the_pod_and_says_it_goes_on_by_itself() -> None:
+    """Delete a slice and create another at once: the old claim counts until its pod has stopped
+    (its grace period). Neither "recounts in 5 minutes" nor "delete a GpuSlice" is the right word."""
+    refused = 'resourceclaims "s" is forbidden: exceeded quota: gpuslice, requested: ...=1, used: ...=2'
+    held = [package_claim("a"), package_claim("old", deleting=True, pods=("trainer-0",))]
+    st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=held), NOW)
+    assert st.reason == Reason.QUOTA_EXCEEDED
+    assert "claim old of a deleted GpuSlice counts until pod trainer-0 has stopped" in st.message
+    assert "by itself" in st.message
+    assert "recounts" not in st.message and "delete a GpuSlice" not in st.message
 
 
 def test_zero_quota_means_not_entitled() -> None:

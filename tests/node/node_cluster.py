@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import start_agents
 from gpuslice_dev.devcluster.realnode import start_real_nodes
-from support import wait_for
+from support import get_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,6 +90,31 @@ def sleeping_slice_pod(cluster: DevCluster, name: str) -> Iterator[str]:
     finally:
         delete(cluster, "pod", pod)
         delete(cluster, "gpuslice", pod)
+
+
+@contextmanager
+def entitled(cluster: DevCluster, slices: int) -> Iterator[None]:
+    """TENANT entitled to `slices` v100-8g slices for the block (8 otherwise): its quota says so first."""
+
+    def entitle(n: int) -> None:
+        package = get_json(cluster, "gpupackage", "v100-8g")
+        entitlements = package["spec"]["entitlements"]
+        entitlements[0]["slices"] = n
+        patch = json.dumps({"spec": {"entitlements": entitlements}})
+        cluster.kubectl("patch", "gpupackage", "v100-8g", "--type=merge", "-p", patch)
+
+        def settled() -> bool:
+            hard = get_json(cluster, "resourcequota", c.QUOTA_NAME, "-n", TENANT)["status"].get("hard", {})
+            keys = (c.quota_key("v100-8g"), "requests.gpuslice.io/v100-8g")  # a claim; the product
+            return all(hard.get(k) == str(n) for k in keys)
+
+        wait_for(settled, 30, f"quota of {n}")
+
+    entitle(slices)
+    try:
+        yield
+    finally:
+        entitle(8)
 
 
 def _progress(msg: str) -> None:

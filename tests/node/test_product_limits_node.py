@@ -15,7 +15,7 @@ import pytest
 
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster
-from node.node_cluster import PROBE, TENANT, delete, exec_in, run_pod, slice_pod
+from node.node_cluster import PROBE, TENANT, delete, entitled, exec_in, run_pod, slice_pod
 from node.test_isolation_node import _container_pid, _release, gpu_holder
 from support import apply, deployment_of, get_json, wait_for
 
@@ -173,30 +173,8 @@ def test_a_deployment_from_a_chart_gets_a_slice_per_replica(node_cluster: DevClu
 
 @pytest.fixture
 def two_slices(node_cluster: DevCluster) -> Iterator[None]:
-    """team-a entitled to 2 v100-8g slices for one test (8 otherwise)."""
-
-    def entitle(n: int) -> None:
-        package = get_json(node_cluster, "gpupackage", "v100-8g")
-        entitlements = package["spec"]["entitlements"]
-        entitlements[0]["slices"] = n
-        patch = json.dumps({"spec": {"entitlements": entitlements}})
-        node_cluster.kubectl("patch", "gpupackage", "v100-8g", "--type=merge", "-p", patch)
-        wait_for(
-            lambda: (
-                get_json(node_cluster, "resourcequota", c.QUOTA_NAME, "-n", TENANT)["status"]["hard"].get(
-                    REQUESTS
-                )
-                == str(n)
-            ),
-            30,
-            f"quota of {n}",
-        )
-
-    entitle(2)
-    try:
+    with entitled(node_cluster, 2):
         yield
-    finally:
-        entitle(8)
 
 
 def test_both_forms_draw_on_one_entitlement(node_cluster: DevCluster, tenant: Path, two_slices: None) -> None:
@@ -226,6 +204,35 @@ def test_both_forms_draw_on_one_entitlement(node_cluster: DevCluster, tenant: Pa
             ("gpuslice", "third-slice"),
         ):
             delete(node_cluster, kind, name)
+
+
+def test_a_slice_made_while_a_deleted_ones_pod_stops_names_that_pod_and_gets_its_claim_by_itself(
+    node_cluster: DevCluster, tenant: Path
+) -> None:
+    """Delete a GpuSlice and its pod and create another at once: the old claim counts in the quota
+    until its pod has stopped (its grace period). The new slice names that pod, not a recount or a
+    slice to delete, and gets its claim without anyone's help."""
+    with entitled(node_cluster, 1):
+        docs = slice_pod("leaving", ["sleep", "3600"])  # pid 1 of its pid namespace: SIGTERM is ignored
+        docs[1]["spec"]["terminationGracePeriodSeconds"] = 15  # type: ignore[index]
+        apply(node_cluster, docs, kubeconfig=tenant)
+        run_pod(node_cluster, docs)
+        try:
+            node_cluster.kubectl("delete", "pod", "leaving", "-n", TENANT, "--wait=false")
+            node_cluster.kubectl("delete", "gpuslice", "leaving", "-n", TENANT, "--wait=false")
+            apply(node_cluster, [slice_pod("arriving", ["true"])[0]], kubeconfig=tenant)
+            status = wait_status(node_cluster, TENANT, "arriving", reason="QuotaExceeded")
+            assert "counts until pod leaving has stopped" in status["message"], status
+            assert "by itself" in status["message"] and "recount" not in status["message"], status
+            wait_for(
+                lambda: get_json(node_cluster, "resourceclaim", "arriving", "-n", TENANT),
+                60,
+                "the new slice's claim once the old pod has stopped",
+            )
+        finally:
+            delete(node_cluster, "pod", "leaving")
+            delete(node_cluster, "gpuslice", "leaving")
+            delete(node_cluster, "gpuslice", "arriving")
 
 
 # --- admission: the one form, in entitled namespaces only -------------------------------------------

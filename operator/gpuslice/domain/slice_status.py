@@ -107,10 +107,11 @@ class SliceFacts:
     uid: str | None = None
     #: Taints of tainted published devices by (pool, device): an unhealthy or drained card's.
     device_taints: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]] = field(default_factory=dict)
-    #: Claims of the package the namespace holds, counted after a create was refused for quota: the
-    #: quota may count more (Kubernetes charges a create before storing it, and one that then fails
-    #: stays counted until kube-controller-manager recounts).
-    held: int | None = None
+    #: Claims of the package the namespace holds, those being deleted too (the quota counts them
+    #: until they are gone), looked up after a create was refused for quota: the quota may count more
+    #: (Kubernetes charges a create before storing it, and one that then fails stays counted until
+    #: kube-controller-manager recounts).
+    held: Sequence[ClaimView] | None = None
     #: The slice the operator keeps for a pod that asks for the product in resources.limits: that
     #: pod's name (`pods` holds the pod while it exists, `claims` kube-scheduler's claim for it).
     pod: str | None = None
@@ -200,12 +201,22 @@ def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | No
             f"(ResourceQuota {usage.quota}: 0 slices); ask the platform team for an entitlement "
             "that selects this namespace, or use a package you are entitled to",
         )
-    if usage.used >= usage.hard and facts.held is not None and facts.held < usage.used:
+    going = [cl for cl in facts.held or () if cl.deleting]
+    if usage.used >= usage.hard and going:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.QUOTA_EXCEEDED,
+            f"quota used up until a deleted slice's claim is gone: namespace {facts.namespace} holds "
+            f"{usage.used} of {usage.hard} {facts.package} slices (ResourceQuota {usage.quota}); "
+            + "; ".join(_until_gone(cl) for cl in going[:3])
+            + "; this slice's claim is created then, by itself",
+        )
+    if usage.used >= usage.hard and facts.held is not None and len(facts.held) < usage.used:
         return _Verdict(
             Phase.PENDING,
             Reason.QUOTA_EXCEEDED,
             f"quota counted as used up: ResourceQuota {usage.quota} counts {usage.used} of {usage.hard} "
-            f"{facts.package} slices used, but namespace {facts.namespace} holds {facts.held} of them: "
+            f"{facts.package} slices used, but namespace {facts.namespace} holds {len(facts.held)} of them: "
             "Kubernetes counted a create that did not complete (a client stopped mid-request, or a "
             "create of a claim that already existed). kube-controller-manager recounts on its quota "
             "resync (--resource-quota-sync-period, 5 min by default) and this slice's claim is created "
@@ -220,6 +231,16 @@ def _quota_verdict(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict | No
             "no longer need, or ask the platform team for a larger entitlement",
         )
     return None
+
+
+def _until_gone(claim: ClaimView) -> str:
+    if claim.reserved_for:
+        pods = ", ".join(claim.reserved_for)
+        return (
+            f"claim {claim.name} of a deleted GpuSlice counts until pod {pods} has stopped "
+            "(its terminationGracePeriodSeconds at most)"
+        )
+    return f"claim {claim.name} of a deleted GpuSlice counts until it is removed (seconds)"
 
 
 def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:

@@ -83,6 +83,10 @@ def _facts(
         idx.resource_slices, idx.pool_claims, idx.claims, need, rules=idx.device_taint_rules
     )
     found = package is not None and (not package.deleting or bool(claims))
+    # Refused by quota: our create of the claim, or kube-scheduler's for the pod of a pod's slice.
+    quota_refused = is_quota_refusal(state.create_errors.get((ns, name))) or (
+        entry.pod is not None and any(is_quota_refusal(p.unschedulable) for p in pods)
+    )
     return SliceFacts(
         namespace=ns,
         name=name,
@@ -104,19 +108,20 @@ def _facts(
         usage=usage,
         uid=entry.uid,
         pod=entry.pod,
-        held=_held(idx, ns, pkg) if is_quota_refusal(state.create_errors.get((ns, name))) else None,
+        held=_held(idx, ns, pkg) if quota_refused else None,
     )
 
 
-def _held(idx: Indexes, ns: str, package: str) -> int:
-    """Claims of `package` in the namespace (only after a quota refusal: it walks every claim)."""
-    return sum(
-        1
+def _held(idx: Indexes, ns: str, package: str) -> list[ClaimView]:
+    """Claims of `package` in the namespace, those being deleted too: the quota counts them until
+    they are gone (only after a quota refusal: it walks every claim)."""
+    return [
+        cl
         for ref, views in idx.claims.items()
         if ref[0] == ns
         for cl in views
-        if cl.labels.get(c.LABEL_PACKAGE) == package and not cl.deleting
-    )
+        if cl.labels.get(c.LABEL_PACKAGE) == package
+    ]
 
 
 async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> ClaimView | None:
