@@ -57,13 +57,18 @@ def test_the_tenant_label_is_removed_by_a_guarded_json_patch() -> None:
 
 def test_gpu_nodes_get_the_taint_appended_once() -> None:
     label = c.GPU_NODE_LABEL
-    assert taint_patch(GPU, None, label) == [{"op": "add", "path": "/spec/taints", "value": [TAINT]}]
+    # A node seen without taints: the list, only onto that version of the node (the cluster test
+    # shows the API server refusing it once a taint came meanwhile).
+    assert taint_patch(GPU, None, label, "41") == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+        {"op": "add", "path": "/spec/taints", "value": [TAINT]},
+    ]
     other = {"key": "x", "effect": "NoSchedule"}
-    assert taint_patch(GPU, [other], label) == [{"op": "add", "path": "/spec/taints/-", "value": TAINT}]
-    assert taint_patch(GPU, [other, TAINT], label) is None
-    assert taint_patch({}, None, label) is None
-    assert taint_patch({"nvidia.com/gpu.present": "false"}, None, label) is None
-    assert taint_patch(GPU, None, "") is None
+    assert taint_patch(GPU, [other], label, "41") == [{"op": "add", "path": "/spec/taints/-", "value": TAINT}]
+    assert taint_patch(GPU, [other, TAINT], label, "41") is None
+    assert taint_patch({}, None, label, "41") is None
+    assert taint_patch({"nvidia.com/gpu.present": "false"}, None, label, "41") is None
+    assert taint_patch(GPU, None, "", "41") is None
 
 
 def test_the_operators_namespace_comes_from_its_service_account() -> None:

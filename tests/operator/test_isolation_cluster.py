@@ -23,6 +23,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuslice import constants as c
+from gpuslice.domain.isolation import taint_patch
 from gpuslice_dev.agents import agent_kubeconfig
 from gpuslice_dev.devcluster.cluster import DevCluster, node_manifest
 from support import apply, pod_doc, published, slice_doc, wait_for
@@ -476,6 +477,42 @@ def test_gpu_nodes_get_the_taint(iso: Iso) -> None:
         return any(t.get("key") == c.TAINT_GPU_KEY and t.get("effect") == "NoExecute" for t in taints)
 
     wait_for(tainted, 30, "the GPU node taint")
+
+
+def test_the_gpu_taint_from_a_stale_view_of_a_node_never_drops_another_taint(iso: Iso) -> None:
+    """The operator decides on the Node as its watch last showed it; meanwhile node-lifecycle may
+    have added a taint (not-ready, unreachable, unschedulable). The API server is the judge: the
+    patch is refused (the next Node event decides again) or keeps that taint, never replaces it."""
+    label = f"gpuslice-test/stale-{iso.token}"
+    name = f"stale-{iso.token}"
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {label: "true"}}}
+    iso.cluster.kubectl("create", "-f", "-", input=json.dumps(node))
+    try:
+        seen = get(iso.cluster, "node", name)
+        iso.cluster.kubectl("taint", "node", name, "example.com/meanwhile=yes:NoSchedule")
+        ops = taint_patch(
+            seen["metadata"]["labels"],
+            seen["spec"].get("taints"),
+            f"{label}=true",
+            seen["metadata"]["resourceVersion"],
+        )
+        assert ops is not None
+        iso.cluster.kubectl("patch", "node", name, "--type=json", "-p", json.dumps(ops), check=False)
+        taints = {t["key"] for t in get(iso.cluster, "node", name)["spec"].get("taints") or []}
+        assert "example.com/meanwhile" in taints, taints
+        # Decided again on the Node as it is now: the taint goes on beside the other.
+        now = get(iso.cluster, "node", name)
+        ops = taint_patch(
+            now["metadata"]["labels"],
+            now["spec"].get("taints"),
+            f"{label}=true",
+            now["metadata"]["resourceVersion"],
+        )
+        iso.cluster.kubectl("patch", "node", name, "--type=json", "-p", json.dumps(ops))
+        taints = {t["key"] for t in get(iso.cluster, "node", name)["spec"].get("taints") or []}
+        assert {"example.com/meanwhile", c.TAINT_GPU_KEY} <= taints, taints
+    finally:
+        iso.cluster.kubectl("delete", "node", name, "--wait=false", check=False)
 
 
 GPU_TOLERATION = {"key": c.TAINT_GPU_KEY, "operator": "Exists", "effect": "NoExecute"}

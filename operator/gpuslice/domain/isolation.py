@@ -50,12 +50,17 @@ def is_gpu_node(labels: Mapping[str, str], gpu_node_label: str) -> bool:
 
 
 def taint_patch(
-    labels: Mapping[str, str], taints: Sequence[Mapping[str, Any]] | None, gpu_node_label: str
+    labels: Mapping[str, str],
+    taints: Sequence[Mapping[str, Any]] | None,
+    gpu_node_label: str,
+    resource_version: str,
 ) -> list[dict[str, Any]] | None:
     """The JSON patch that adds the GPU taint to a GPU node lacking it; None when nothing to do.
 
     An append, not a replacement of the list: other taints stay, and two racing appends cannot both
-    succeed (the API server refuses a second taint with the same key and effect).
+    succeed (the API server refuses a second taint with the same key and effect). A node seen with
+    no taints gets the list itself, which would replace whatever was added since (node-lifecycle's
+    not-ready taint on a new node): only if the node is still the version seen (`resource_version`).
     """
     if not is_gpu_node(labels, gpu_node_label):
         return None
@@ -63,5 +68,8 @@ def taint_patch(
     if any(t.get("key") == want["key"] and t.get("effect") == want["effect"] for t in taints or ()):
         return None
     if not taints:
-        return [{"op": "add", "path": "/spec/taints", "value": [want]}]
+        return [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/spec/taints", "value": [want]},
+        ]
     return [{"op": "add", "path": "/spec/taints/-", "value": want}]

@@ -42,11 +42,22 @@ def select(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
 
 
 async def node_event(
-    name: str, type: str | None, labels: kopf.Labels, spec: kopf.Spec, memo: kopf.Memo, **_: Any
+    name: str,
+    type: str | None,
+    labels: kopf.Labels,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     if type == "DELETED":
         return
-    ops = taint_patch(dict(labels), list(spec.get("taints") or []), memo.state.config.gpu_node_label)
+    ops = taint_patch(
+        dict(labels),
+        list(spec.get("taints") or []),
+        memo.state.config.gpu_node_label,
+        str(meta.get("resourceVersion", "")),
+    )
     if ops is not None:
         await fast_path(_taint(memo.state, name, ops), "the next event of the Node")
 
