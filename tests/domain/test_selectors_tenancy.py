@@ -9,7 +9,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import LabelSelector
 from gpuslice.domain.isolation import pod_security_labels
 from gpuslice.domain.selectors import matches
-from gpuslice.domain.tenancy import ObservedTenant, changes, entitled_slices, tenant_state
+from gpuslice.domain.tenancy import ObservedTenant, changes, counting_packages, entitled_slices, tenant_state
 from support import package_spec
 
 label_keys = st.sampled_from(["team", "tier", "env", "tenant.example.com/project"])
@@ -147,3 +147,24 @@ def test_quota_as_the_api_server_writes_it_back_needs_no_write() -> None:
         False,
         "apply",
     )
+
+
+def test_a_package_whose_deletion_is_ending_entitles_nobody_but_its_key_stays_at_zero() -> None:
+    """Deleted and used by no GpuSlice: the namespace it alone entitled stops being a tenant at once
+    (no event may put the label back); where another package entitles it, the ending package's key
+    stays at 0 until the package is gone, so no claim of its class goes uncounted meanwhile."""
+    team_a = [{"namespaceSelector": {"matchLabels": {"team": "a"}}, "slices": 2}]
+    packages = {
+        "v100-8g": package_spec(25, entitlements=team_a),
+        "v100-32g": package_spec(100, entitlements=team_a),
+    }
+    both = tenant_state("team-a", {"team": "a"}, counting_packages(packages, {"v100-32g"}))
+    assert both.tenant
+    assert both.hard["v100-8g.gpuslice.io.deviceclass.resource.k8s.io/devices"] == "2"
+    assert both.hard["v100-32g.gpuslice.io.deviceclass.resource.k8s.io/devices"] == "0"
+    assert both.hard["requests.gpuslice.io/v100-32g"] == "0"
+    alone = tenant_state("team-a", {"team": "a"}, counting_packages(packages, {"v100-8g", "v100-32g"}))
+    assert not alone.tenant and alone.quota() is None
+    # What is not ending counts as written, and nothing is changed in place.
+    assert counting_packages(packages, set()) == packages
+    assert packages["v100-32g"].entitlements

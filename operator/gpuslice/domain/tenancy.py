@@ -9,7 +9,7 @@ entitlement still costs the operator a watch entry and status work.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,20 @@ def untenant_patch() -> list[dict[str, Any]]:
     another field manager owns); the test makes it a no-op failure, not a wrong removal, if it is gone."""
     path = "/metadata/labels/" + c.LABEL_TENANT.replace("~", "~0").replace("/", "~1")
     return [{"op": "test", "path": path, "value": "true"}, {"op": "remove", "path": path}]
+
+
+def counting_packages(
+    packages: Mapping[str, GpuPackageSpec], ending: Collection[str]
+) -> dict[str, GpuPackageSpec]:
+    """The packages as tenancy counts them. One whose deletion is ending (`ending`: being deleted,
+    no GpuSlice uses it) entitles nobody any more: its deletion handler takes its quota and the
+    tenant label off, and a namespace event before the package is gone from the operator's view
+    (that very label change) must not put them back. Its quota key stays, at 0, until the package
+    is gone, so that no claim of its DeviceClass goes uncounted meanwhile."""
+    return {
+        name: spec.model_copy(update={"entitlements": []}) if name in ending else spec
+        for name, spec in packages.items()
+    }
 
 
 def tenant_state(

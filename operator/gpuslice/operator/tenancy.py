@@ -28,6 +28,7 @@ from gpuslice.domain.tenancy import (
     count_quota_action,
     count_quota_nudges,
     count_quota_steps,
+    counting_packages,
     slice_count_unknown,
     tenant_state,
     untenant_patch,
@@ -44,18 +45,11 @@ TIMER = "package_timer"
 
 
 def live_packages(idx: Indexes, exclude: str | None = None) -> dict[str, GpuPackageSpec]:
-    """Packages that count for quotas: all but those whose deletion is completing, `exclude` and any
-    being deleted that no GpuSlice uses (its deletion handler lets it go once it has taken the label
-    off; a namespace event in between, such as that very label change, must not put it back)."""
-    out = {}
-    for name in idx.packages:
-        entry = one(idx.packages, name)
-        if entry is None or name == exclude:
-            continue
-        if entry.deleting and not values(idx.package_slices, name):
-            continue
-        out[name] = entry.spec
-    return out
+    """Packages as they count for tenancy (`counting_packages`): all but `exclude`, whose deletion
+    handler has removed its DeviceClass."""
+    views = [v for name in idx.packages if name != exclude and (v := one(idx.packages, name))]
+    ending = {v.name for v in views if v.deleting and not values(idx.package_slices, v.name)}
+    return counting_packages({v.name: v.spec for v in views}, ending)
 
 
 def desired_tenant(
