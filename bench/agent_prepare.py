@@ -54,7 +54,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster
 
 MODEL = "Tesla V100-PCIE-32GB"
 PACKAGE = "bench-v100"
-DRA = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
+DRA = c.DRA_GROUP_VERSION
 NAMESPACE = "prep"
 #: Seconds the agents run after a change before RSS is read: a few of the dev cluster's usage readings.
 SETTLE = 12.0

@@ -62,7 +62,7 @@ TENANT = "bench"
 NOISE = "noise"
 NOISE_PODS_PER_NODE = 100
 TENANT_LABEL = "bench.gpuslice.io/tenant"
-DRA = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
+DRA = c.DRA_GROUP_VERSION
 WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"}
 ALLOCATED = {"Allocated", "InUse"}
 

@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 V100 = "Tesla V100-PCIE-32GB"
 V100_PACKAGES = {"v100-8g": 25, "v100-16g": 50, "v100-32g": 100}
-DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
+DRA_API = c.DRA_GROUP_VERSION
 
 
 # --- waiting and reading ----------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def evaluate_version(git_version: str) -> Result:
 
 def evaluate_dra_served(group_versions: Sequence[str]) -> Result:
     name = f"{c.DRA_GROUP}/{c.DRA_VERSION} (DRA) is served"
-    if f"{c.DRA_GROUP}/{c.DRA_VERSION}" in group_versions:
+    if c.DRA_GROUP_VERSION in group_versions:
         return ok(name)
     served = ", ".join(group_versions) or "no version"
     return fail(
@@ -103,7 +103,7 @@ def probe_slices() -> list[dict[str, Any]]:
     one with shared counters, one whose devices consume them and allow several allocations."""
     pool = {"name": "gpuslice-check", "generation": 1, "resourceSliceCount": 2}
     meta = {"labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}}
-    api = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
+    api = c.DRA_GROUP_VERSION
     counters = {
         "apiVersion": api,
         "kind": "ResourceSlice",
@@ -362,7 +362,7 @@ async def _gather(kubeconfig: str | None) -> tuple[str, list[Result]]:
         results.append(evaluate_dra_served(served))
 
         objs = client.CustomObjectsApi(api)
-        if served and f"{c.DRA_GROUP}/{c.DRA_VERSION}" in served:
+        if served and c.DRA_GROUP_VERSION in served:
             sent = probe_slices()
             try:
                 stored = [

@@ -21,6 +21,7 @@ USAGE_PLURAL: Final = "gpuusages"
 DRIVER_NAME: Final = "gpuslice.io"
 DRA_GROUP: Final = "resource.k8s.io"
 DRA_VERSION: Final = "v1"
+DRA_GROUP_VERSION: Final = f"{DRA_GROUP}/{DRA_VERSION}"
 #: The finalizer kube-scheduler puts on a claim before it allocates it (and kube-controller-manager's
 #: resourceclaim controller takes off once the claim is deallocated or deleted).
 DRA_CLAIM_FINALIZER: Final = "resource.kubernetes.io/delete-protection"

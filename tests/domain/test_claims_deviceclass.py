@@ -5,9 +5,10 @@ from __future__ import annotations
 import yaml
 
 from gpuslice import constants as c
-from gpuslice.domain.claims import documented_form_text, slice_claim, slice_claim_template
+from gpuslice.domain.claims import documented_form_text, protection_patch, slice_claim, slice_claim_template
 from gpuslice.domain.deviceclass import desired_fingerprint, device_class
 from gpuslice.domain.pod_slices import product_packages, resource_of
+from gpuslice.domain.views import claim_view
 from support import package_spec
 
 DOCUMENTED_REQUEST = {
@@ -35,6 +36,42 @@ def test_slice_claim_has_same_name_documented_form_and_is_owned_by_the_slice() -
         "controller": True,
         "blockOwnerDeletion": False,
     }
+
+
+def test_a_deallocated_slice_claim_gets_the_schedulers_finalizer_back_onto_the_version_seen() -> None:
+    made = slice_claim("team-a", "llm", "uid-1", "v100-8g")
+    assert (
+        protection_patch(claim_view({**made, "metadata": {**made["metadata"], "resourceVersion": "7"}}))
+        is None
+    )
+    # kube-controller-manager deallocated it and took the finalizer off (another's finalizer stays)
+    meta = {**made["metadata"], "resourceVersion": "9", "finalizers": ["example.com/keep"]}
+    assert protection_patch(claim_view({**made, "metadata": meta})) == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "9"},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["example.com/keep", c.DRA_CLAIM_FINALIZER]},
+    ]
+    bare = {**made["metadata"], "resourceVersion": "9", "finalizers": []}
+    assert protection_patch(claim_view({**made, "metadata": bare}))[-1]["value"] == [c.DRA_CLAIM_FINALIZER]  # type: ignore[index]
+    # not while it is being deleted (the API server would refuse a new finalizer anyway) or allocated
+    # (kube-scheduler adds it itself), and never on a claim no GpuSlice controls (a template's, a pod's)
+    going = {**bare, "deletionTimestamp": "2026-12-05T00:00:00Z"}
+    assert protection_patch(claim_view({**made, "metadata": going})) is None
+    allocated = {
+        **made,
+        "metadata": bare,
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"pool": "n0", "device": "gpu-0-0", "request": "gpu", "driver": c.DRIVER_NAME}
+                    ]
+                }
+            }
+        },
+    }
+    assert protection_patch(claim_view(allocated)) is None
+    orphan = {k: v for k, v in bare.items() if k != "ownerReferences"}
+    assert protection_patch(claim_view({**made, "metadata": orphan})) is None
 
 
 def test_template_gives_each_generated_claim_the_labels_that_find_its_slice() -> None:

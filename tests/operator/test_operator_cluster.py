@@ -451,9 +451,30 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
     ).stdout
     reasons = [e["reason"] for e in json.loads(events)["items"]]
     assert "WaitingForPod" in reasons and "InUse" in reasons
-    # The pod goes: the slice is released; the GpuSlice goes: so does its claim.
+    # The pod goes: the slice is released. kube-controller-manager deallocated the claim and took the
+    # finalizer off; the operator puts it back, so the next pod's claim is again allocated in one write.
     world.cluster.kubectl("delete", "pod", "ollama", "-n", world.namespace, "--grace-period=0", "--force")
     wait_status(world.cluster, world.namespace, "llm", phase="Released")
+    wait_for(
+        lambda: (
+            (get(world.cluster, "resourceclaim", "llm", "-n", world.namespace) or {})
+            .get("metadata", {})
+            .get("finalizers")
+            == [c.DRA_CLAIM_FINALIZER]
+        ),
+        30,
+        "the deallocated claim protected again",
+    )
+    with tenant_rbac(world.cluster, world.namespace, f"alice-{world.token}") as alice:
+        proc = create_as(world.cluster, alice, pod_doc("ollama-2", world.namespace, "llm"))
+        assert proc.returncode == 0, proc.stderr
+        wait_status(world.cluster, world.namespace, "llm", phase="InUse")
+    claim = get(world.cluster, "resourceclaim", "llm", "-n", world.namespace, "--show-managed-fields")
+    writes = [(m["manager"], m.get("subresource", "")) for m in claim["metadata"]["managedFields"]]
+    assert [w for w in writes if w[0] == "kube-scheduler"] == [("kube-scheduler", "status")], writes
+    world.cluster.kubectl("delete", "pod", "ollama-2", "-n", world.namespace, "--grace-period=0", "--force")
+    wait_status(world.cluster, world.namespace, "llm", phase="Released")
+    # The GpuSlice goes: so does its claim.
     world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "llm", "-n", world.namespace)
     wait_for(
         lambda: get(world.cluster, "resourceclaim", "llm", "-n", world.namespace) is None,

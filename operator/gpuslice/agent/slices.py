@@ -191,7 +191,7 @@ def with_generation(
         body["pool"]["generation"] = generation
         out.append(
             {
-                "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
+                "apiVersion": c.DRA_GROUP_VERSION,
                 "kind": "ResourceSlice",
                 "metadata": {
                     "name": name,

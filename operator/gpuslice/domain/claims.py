@@ -23,6 +23,7 @@ import yaml
 
 from gpuslice import constants as c
 from gpuslice.domain.ownership import managed_labels, owner_reference
+from gpuslice.domain.views import ClaimView
 
 
 def documented_claim_spec(package: str) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def slice_claim(namespace: str, name: str, uid: str, package: str) -> dict[str, 
     (`bench/pod_start_stages.py`, PreBind). The resourceclaim controller takes it off when the
     claim is deleted, allocated or not, as for any claim the scheduler allocated."""
     return {
-        "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
+        "apiVersion": c.DRA_GROUP_VERSION,
         "kind": "ResourceClaim",
         "metadata": {
             "name": name,
@@ -75,6 +76,25 @@ def slice_claim(namespace: str, name: str, uid: str, package: str) -> dict[str, 
     }
 
 
+def protection_patch(claim: ClaimView) -> list[dict[str, Any]] | None:
+    """The JSON patch that puts kube-scheduler's finalizer back on a GpuSlice's claim (`slice_claim`
+    says why it is there) that kube-controller-manager deallocated after its last pod and took the
+    finalizer off with it: the next pod's claim is then allocated with one write again. None when
+    there is nothing to do. It replaces the claim's finalizers, so only onto the version seen."""
+    if (
+        claim.owner_uid is None
+        or claim.deleting
+        or claim.allocated
+        or c.DRA_CLAIM_FINALIZER in claim.finalizers
+        or not claim.resource_version
+    ):
+        return None
+    return [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": claim.resource_version},
+        {"op": "add", "path": "/metadata/finalizers", "value": [*claim.finalizers, c.DRA_CLAIM_FINALIZER]},
+    ]
+
+
 def slice_claim_template(namespace: str, name: str, uid: str, package: str) -> dict[str, Any]:
     """The ResourceClaimTemplate of a template GpuSlice: every pod referencing it gets its own claim.
 
@@ -83,7 +103,7 @@ def slice_claim_template(namespace: str, name: str, uid: str, package: str) -> d
     """
     claim_labels = managed_labels(package=package, slice_template=name)
     return {
-        "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
+        "apiVersion": c.DRA_GROUP_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {
             "name": name,

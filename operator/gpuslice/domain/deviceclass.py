@@ -49,7 +49,7 @@ def device_class(
     if resource is not None:
         class_spec["extendedResourceName"] = resource
     return {
-        "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
+        "apiVersion": c.DRA_GROUP_VERSION,
         "kind": "DeviceClass",
         "metadata": meta,
         "spec": class_spec,

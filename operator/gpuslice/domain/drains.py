@@ -28,7 +28,7 @@ def drain_rules(
 
     def rule(name: str, selector: dict[str, str], extra: dict[str, str]) -> dict[str, Any]:
         return {
-            "apiVersion": f"{c.DRA_GROUP}/{c.DRA_VERSION}",
+            "apiVersion": c.DRA_GROUP_VERSION,
             "kind": "DeviceTaintRule",
             "metadata": {"name": name, "labels": {**labels, **extra}},
             "spec": {"deviceSelector": {"driver": c.DRIVER_NAME, "pool": node, **selector},

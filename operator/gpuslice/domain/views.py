@@ -30,6 +30,8 @@ class ClaimView:
     #: uid of the GpuSlice that controls the claim (its owner reference), if one does: a slice
     #: re-created under the same name must not take its deleted predecessor's claim for its own.
     owner_uid: str | None = None
+    finalizers: tuple[str, ...] = ()
+    resource_version: str = ""
 
 
 def claim_view(obj: Mapping[str, Any]) -> ClaimView:
@@ -52,6 +54,8 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
         ),
         deleting=meta.get("deletionTimestamp") is not None,
         owner_uid=owner.get("uid") if (owner := slice_owner(meta)) and owner.get("controller") else None,
+        finalizers=tuple(meta.get("finalizers") or ()),
+        resource_version=meta.get("resourceVersion", ""),
     )
 
 

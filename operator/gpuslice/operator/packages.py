@@ -39,7 +39,6 @@ from gpuslice.operator.state import OperatorState, now, one, values
 from gpuslice.operator.tenancy import reconcile_all, recount_slice_counts, retry_unsynced
 
 log = get(__name__)
-DRA_API = f"{c.DRA_GROUP}/{c.DRA_VERSION}"
 TIMER = "package_timer"
 
 
@@ -123,7 +122,7 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
             c.GROUP_VERSION, c.PACKAGE_KIND, name, None, {"conditions": [*conditions, cond]}
         )
         raise kopf.TemporaryError(cond["message"], delay=max(2.0, min(state.config.resync_seconds, 10.0)))
-    await state.kube.delete(DRA_API, "DeviceClass", c.device_class_name(name))
+    await state.kube.delete(c.DRA_GROUP_VERSION, "DeviceClass", c.device_class_name(name))
     await reconcile_all(state, idx, exclude=name)
     forget_package(name)
     state.package_capacity.pop(name, None)

@@ -23,7 +23,7 @@ from gpuslice.api.refusal import is_quota_refusal
 from gpuslice.api.slice import GpuSliceStatus, Phase
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claim_retry import no_room, quota_retry_delay, refused_retry_delay
-from gpuslice.domain.claims import slice_claim, slice_claim_template
+from gpuslice.domain.claims import protection_patch, slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.health import stranded_claims
 from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
@@ -227,6 +227,7 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
         facts = _facts(state, entry, idx, baseline, created, status.get("usage"))
         if not facts.template and facts.pod is None:  # template and pod-form claims go with their pod
             await release_stranded_claims(state, facts)
+            await protect_claims(state, facts)
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -258,7 +259,17 @@ async def release_stranded_claims(state: OperatorState, facts: SliceFacts) -> No
     the operator then creates it again, unallocated."""
     for name in stranded_claims(own_claims(facts), facts.device_taints):
         log.warning("claim allocated on a failed GPU: releasing it", namespace=facts.namespace, claim=name)
-        await state.kube.delete("resource.k8s.io/v1", "ResourceClaim", name, facts.namespace)
+        await state.kube.delete(c.DRA_GROUP_VERSION, "ResourceClaim", name, facts.namespace)
+
+
+async def protect_claims(state: OperatorState, facts: SliceFacts) -> None:
+    """kube-scheduler's finalizer back on the slice's deallocated claim (`domain.claims.protection_patch`);
+    a claim changed since it was seen is refused, and its event brings it here again."""
+    for claim in own_claims(facts):
+        if (ops := protection_patch(claim)) is not None:
+            await state.kube.json_patch(
+                c.DRA_GROUP_VERSION, "ResourceClaim", claim.name, ops, claim.namespace, missing_ok=True
+            )
 
 
 async def sync_package_capacity(state: OperatorState, package: str, live: Capacity, idx: Indexes) -> None:
