@@ -126,7 +126,7 @@ def test_a_quota_held_by_a_deleted_slices_stopping_pod_names_the_pod_and_says_it
     held = [package_claim("a"), package_claim("old", deleting=True, pods=("trainer-0",))]
     st = slice_status(facts(quotas=[quota(2, 2)], create_error=refused, held=held), NOW)
     assert st.reason == Reason.QUOTA_EXCEEDED
-    assert "claim old of a deleted GpuSlice counts until pod trainer-0 has stopped" in st.message
+    assert "claim old (being deleted) counts until pod trainer-0 has stopped" in st.message
     assert "by itself" in st.message
     assert "recounts" not in st.message and "delete a GpuSlice" not in st.message
 
@@ -430,3 +430,16 @@ def test_a_pods_slice_is_in_use_through_the_schedulers_claim() -> None:
     assert ready == "ResourceClaim p-extended-resources-x exists"
     gone = slice_status(facts(name="p", pod="p", pods=[], claims=[claim]), NOW)
     assert gone.phase == Phase.RELEASED and "deleted with it" in gone.message
+
+
+def test_a_claim_is_of_its_package_by_label_or_for_kube_schedulers_claim_by_its_class() -> None:
+    """Both forms count in one quota: the quota messages must count both."""
+    assert package_claim("a").package == "v100-8g"
+    requests = [{"name": "gpu", "exactly": {"deviceClassName": c.device_class_name("v100-8g")}}]
+    scheduler_made = {
+        "metadata": {"namespace": "ns", "name": "p-gpu-x"},
+        "spec": {"devices": {"requests": requests}},
+    }
+    assert claim_view(scheduler_made).package == "v100-8g"
+    other = {"metadata": {"namespace": "ns", "name": "o"}, "spec": {"devices": {"requests": [{"name": "x"}]}}}
+    assert claim_view(other).package is None

@@ -237,10 +237,10 @@ def _until_gone(claim: ClaimView) -> str:
     if claim.reserved_for:
         pods = ", ".join(claim.reserved_for)
         return (
-            f"claim {claim.name} of a deleted GpuSlice counts until pod {pods} has stopped "
+            f"claim {claim.name} (being deleted) counts until pod {pods} has stopped "
             "(its terminationGracePeriodSeconds at most)"
         )
-    return f"claim {claim.name} of a deleted GpuSlice counts until it is removed (seconds)"
+    return f"claim {claim.name} (being deleted) counts until it is removed (seconds)"
 
 
 def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:

@@ -32,6 +32,9 @@ class ClaimView:
     owner_uid: str | None = None
     finalizers: tuple[str, ...] = ()
     resource_version: str = ""
+    #: The package it is a slice of: its label, or for kube-scheduler's claim for a pod that asks
+    #: for the product in resources.limits (no labels) its DeviceClass. Both count in one quota.
+    package: str | None = None
 
 
 def claim_view(obj: Mapping[str, Any]) -> ClaimView:
@@ -56,17 +59,31 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
         owner_uid=owner.get("uid") if (owner := slice_owner(meta)) and owner.get("controller") else None,
         finalizers=tuple(meta.get("finalizers") or ()),
         resource_version=meta.get("resourceVersion", ""),
+        package=(meta.get("labels") or {}).get(c.LABEL_PACKAGE)
+        or next(
+            (
+                k.removesuffix(c.DEVICE_CLASS_SUFFIX)
+                for k in requested_classes(obj)
+                if k.endswith(c.DEVICE_CLASS_SUFFIX)
+            ),
+            None,
+        ),
     )
+
+
+def requested_classes(obj: Mapping[str, Any]) -> list[str]:
+    """The DeviceClasses a claim's requests name (exactly, or any of firstAvailable)."""
+    out = []
+    for r in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        out.append((r.get("exactly") or {}).get("deviceClassName", ""))
+        out += [s.get("deviceClassName", "") for s in r.get("firstAvailable") or []]
+    return out
 
 
 def uses_gpuslice(obj: Mapping[str, Any]) -> bool:
     """A claim that asks for a gpuslice DeviceClass or holds a gpuslice.io device."""
-    requests = ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []
-    for r in requests:
-        classes = [(r.get("exactly") or {}).get("deviceClassName", "")]
-        classes += [s.get("deviceClassName", "") for s in r.get("firstAvailable") or []]
-        if any(cls.endswith(c.DEVICE_CLASS_SUFFIX) for cls in classes):
-            return True
+    if any(cls.endswith(c.DEVICE_CLASS_SUFFIX) for cls in requested_classes(obj)):
+        return True
     return bool(allocated_devices(obj))
 
 

@@ -113,15 +113,9 @@ def _facts(
 
 
 def _held(idx: Indexes, ns: str, package: str) -> list[ClaimView]:
-    """Claims of `package` in the namespace, those being deleted too: the quota counts them until
-    they are gone (only after a quota refusal: it walks every claim)."""
-    return [
-        cl
-        for ref, views in idx.claims.items()
-        if ref[0] == ns
-        for cl in views
-        if cl.labels.get(c.LABEL_PACKAGE) == package
-    ]
+    """Claims of `package` in the namespace, of both forms and those being deleted too: the quota
+    counts them all until they are gone (only after a quota refusal: it walks every claim)."""
+    return [cl for ref, views in idx.claims.items() if ref[0] == ns for cl in views if cl.package == package]
 
 
 async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> ClaimView | None:
