@@ -306,7 +306,9 @@ def _leftovers(c: DevCluster) -> dict[str, list[str]]:
     node = get_json(c, "node", NODE)
     found["node taints"] = [t["key"] for t in node["spec"].get("taints", []) if "gpuslice" in t["key"]]
     tenant = get_json(c, "namespace", TENANT) or {"metadata": {}}
-    found["tenant labels"] = [k for k in tenant["metadata"].get("labels", {}) if "gpuslice" in k]
+    # "Tenant namespaces keep only the labels you gave them" (README): Pod Security's too go
+    given = {"tenant.example.com/project", "kubernetes.io/metadata.name"}
+    found["tenant labels"] = sorted(set(tenant["metadata"].get("labels", {})) - given)
     return {k: v for k, v in found.items() if v}
 
 
