@@ -1061,6 +1061,33 @@ def test_deleting_the_last_package_removes_the_tenant_label_for_good(world: Worl
     assert history[removed:] == [None] * (len(history) - removed), history
 
 
+def test_a_slice_deleted_in_the_foreground_takes_its_claim_and_no_new_one_is_made(world: World) -> None:
+    """GitOps tools prune with foreground deletion: the GpuSlice stays, deleting, until the garbage
+    collector has deleted its claim. Its claim going must not make the operator create another."""
+    world.packages({"8g": 25})
+    _tenant_ok(world)
+    for round in range(3):
+        name = f"fg{round}"
+        apply(world.cluster, [slice_doc(name, world.namespace, world.pkg("8g"))])
+        wait_for(lambda: get(world.cluster, "resourceclaim", name, "-n", world.namespace), 30, "claim")
+        world.cluster.kubectl(
+            "delete",
+            "gpuslices.gpuslice.io",
+            name,
+            "-n",
+            world.namespace,
+            "--cascade=foreground",
+            "--timeout=60s",
+        )
+        wait_for(
+            lambda: get(world.cluster, "resourceclaim", name, "-n", world.namespace) is None, 30, "claim gone"
+        )
+        time.sleep(2)
+        assert get(world.cluster, "resourceclaim", name, "-n", world.namespace) is None, (
+            f"{name}: a claim again"
+        )
+
+
 def _versions(w: World) -> dict[str, str]:
     out = {}
     for args in (
