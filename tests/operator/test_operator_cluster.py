@@ -1069,7 +1069,7 @@ def test_a_slice_deleted_in_the_foreground_takes_its_claim_and_no_new_one_is_mad
     for round in range(3):
         name = f"fg{round}"
         apply(world.cluster, [slice_doc(name, world.namespace, world.pkg("8g"))])
-        wait_for(lambda: get(world.cluster, "resourceclaim", name, "-n", world.namespace), 30, "claim")
+        wait_for(lambda n=name: get(world.cluster, "resourceclaim", n, "-n", world.namespace), 30, "claim")
         world.cluster.kubectl(
             "delete",
             "gpuslices.gpuslice.io",
@@ -1080,7 +1080,9 @@ def test_a_slice_deleted_in_the_foreground_takes_its_claim_and_no_new_one_is_mad
             "--timeout=60s",
         )
         wait_for(
-            lambda: get(world.cluster, "resourceclaim", name, "-n", world.namespace) is None, 30, "claim gone"
+            lambda n=name: get(world.cluster, "resourceclaim", n, "-n", world.namespace) is None,
+            30,
+            "claim gone",
         )
         time.sleep(2)
         assert get(world.cluster, "resourceclaim", name, "-n", world.namespace) is None, (
