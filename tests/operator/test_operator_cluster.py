@@ -1066,8 +1066,8 @@ def test_a_slice_deleted_in_the_foreground_takes_its_claim_and_no_new_one_is_mad
     collector has deleted its claim. Its claim going must not make the operator create another."""
     world.packages({"8g": 25})
     _tenant_ok(world)
-    for round in range(3):
-        name = f"fg{round}"
+    for i in range(3):
+        name = f"fg{i}"
         apply(world.cluster, [slice_doc(name, world.namespace, world.pkg("8g"))])
         wait_for(lambda n=name: get(world.cluster, "resourceclaim", n, "-n", world.namespace), 30, "claim")
         world.cluster.kubectl(
