@@ -19,6 +19,7 @@ import pytest
 
 from gpuslice_dev.devcluster import faults
 from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.images import PAUSE_IMAGE
 from gpuslice_dev.devcluster.node_agents import start_agents
 from gpuslice_dev.devcluster.realnode import process_names, start_real_nodes, stop_node
 from invariants import Invariants, real_node
@@ -91,8 +92,39 @@ def slice_status(cluster: DevCluster, name: str) -> dict[str, Any]:
     return dict(get_json(cluster, "gpuslice", name, "-n", TENANT).get("status") or {})
 
 
+def cordon_seen_by_the_scheduler(cluster: DevCluster, node: str) -> None:
+    """Cordon `node` and wait until kube-scheduler refuses it a pod for that reason. `kubectl cordon`
+    returns once the API server has the change; the scheduler learns of it through its Node watch,
+    in no order with the watches that bring it new pods, so a pod created at once may still be
+    placed there (seen here after an API-server outage)."""
+    cluster.kubectl("cordon", node)
+    probe: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"cordon-probe-{node}", "namespace": TENANT},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "pause", "image": PAUSE_IMAGE}],
+        },
+    }
+    cluster.apply(json.dumps(probe))
+
+    def refused_as_unschedulable() -> bool:
+        pod = get_json(cluster, "pod", probe["metadata"]["name"], "-n", TENANT)
+        conds = (pod or {}).get("status", {}).get("conditions") or []
+        return any(
+            c["type"] == "PodScheduled" and c["status"] == "False" and "unschedulable" in c.get("message", "")
+            for c in conds
+        )
+
+    try:
+        wait_for(refused_as_unschedulable, 60, f"kube-scheduler to see {node} cordoned")
+    finally:
+        delete(cluster, "pod", probe["metadata"]["name"])
+
+
 def test_a_node_whose_kubelet_stops_for_good(node_cluster: DevCluster, second_node: str) -> None:
-    node_cluster.kubectl("cordon", LIVES)  # the pod starts on the node that will die
+    cordon_seen_by_the_scheduler(node_cluster, LIVES)  # the pod starts on the node that will die
     node_cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": deployment("wanderer")}))
     try:
 
