@@ -8,10 +8,13 @@ fit the cards; meanwhile containerd and then kubelet are SIGKILLed and started a
 wait shared with those faults). Once it is back the operator and the agent recover by themselves
 (same processes), every invariant holds again within 30 s, and a new slice pod starts.
 
-It brings up a cluster of its own: what it leaves behind (a node that was unreachable for minutes,
-controllers' caches rebuilt after the outage) is not a state the other node files are written for;
-a node file that ran after it on the same cluster saw kube-scheduler place a pod on a node cordoned
-a moment before (tests/node/test_fault_node_lost.py)."""
+It brings up a cluster of its own: what it leaves behind is not a state the other node files are
+written for. client-go's reflectors retry a failed watch with a backoff that stops at [30, 60) s, so
+after minutes of outage kube-scheduler's and kube-controller-manager's watches come back one by one,
+up to a minute after the API server (a new pod waited 11-56 s for the scheduler); meanwhile they act
+on what they saw before it. A node file run after this one on the same cluster saw kube-scheduler
+place a pod on a node cordoned a moment before, by a Node view from before the cordon
+(tests/node/test_fault_node_lost.py now waits until the scheduler refuses a probe pod there)."""
 
 from __future__ import annotations
 

@@ -92,39 +92,59 @@ def slice_status(cluster: DevCluster, name: str) -> dict[str, Any]:
     return dict(get_json(cluster, "gpuslice", name, "-n", TENANT).get("status") or {})
 
 
-def cordon_seen_by_the_scheduler(cluster: DevCluster, node: str) -> None:
-    """Cordon `node` and wait until kube-scheduler refuses it a pod for that reason. `kubectl cordon`
-    returns once the API server has the change; the scheduler learns of it through its Node watch,
-    in no order with the watches that bring it new pods, so a pod created at once may still be
-    placed there (seen here after an API-server outage)."""
+#: client-go's reflectors retry a failed watch with a backoff that stops at [30, 60) s: after an API
+#: server outage of minutes kube-scheduler's Node watch may be back up to a minute after its Pod watch
+SCHEDULER_CATCH_UP = 120
+
+
+def cordon_seen_by_the_scheduler(cluster: DevCluster, node: str) -> float:
+    """Cordon `node` and wait until kube-scheduler refuses a probe pod there for that reason; returns
+    the seconds that took. `kubectl cordon` returns once the API server has the change; the scheduler
+    learns of it through its Node watch, in no order with its Pod watch, so a pod created at once may
+    still be placed there (seen after an API-server outage: the probe was bound to the cordoned node,
+    and kube-controller-manager added the node's unschedulable taint 17 s after the cordon)."""
     cluster.kubectl("cordon", node)
+    started = time.monotonic()
+    name = f"cordon-probe-{node}"
     probe: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": f"cordon-probe-{node}", "namespace": TENANT},
+        "metadata": {"name": name, "namespace": TENANT},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "pause", "image": PAUSE_IMAGE}],
         },
     }
-    cluster.apply(json.dumps(probe))
 
-    def refused_as_unschedulable() -> bool:
-        pod = get_json(cluster, "pod", probe["metadata"]["name"], "-n", TENANT)
-        conds = (pod or {}).get("status", {}).get("conditions") or []
-        return any(
+    def verdict() -> str | None:
+        pod = get_json(cluster, "pod", name, "-n", TENANT) or {}
+        if pod.get("spec", {}).get("nodeName"):
+            return "placed"
+        conds = pod.get("status", {}).get("conditions") or []
+        refused = any(
             c["type"] == "PodScheduled" and c["status"] == "False" and "unschedulable" in c.get("message", "")
             for c in conds
         )
+        return "refused" if refused else None
 
     try:
-        wait_for(refused_as_unschedulable, 60, f"kube-scheduler to see {node} cordoned")
+        while True:
+            cluster.apply(json.dumps(probe))
+            left = SCHEDULER_CATCH_UP - (time.monotonic() - started)
+            if wait_for(verdict, max(left, 1), f"kube-scheduler to see {node} cordoned") == "refused":
+                return time.monotonic() - started
+            delete(cluster, "pod", name)  # placed by a Node view from before the cordon: again
+            assert time.monotonic() - started < SCHEDULER_CATCH_UP, (
+                f"kube-scheduler never saw {node} cordoned"
+            )
     finally:
-        delete(cluster, "pod", probe["metadata"]["name"])
+        delete(cluster, "pod", name)
 
 
 def test_a_node_whose_kubelet_stops_for_good(node_cluster: DevCluster, second_node: str) -> None:
-    cordon_seen_by_the_scheduler(node_cluster, LIVES)  # the pod starts on the node that will die
+    seen = cordon_seen_by_the_scheduler(node_cluster, LIVES)  # the pod starts on the node that will die
+    print(f"\n[node lost] kube-scheduler saw the cordon {seen:.1f}s after it")
     node_cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": deployment("wanderer")}))
     try:
 
