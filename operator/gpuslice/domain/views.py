@@ -30,6 +30,8 @@ class ClaimView:
     #: uid of the GpuSlice that controls the claim (its owner reference), if one does: a slice
     #: re-created under the same name must not take its deleted predecessor's claim for its own.
     owner_uid: str | None = None
+    #: finalizers and resourceVersion: to put kube-scheduler's finalizer back onto exactly the
+    #: version seen (`claims.protection_patch`).
     finalizers: tuple[str, ...] = ()
     resource_version: str = ""
     #: The package it is a slice of: its label, or for kube-scheduler's claim for a pod that asks
