@@ -50,6 +50,7 @@ from .operator_cluster import (
     module_operator,
     package_doc,
     publish_gpus,
+    slice_status,
     tenant_rbac,
     wait_status,
 )
@@ -499,6 +500,49 @@ def test_quota_used_up_says_x_of_y_and_recovers_when_a_slice_frees(world: World)
         90,
         "claim of c after a slice freed",
     )
+
+
+def test_a_slice_waiting_on_quota_learns_at_once_that_a_deleted_slices_claim_is_going(world: World) -> None:
+    """The new slice was refused while the old claim still counted as any other; then the old slice
+    is deleted. Its claim starting to go changes no gpuslice quota figure, yet it changes what the
+    waiting slice should say: said at once (the GpuSlice-count quota's event marks it), not on the
+    next resync."""
+    world.packages({"8g": 25}, slices=1)
+    _tenant_ok(world)
+    hold = "gpuslice-test/hold"
+    apply(world.cluster, [slice_doc("old", world.namespace, world.pkg("8g"))])
+    wait_for(lambda: get(world.cluster, "resourceclaim", "old", "-n", world.namespace), 30, "claim")
+    patch = json.dumps([{"op": "add", "path": "/metadata/finalizers/-", "value": hold}])
+    world.cluster.kubectl("patch", "resourceclaim", "old", "-n", world.namespace, "--type=json", "-p", patch)
+    try:
+        apply(world.cluster, [slice_doc("new", world.namespace, world.pkg("8g"))])
+        st = wait_status(world.cluster, world.namespace, "new", reason="QuotaExceeded")
+        assert "delete a GpuSlice" in st["message"], st
+        world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "old", "-n", world.namespace, "--wait=false")
+        wait_for(
+            lambda: (
+                (get(world.cluster, "resourceclaim", "old", "-n", world.namespace) or {})
+                .get("metadata", {})
+                .get("deletionTimestamp")
+            ),
+            30,
+            "the old claim being deleted",
+        )
+        # well inside this module's resync (RESYNC_SECONDS): an event told it
+        wait_for(
+            lambda: (
+                "claim old (being deleted) counts until it is removed"
+                in slice_status(world.cluster, world.namespace, "new").get("message", "")
+            ),
+            RESYNC_SECONDS / 2,
+            "the waiting slice to name the claim being deleted",
+        )
+    finally:
+        unhold = json.dumps({"metadata": {"finalizers": None}})  # no new finalizer on a claim going
+        world.cluster.kubectl(
+            "patch", "resourceclaim", "old", "-n", world.namespace, "--type=merge", "-p", unhold, check=False
+        )
+    wait_for(lambda: get(world.cluster, "resourceclaim", "new", "-n", world.namespace), 60, "the new claim")
 
 
 def test_a_slot_freed_at_the_entitlement_goes_to_the_next_slice_within_seconds(world: World) -> None:
