@@ -225,8 +225,18 @@ def test_a_slice_made_while_a_deleted_ones_pod_stops_names_that_pod_and_gets_its
             node_cluster.kubectl("delete", "pod", "leaving", "-n", TENANT, "--wait=false")
             node_cluster.kubectl("delete", "gpuslice", "leaving", "-n", TENANT, "--wait=false")
             apply(node_cluster, [slice_pod("arriving", ["true"])[0]], kubeconfig=tenant)
-            status = wait_status(node_cluster, TENANT, "arriving", reason="QuotaExceeded")
-            assert "counts until pod leaving has stopped" in status["message"], status
+            # the garbage collector marks the old claim some moments after its GpuSlice went: what
+            # the new slice says follows (within the old pod's grace period)
+            wait_status(node_cluster, TENANT, "arriving", reason="QuotaExceeded")
+            wait_for(
+                lambda: (
+                    "counts until pod leaving has stopped"
+                    in operator_cluster.slice_status(node_cluster, TENANT, "arriving").get("message", "")
+                ),
+                10,
+                "the new slice to name the stopping pod",
+            )
+            status = operator_cluster.slice_status(node_cluster, TENANT, "arriving")
             assert "by itself" in status["message"] and "recount" not in status["message"], status
             wait_for(
                 lambda: get_json(node_cluster, "resourceclaim", "arriving", "-n", TENANT),
