@@ -34,8 +34,7 @@ class ClaimView:
     #: version seen (`claims.protection_patch`).
     finalizers: tuple[str, ...] = ()
     resource_version: str = ""
-    #: The package it is a slice of: its label, or for kube-scheduler's claim for a pod that asks
-    #: for the product in resources.limits (no labels) its DeviceClass. Both count in one quota.
+    #: The package it is a slice of (`claim_package`): claims of both forms count in one quota.
     package: str | None = None
 
 
@@ -61,16 +60,16 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
         owner_uid=owner.get("uid") if (owner := slice_owner(meta)) and owner.get("controller") else None,
         finalizers=tuple(meta.get("finalizers") or ()),
         resource_version=meta.get("resourceVersion", ""),
-        package=(meta.get("labels") or {}).get(c.LABEL_PACKAGE)
-        or next(
-            (
-                k.removesuffix(c.DEVICE_CLASS_SUFFIX)
-                for k in requested_classes(obj)
-                if k.endswith(c.DEVICE_CLASS_SUFFIX)
-            ),
-            None,
-        ),
+        package=claim_package(obj),
     )
+
+
+def claim_package(obj: Mapping[str, Any]) -> str | None:
+    """The package a claim is a slice of: its label, or for kube-scheduler's claim for a pod that
+    asks for the product in resources.limits (no labels) the gpuslice DeviceClass it requests."""
+    label = ((obj.get("metadata") or {}).get("labels") or {}).get(c.LABEL_PACKAGE)
+    classes = (k for k in requested_classes(obj) if k.endswith(c.DEVICE_CLASS_SUFFIX))
+    return label or next((k.removesuffix(c.DEVICE_CLASS_SUFFIX) for k in classes), None)
 
 
 def requested_classes(obj: Mapping[str, Any]) -> list[str]:

@@ -48,7 +48,7 @@ from gpuslice.domain.ledger import (
     reconcile,
     reprice,
 )
-from gpuslice.domain.views import uses_gpuslice
+from gpuslice.domain.views import claim_package, uses_gpuslice
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
 from gpuslice.metrics import LEDGER_WRITE_ERRORS, PACKAGE_PRICE, SLICE_ALLOCATED
@@ -110,9 +110,7 @@ def metered_claim(body: Mapping[str, Any]) -> MeteredClaim:
             allocated_at = at if allocated_at is None or at < allocated_at else allocated_at
     results = ((allocation or {}).get("devices") or {}).get("results") or []
     mine: Mapping[str, Any] = next((r for r in results if r.get("driver") == c.DRIVER_NAME), {})
-    requests = ((body.get("spec") or {}).get("devices") or {}).get("requests") or []
-    klass = next((str((r.get("exactly") or {}).get("deviceClassName", "")) for r in requests), "")
-    package = labels.get(c.LABEL_PACKAGE) or klass.removesuffix(c.DEVICE_CLASS_SUFFIX)
+    package = claim_package(body) or ""
     pods = [r.get("name", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"]
     owners = [o.get("name", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == "Pod"]
     node = ""
