@@ -349,8 +349,9 @@ class Demo:
     def usage(self) -> None:
         self.step("Real usage in status: the workload holds 3 GiB of its slice for a while")
         hold = subprocess.Popen(
-            [str(self.cluster.bins.kubectl), f"--kubeconfig={self.cluster.kubeconfig}", "exec",
-             "-n", "team-a", "llm-worker", "--", "gpuslice-probe", "hold", "3Gi", "60"],
+            self.cluster.kubectl_argv(
+                "exec", "-n", "team-a", "llm-worker", "--", "gpuslice-probe", "hold", "3Gi", "60"
+            ),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:

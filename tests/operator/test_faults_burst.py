@@ -70,9 +70,8 @@ class Tenant:
     def when_made(self, resource: str, n: int, act: Callable[[], None], timeout: float = 300) -> int:
         """Watch `resource` in the namespace; call `act` the moment the n-th object appears. Returns how
         many exist once `act` returned (a poll would see the burst long past n)."""
-        cmd = [str(self.cluster.bins.kubectl), f"--kubeconfig={self.cluster.kubeconfig}"]
         watch = subprocess.Popen(
-            [*cmd, "get", resource, "-n", self.namespace, "-w", "-o", "name"],
+            self.cluster.kubectl_argv("get", resource, "-n", self.namespace, "-w", "-o", "name"),
             stdout=subprocess.PIPE,
             text=True,
         )

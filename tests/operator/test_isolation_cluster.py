@@ -487,29 +487,24 @@ def test_the_gpu_taint_from_a_stale_view_of_a_node_never_drops_another_taint(iso
     name = f"stale-{iso.token}"
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {label: "true"}}}
     iso.cluster.kubectl("create", "-f", "-", input=json.dumps(node))
+
+    def patch_as_seen(node: dict[str, Any], check: bool) -> set[str]:
+        """The operator's patch decided on `node` (a view of it), applied; the node's taint keys after."""
+        meta = node["metadata"]
+        ops = taint_patch(
+            meta["labels"], node["spec"].get("taints"), f"{label}=true", meta["resourceVersion"]
+        )
+        assert ops is not None
+        iso.cluster.kubectl("patch", "node", name, "--type=json", "-p", json.dumps(ops), check=check)
+        return {t["key"] for t in get(iso.cluster, "node", name)["spec"].get("taints") or []}
+
     try:
         seen = get(iso.cluster, "node", name)
         iso.cluster.kubectl("taint", "node", name, "example.com/meanwhile=yes:NoSchedule")
-        ops = taint_patch(
-            seen["metadata"]["labels"],
-            seen["spec"].get("taints"),
-            f"{label}=true",
-            seen["metadata"]["resourceVersion"],
-        )
-        assert ops is not None
-        iso.cluster.kubectl("patch", "node", name, "--type=json", "-p", json.dumps(ops), check=False)
-        taints = {t["key"] for t in get(iso.cluster, "node", name)["spec"].get("taints") or []}
+        taints = patch_as_seen(seen, check=False)
         assert "example.com/meanwhile" in taints, taints
         # Decided again on the Node as it is now: the taint goes on beside the other.
-        now = get(iso.cluster, "node", name)
-        ops = taint_patch(
-            now["metadata"]["labels"],
-            now["spec"].get("taints"),
-            f"{label}=true",
-            now["metadata"]["resourceVersion"],
-        )
-        iso.cluster.kubectl("patch", "node", name, "--type=json", "-p", json.dumps(ops))
-        taints = {t["key"] for t in get(iso.cluster, "node", name)["spec"].get("taints") or []}
+        taints = patch_as_seen(get(iso.cluster, "node", name), check=True)
         assert {"example.com/meanwhile", c.TAINT_GPU_KEY} <= taints, taints
     finally:
         iso.cluster.kubectl("delete", "node", name, "--wait=false", check=False)

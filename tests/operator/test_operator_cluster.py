@@ -392,6 +392,13 @@ def test_package_capacity_counts_gpus_slices_and_what_other_packages_use(
 # --- slices ---------------------------------------------------------------------------------------
 
 
+def _scheduler_writes(w: World, claim: str) -> list[tuple[str, str]]:
+    """(manager, subresource) of kube-scheduler's writes to the claim, from its managed fields."""
+    obj = get(w.cluster, "resourceclaim", claim, "-n", w.namespace, "--show-managed-fields")
+    writes = [(m["manager"], m.get("subresource", "")) for m in obj["metadata"]["managedFields"]]
+    return [x for x in writes if x[0] == "kube-scheduler"]
+
+
 def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: World, tmp_path: Path) -> None:
     world.packages({"8g": 25})
     pool = world.gpus(world.cluster.nodes[0], 1, {"8g": 25})
@@ -422,9 +429,7 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
         st = wait_status(world.cluster, world.namespace, "llm", phase="InUse")
     # Made with the scheduler's finalizer, the claim was allocated in one write of its status: no
     # update of the claim itself by kube-scheduler (one round trip less before the pod is bound).
-    claim = get(world.cluster, "resourceclaim", "llm", "-n", world.namespace, "--show-managed-fields")
-    writes = [(m["manager"], m.get("subresource", "")) for m in claim["metadata"]["managedFields"]]
-    assert [w for w in writes if w[0] == "kube-scheduler"] == [("kube-scheduler", "status")], writes
+    assert _scheduler_writes(world, "llm") == [("kube-scheduler", "status")]
     assert st["node"] == world.cluster.nodes[0] and st["gpuUUID"] == f"GPU-{pool}-0"
     assert st["device"].startswith("gpu-0-") and st["allocations"][0]["pod"] == "ollama"
     conds = {x["type"]: x["status"] for x in st["conditions"]}
@@ -470,9 +475,7 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
         proc = create_as(world.cluster, alice, pod_doc("ollama-2", world.namespace, "llm"))
         assert proc.returncode == 0, proc.stderr
         wait_status(world.cluster, world.namespace, "llm", phase="InUse")
-    claim = get(world.cluster, "resourceclaim", "llm", "-n", world.namespace, "--show-managed-fields")
-    writes = [(m["manager"], m.get("subresource", "")) for m in claim["metadata"]["managedFields"]]
-    assert [w for w in writes if w[0] == "kube-scheduler"] == [("kube-scheduler", "status")], writes
+    assert _scheduler_writes(world, "llm") == [("kube-scheduler", "status")]
     world.cluster.kubectl("delete", "pod", "ollama-2", "-n", world.namespace, "--grace-period=0", "--force")
     wait_status(world.cluster, world.namespace, "llm", phase="Released")
     # The GpuSlice goes: so does its claim.
@@ -1051,16 +1054,7 @@ def _label_history(
     """A watch of the namespace (kubectl's own) recording the label's value at each event."""
     history: list[str | None] = []
     watch = subprocess.Popen(
-        [
-            str(cluster.bins.kubectl),
-            f"--kubeconfig={cluster.kubeconfig}",
-            "get",
-            "namespace",
-            namespace,
-            "-w",
-            "-o",
-            "json",
-        ],
+        cluster.kubectl_argv("get", "namespace", namespace, "-w", "-o", "json"),
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -25,6 +25,10 @@ class KubectlClient:
     def kubeconfig(self) -> Path:  # the admin kubeconfig
         raise NotImplementedError
 
+    def kubectl_argv(self, *args: str, kubeconfig: Path | None = None) -> list[str]:
+        """The kubectl command line, for a process the caller runs itself (a watch, a long exec)."""
+        return [str(self.bins.kubectl), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+
     def kubectl(
         self,
         *args: str,
@@ -33,7 +37,7 @@ class KubectlClient:
         check: bool = True,
         timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.bins.kubectl), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+        cmd = self.kubectl_argv(*args, kubeconfig=kubeconfig)
         proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise DevClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
