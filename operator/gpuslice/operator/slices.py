@@ -461,11 +461,18 @@ def _slice_of_claim(labels: kopf.Labels, namespace: str) -> Ref | None:
 
 
 @kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims", labels=MANAGED)
-async def claim_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kw: Any) -> None:
+async def claim_event(
+    namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, memo: kopf.Memo, **kw: Any
+) -> None:
     namespace = ns_of(namespace)
+    idx = Indexes(kw, memo.state.workloads)
+    if meta.get("deletionTimestamp") is not None:
+        # A claim going changes no quota figure until it is gone, but what the namespace's slices
+        # waiting for quota say (`slice_status`: which claim they wait for, and its pod).
+        mark_quota_waiters(memo.state, namespace, idx)
     target = _slice_of_claim(labels, namespace)
     if target:
-        await refresh_routed(memo.state, [target], Indexes(kw, memo.state.workloads))
+        await refresh_routed(memo.state, [target], idx)
 
 
 @kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaimtemplates", labels=MANAGED)
