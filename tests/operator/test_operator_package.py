@@ -679,12 +679,32 @@ async def test_an_event_of_a_slice_marks_it_for_its_package_and_does_not_wait_fo
     claim = {"metadata": {"namespace": "ns", "name": "s", "labels": {c.LABEL_SLICE: "s"}}}
     await asyncio.wait_for(
         slices.claim_event(
-            namespace="ns", labels=claim["metadata"]["labels"], memo=kopf.Memo(state=state), **kw
+            namespace="ns",
+            labels=claim["metadata"]["labels"],
+            meta=claim["metadata"],
+            memo=kopf.Memo(state=state),
+            **kw,
         ),
         1,
     )
     assert kube.applied == [] and kube.in_flight == 0
     assert state.changes.take("p", lambda ref: "p") == [("ns", "s")]
+
+
+async def test_a_claim_being_deleted_marks_the_slices_waiting_for_quota_in_its_namespace() -> None:
+    # What they say names the claim they wait for, and no quota figure changes until it is gone.
+    state = _state(_StuckKube())
+    waiting = {**_slice("w"), "status": {"phase": "Pending", "reason": "QuotaExceeded"}}
+    kw, workloads = kw_of(packages=[_package()], slices=[waiting])
+    state.workloads = workloads
+    meta: dict[str, Any] = {"namespace": "ns", "name": "old", "labels": {c.LABEL_SLICE: "old"}}
+    for deleting, marked in ((False, []), (True, [("ns", "w")])):
+        if deleting:
+            meta["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+        await slices.claim_event(
+            namespace="ns", labels=meta["labels"], meta=meta, memo=kopf.Memo(state=state), **kw
+        )
+        assert state.changes.take("p", lambda ref: "p") == marked
 
 
 async def test_a_slice_of_a_package_without_a_daemon_is_refreshed_by_its_event(
