@@ -559,6 +559,10 @@ class Invariants:
         self.claims: dict[str, str] = {}
         #: pods on these nodes may go (a node lost for good): they are not held to invariant 4
         self.lost_nodes: set[str] = set()
+        #: check the shim through CRI even while the API server answers: a kubelet restarted during
+        #: a long outage learns its pods again only once its own watch is back (client-go's backoff,
+        #: up to a minute), and `kubectl exec` into them fails until then
+        self.shim_through_node = False
 
     def baseline(self) -> dict[str, RunningPod]:
         """Record the running slice pods; every invariant must hold now (a fault test starts sound)."""
@@ -582,7 +586,8 @@ class Invariants:
         if shim and not out:
             for key, pod in self.before.items():
                 if pod.node in self.nodes and pod.node not in self.lost_nodes and key in self.slice_bytes:
-                    out += shim_enforces(self.cluster, pod, self.slice_bytes[key])
+                    node = self.nodes[pod.node] if self.shim_through_node else None
+                    out += shim_enforces(self.cluster, pod, self.slice_bytes[key], node)
         return out
 
     def node_side(self) -> list[str]:
