@@ -121,6 +121,9 @@ LEDGER_WRITE_ERRORS = Counter(
     ["reason"],
     registry=OPERATOR_REGISTRY,
 )
+# Both reasons exported as 0 from the start: "no write failed" is a value, not an empty panel.
+for _reason in ("refused", "full"):
+    LEDGER_WRITE_ERRORS.labels(_reason)
 
 # --- agent -------------------------------------------------------------------------------------------
 PUBLISHED_DEVICES = Gauge(

@@ -44,6 +44,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SPEC",
         help='start one node agent per node over simulated GPUs, e.g. "2x Tesla V100-PCIE-32GB"',
     )
+    # --- Prometheus (gpuslice_dev.devcluster.prometheus) ---
+    up.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also a real Prometheus on loopback, scraping the way the shipped ServiceMonitor says",
+    )
     up.set_defaults(func=_up)
 
     down = cmds.add_parser("down", help="stop every process of the control plane")
@@ -98,6 +104,10 @@ def _up(args: argparse.Namespace) -> int:
             from gpuslice_dev.devcluster.node_agents import start_agents
 
             start_agents(cluster, args.simulate_gpus, progress=_progress)
+        if args.with_prometheus:
+            from gpuslice_dev.devcluster.prometheus import start_devcluster_prometheus
+
+            _progress(f"prometheus on {start_devcluster_prometheus(cluster, progress=_progress)}")
     except (BuildError, DevClusterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -128,6 +138,8 @@ def _status(args: argparse.Namespace) -> int:
         print("nothing running (run `gpuslice-dev devcluster up`)")
     else:
         print(f"kubeconfig: {cluster.kubeconfig}")
+        if "prometheus" in st.ports and running.get("prometheus"):
+            print(f"prometheus: http://127.0.0.1:{st.ports['prometheus']}")
     return 0 if running and all(running.values()) else 1
 
 
@@ -158,6 +170,9 @@ def _build(args: argparse.Namespace) -> int:
             from gpuslice_dev.tools import ensure_helm, prometheus_operator_crds
 
             built["helm"] = ensure_helm(_progress)
+            from gpuslice_dev.devcluster.prometheus import ensure_prometheus
+
+            built.update(vars(ensure_prometheus(_progress)))
             built.update({p.name: p for p in prometheus_operator_crds(_progress)})
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -77,6 +77,8 @@ async def run(opts: AgentOptions) -> int:
     )  # fmt: skip
     api = api_client(opts.kubeconfig)
     kube = Kube(api)
+    # Zero from the start, so "no prepare failed" is a 0 on the dashboard and in alerts, not no data.
+    metrics.PREPARE_ERRORS.labels(node=opts.node)
     if opts.metrics_port:
         # Every tenant's usage is in these series: readers are authenticated and authorized by the
         # API server, as for Kubernetes' own components.
