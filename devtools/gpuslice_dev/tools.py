@@ -26,8 +26,8 @@ from gpuslice_dev.devcluster.binaries import (
 
 PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
-#: The kinds gpuslice's monitoring component uses (servicemonitor.yaml) or documents.
-PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors")
+#: The kinds gpuslice's monitoring component uses (servicemonitor.yaml, prometheusrule.yaml) or documents.
+PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 HELM_VERSION = "v4.3.2"
 HELM = Component(
     "helm",

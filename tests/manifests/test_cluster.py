@@ -104,6 +104,7 @@ def installed(cluster: DevCluster, base: list[Doc]) -> Iterator[None]:
         "--timeout=60s",
         "crd/servicemonitors.monitoring.coreos.com",
         "crd/podmonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
     )
     yield
     for kind, name in reversed(created):
@@ -119,7 +120,7 @@ def test_the_whole_base_passes_server_side_dry_run(
 def test_the_monitoring_overlay_passes_server_side_dry_run(
     cluster: DevCluster, with_monitoring: list[Doc], installed: None
 ) -> None:
-    docs = [d for d in with_monitoring if d["kind"] != "ServiceMonitor"]
+    docs = [d for d in with_monitoring if d["kind"] not in ("ServiceMonitor", "PrometheusRule")]
     assert_all_dry_run_applied(dry_run(cluster, docs), docs)
 
 
@@ -127,7 +128,8 @@ def test_servicemonitor_passes_server_side_dry_run(
     cluster: DevCluster, with_monitoring: list[Doc], installed: None
 ) -> None:
     assert has_crd(cluster, "servicemonitors.monitoring.coreos.com")
-    docs = [d for d in with_monitoring if d["kind"] == "ServiceMonitor"]
+    assert has_crd(cluster, "prometheusrules.monitoring.coreos.com")
+    docs = [d for d in with_monitoring if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
     assert_all_dry_run_applied(dry_run(cluster, docs), docs)
 
 

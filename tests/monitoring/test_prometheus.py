@@ -65,6 +65,29 @@ NOT_EXERCISED: dict[str, str] = {
 }
 
 
+def _rules_without_for(work: Path) -> Path:
+    """The PrometheusRule's groups with every `for` at 0: the expressions are the shipped ones, the
+    waits are promtool's to test (tests/monitoring/test_alerts.py)."""
+    (rule,) = _docs(MONITORING / "prometheusrule.yaml")
+    groups = rule["spec"]["groups"]
+    for group in groups:
+        for r in group["rules"]:
+            r.pop("for", None)
+    path = work / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    return path
+
+
+def _firing(w: World, alert: str, **labels: str) -> list[dict[str, Any]]:
+    return [
+        a
+        for a in w.server.api("alerts")["alerts"]
+        if a["labels"]["alertname"] == alert
+        and a["state"] == "firing"
+        and labels.items() <= a["labels"].items()
+    ]
+
+
 def _docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
@@ -77,6 +100,7 @@ class World:
     token: str
     started: float
     agents: dict[str, Path]  # node -> its driver double's GPU description
+    processes: dict[str, subprocess.Popen[bytes]]  # node -> its agent
     slices: list[str] = field(default_factory=list)
 
     @property
@@ -172,11 +196,15 @@ def world(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
             )
         )
     apply(cluster, [*services.values(), *endpoints])
+    config = {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "1s"},
+        "scrape_configs": scrape,
+    }
+    rules = _rules_without_for(work)
     server = prom.start_prometheus(
-        binaries.prometheus, {"global": {"scrape_interval": SCRAPE_INTERVAL}, "scrape_configs": scrape},
-        work / "prom", free_port(),
-    )  # fmt: skip
-    w = World(cluster, server, tenant_ns, token, time.time(), configs)
+        binaries.prometheus, config, work / "prom", free_port(), rule_files=[rules]
+    )
+    w = World(cluster, server, tenant_ns, token, time.time(), configs, agents)
     try:
         pkg = package_doc(w.pkg, 25, {TOKEN_LABEL: token}, slices=4, labels={TOKEN_LABEL: "true"})
         pkg["spec"]["price"] = {"perHour": PRICE, "currency": "EUR"}
@@ -201,6 +229,13 @@ def world(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
                 90,
                 f"claim {n} allocated",
             )
+        allocated = time.time()
+        # From here the ledger and Prometheus look at the same span: every slice billed and scraped.
+        sel = f'gpuslice_slice_allocated{{namespace="{tenant_ns}"}}'
+        wait_for(lambda: len(server.query(sel)) == len(w.slices), 60, "every slice's series")
+        print(
+            f"\n[prometheus] allocation to gpuslice_slice_allocated scraped: {time.time() - allocated:.1f} s"
+        )
         w.started = time.time()
         yield w
     finally:
@@ -276,11 +311,19 @@ def test_gpu_health_and_xids_follow_an_xid_79_on_a_card(world: World) -> None:
     node, config = next(iter(world.agents.items()))
     q = f'gpuslice_gpu_healthy{{node="{node}", gpu_index="1"}}'
     assert [r["value"][1] for r in wait_for(lambda: world.server.query(q), 30, "card health")] == ["1"]
+    assert not _firing(world, "GpuSliceGpuUnhealthy")
+    faulted = time.monotonic()
     faults.inject(config, "1", xid=79)
     wait_for(lambda: [r for r in world.server.query(q) if r["value"][1] == "0"], 60, "card 1 unhealthy")
+    try:
+        wait_for(lambda: _firing(world, "GpuSliceGpuUnhealthy", node=node, gpu_index="1"), 30, "alert firing")
+    except AssertionError:
+        raise AssertionError(json.dumps(world.server.api("rules"), indent=1)[:3000]) from None
+    print(f"\n[alerts] XID 79 to GpuSliceGpuUnhealthy firing (for: 0): {time.monotonic() - faulted:.1f} s")
     xid = f'sum(increase(gpuslice_gpu_xid_total{{node="{node}", xid="79"}}[5m]))'
     wait_for(lambda: world.server.query(xid), 30, "XID 79 counted")
     faults.inject(config, "1", clear=True)
+    wait_for(lambda: not _firing(world, "GpuSliceGpuUnhealthy"), 60, "alert resolved after the card is reset")
 
 
 def test_every_dashboard_panel_returns_series(world: World) -> None:
@@ -381,3 +424,14 @@ def test_a_deleted_slices_series_go_at_the_next_scrape(world: World) -> None:
     world.cluster.kubectl("delete", "gpuslices.gpuslice.io", gone, "-n", world.namespace, "--wait=false")
     world.cluster.kubectl("delete", "pod", f"p{gone}", "-n", world.namespace, "--grace-period=0", "--force")
     wait_for(lambda: not world.server.query(sel), 60, f"{gone}'s series gone")
+
+
+def test_an_agent_killed_fires_agent_down(world: World) -> None:
+    node = next(iter(world.agents))
+    assert not _firing(world, "GpuSliceAgentDown")
+    killed = time.monotonic()
+    world.processes[node].kill()
+    wait_for(lambda: _firing(world, "GpuSliceAgentDown", job="agent"), 60, "GpuSliceAgentDown firing")
+    print(f"\n[alerts] agent SIGKILL to GpuSliceAgentDown firing (for: 0): {time.monotonic() - killed:.1f} s")
+    (up,) = [t for t in world.server.targets() if t["health"] == "down"]
+    assert up["labels"]["job"] == "agent"
