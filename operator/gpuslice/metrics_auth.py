@@ -6,6 +6,12 @@ allocated slice's namespace, name and pod; any pod that can reach either port mu
 Prometheus' service account gets the right from a ClusterRole (`nonResourceURLs: [/metrics]`,
 `verbs: [get]`), as for the kubelet's and the API server's metrics.
 
+With a serving certificate (`ServingCertificate`: a PEM certificate and key, e.g. a Secret of type
+kubernetes.io/tls or cert-manager's `tls.crt`/`tls.key`, mounted as files) the port speaks only
+HTTPS, as kube-apiserver's and the kubelet's do with `--tls-cert-file`: a plain HTTP request fails
+the TLS handshake, and neither the token nor the series cross the network in clear. The files are
+read again when they change (a rotated Secret), at the next connection, without a restart.
+
 The HTTP server runs in its own thread; the reviews run on the process's event loop (its API client
 lives there) and are cached for a minute per token (ten seconds when refused), so a scrape every 30 s
 costs the API server two small requests a minute at most.
@@ -13,11 +19,16 @@ costs the API server two small requests a minute at most.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
+import os
+import socket
+import ssl
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from threading import Lock, Thread
 from typing import Any
 from wsgiref.simple_server import WSGIServer, make_server
@@ -110,10 +121,101 @@ class MetricsGate:
         return verdict
 
 
+@dataclass
+class ServingCertificate:
+    """A certificate and key in PEM files; `context()` loads them again whenever either changes."""
+
+    cert_file: Path
+    key_file: Path
+    _stamp: tuple[int, ...] | None = None
+    _context: ssl.SSLContext | None = None
+    _lock: Lock = field(default_factory=Lock)
+
+    def _read_stamp(self) -> tuple[int, ...]:
+        a, b = os.stat(self.cert_file), os.stat(self.key_file)
+        return (a.st_mtime_ns, a.st_size, a.st_ino, b.st_mtime_ns, b.st_size, b.st_ino)
+
+    def context(self) -> ssl.SSLContext:
+        """The context for the next connection. A rotation caught half-written (the new certificate
+        with the old key) keeps the previous context until both files agree."""
+        with self._lock:
+            try:
+                stamp = self._read_stamp()
+            except OSError as exc:
+                if self._context is None:
+                    raise
+                log.warning("metrics serving certificate unreadable; keeping the loaded one", error=str(exc))
+                return self._context
+            if stamp != self._stamp or self._context is None:
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+                try:
+                    ctx.load_cert_chain(self.cert_file, self.key_file)
+                except (OSError, ssl.SSLError) as exc:
+                    if self._context is None:
+                        raise ValueError(
+                            f"metrics serving certificate {self.cert_file} / key {self.key_file}: {exc}"
+                        ) from exc
+                    log.warning("new metrics serving certificate not loadable yet", error=str(exc))
+                    return self._context
+                if self._context is not None:
+                    log.info("metrics serving certificate reloaded", cert=str(self.cert_file))
+                self._context, self._stamp = ctx, stamp
+            return self._context
+
+
+def serving_certificate(cert_file: Path | None, key_file: Path | None) -> ServingCertificate | None:
+    """The certificate of `--metrics-tls-cert-file`/`--metrics-tls-private-key-file`: both or none."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("--metrics-tls-cert-file and --metrics-tls-private-key-file go together: give both")
+    return ServingCertificate(cert_file, key_file) if cert_file and key_file else None
+
+
+def metrics_auth_flags(parser: argparse.ArgumentParser) -> None:
+    """The serving-certificate flags of both processes (named as kube-apiserver's --tls-cert-file)."""
+    parser.add_argument(
+        "--metrics-tls-cert-file",
+        type=Path,
+        default=None,
+        help="PEM certificate (chain) of the metrics port, e.g. a kubernetes.io/tls Secret's tls.crt: "
+        "the port then speaks only HTTPS, and the file is read again when it changes",
+    )
+    parser.add_argument(
+        "--metrics-tls-private-key-file", type=Path, default=None, help="its PEM private key (tls.key)"
+    )
+
+
+class _TlsWSGIServer(ThreadingWSGIServer):
+    """Wraps each accepted connection in TLS; the handshake runs in the request's own thread (on
+    its first read), so a slow or plain-HTTP client never holds up the accept loop."""
+
+    serving: ServingCertificate
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        try:
+            wrapped = self.serving.context().wrap_socket(
+                sock, server_side=True, do_handshake_on_connect=False
+            )
+        except Exception:
+            sock.close()
+            raise
+        return wrapped, addr
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A plain HTTP request or a client that does not trust the certificate: refused, logged once.
+        log.info("metrics connection refused in the TLS handshake", client=str(client_address))
+
+
 def serve_protected(
-    port: int, registry: CollectorRegistry, gate: MetricsGate, addr: str = "0.0.0.0"
+    port: int,
+    registry: CollectorRegistry,
+    gate: MetricsGate,
+    addr: str = "0.0.0.0",
+    tls: ServingCertificate | None = None,
 ) -> tuple[WSGIServer, Thread]:
-    """Serve `registry` on http://addr:port/metrics to those `gate` lets through."""
+    """Serve `registry` on http(s)://addr:port/metrics to those `gate` lets through; HTTPS only
+    when `tls` is given."""
     if not 0 < port < 65536:
         raise ValueError(f"metrics port {port} is not a TCP port (1..65535); pass 0 to the caller to disable")
     inner = make_wsgi_app(registry)
@@ -130,7 +232,18 @@ def serve_protected(
         result: Iterable[bytes] = inner(environ, start_response)
         return result
 
-    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_SilentHandler)
+    server_class: type[WSGIServer] = ThreadingWSGIServer
+    if tls is not None:
+        tls.context()  # a bad certificate fails at start, not at the first scrape
+        serving = tls
+
+        class _Server(_TlsWSGIServer):
+            pass
+
+        _Server.serving = serving
+
+        server_class = _Server
+    server = make_server(addr, port, app, server_class, handler_class=_SilentHandler)
     thread = Thread(target=server.serve_forever, daemon=True, name="metrics")
     thread.start()
     return server, thread

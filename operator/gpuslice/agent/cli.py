@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from gpuslice import constants as c
+from gpuslice.metrics_auth import metrics_auth_flags
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
+    metrics_auth_flags(p)
     p.add_argument(
         "--usage-interval",
         type=float,
@@ -83,6 +85,8 @@ def _main(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         shim_library=args.shim_library,
         metrics_port=args.metrics_port,
+        metrics_tls_cert_file=args.metrics_tls_cert_file,
+        metrics_tls_private_key_file=args.metrics_tls_private_key_file,
         usage_interval=args.usage_interval,
         idle_after=args.idle_after,
         stop_violators=args.stop_violators,

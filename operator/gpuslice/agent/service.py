@@ -40,6 +40,8 @@ class AgentOptions:
     shim_library: Path | None
     metrics_port: int
     usage_interval: float = 10.0
+    metrics_tls_cert_file: Path | None = None
+    metrics_tls_private_key_file: Path | None = None
     idle_after: float = 600.0
     stop_violators: bool = False  # deprecated, ignored: GpuPackage spec.isolation.onViolation decides
     nvidia_toolkit_config: Path = toolkit.DEFAULT_CONFIG
@@ -83,7 +85,8 @@ async def run(opts: AgentOptions) -> int:
         # Every tenant's usage is in these series: readers are authenticated and authorized by the
         # API server, as for Kubernetes' own components.
         gate = metrics_auth.MetricsGate(metrics_auth.reviewer(api), asyncio.get_running_loop())
-        metrics_auth.serve_protected(opts.metrics_port, metrics.AGENT_REGISTRY, gate)
+        tls = metrics_auth.serving_certificate(opts.metrics_tls_cert_file, opts.metrics_tls_private_key_file)
+        metrics_auth.serve_protected(opts.metrics_port, metrics.AGENT_REGISTRY, gate, tls=tls)
     paths = NodePaths(opts.state_dir, opts.run_dir, opts.cdi_dir, _shim_library(opts))
     # An agent killed while writing a CDI spec leaves its temporary file beside the specs.
     if opts.cdi_dir.is_dir():

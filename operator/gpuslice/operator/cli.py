@@ -10,6 +10,7 @@ import sys
 from pydantic import ValidationError
 
 from gpuslice import constants as c
+from gpuslice.metrics_auth import metrics_auth_flags
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -87,6 +88,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="serve Prometheus metrics on this port, to bearer tokens the API server allows GET /metrics",
     )
+    metrics_auth_flags(p)
     p.add_argument(
         "--peering", action="store_true", help="use Kopf peering (needs its ClusterKopfPeering CRD) for HA"
     )
@@ -161,6 +163,8 @@ def _run(args: argparse.Namespace) -> int:
             ledger_heartbeat_seconds=args.ledger_heartbeat_seconds,
             liveness_endpoint=args.liveness,
             metrics_port=args.metrics_port,
+            metrics_tls_cert_file=args.metrics_tls_cert_file,
+            metrics_tls_private_key_file=args.metrics_tls_private_key_file,
             standalone=not args.peering,
             peering_lifetime=args.peering_lifetime,
             priority=args.priority if args.priority is not None else secrets.randbelow(1_000_000) + 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -49,6 +50,9 @@ class OperatorConfig(BaseModel):
     standalone: bool = True
     priority: int = 0
     metrics_port: int | None = None
+    #: PEM serving certificate and key: the metrics port speaks only HTTPS (metrics_auth).
+    metrics_tls_cert_file: Path | None = None
+    metrics_tls_private_key_file: Path | None = None
 
     @field_validator("memory_floor")
     @classmethod

@@ -128,7 +128,10 @@ async def run_async(config: OperatorConfig, stop_flag: asyncio.Event | None = No
         # The series name tenants' namespaces, slices and pods: readers are authenticated and
         # authorized by the API server, as for the agent's and Kubernetes' own components' metrics.
         gate = metrics_auth.MetricsGate(metrics_auth.reviewer(state.kube.api), asyncio.get_running_loop())
-        metrics_auth.serve_protected(config.metrics_port, metrics.OPERATOR_REGISTRY, gate)
+        tls = metrics_auth.serving_certificate(
+            config.metrics_tls_cert_file, config.metrics_tls_private_key_file
+        )
+        metrics_auth.serve_protected(config.metrics_port, metrics.OPERATOR_REGISTRY, gate, tls=tls)
     await kopf.operator(
         clusterwide=True,
         standalone=config.standalone,
