@@ -288,6 +288,11 @@ def test_prometheus_finds_and_scrapes_the_operator_and_every_agent_with_its_toke
         "gpuslice-operator-metrics",
         "gpuslice-agent-metrics",
     }
+    # Scrape cost as Prometheus measures it (3 slices on 2 agents of 2 cards; bench/ has 2,000).
+    for name in ("scrape_samples_scraped", "scrape_duration_seconds"):
+        for r in world.server.query(name):
+            m = r["metric"]
+            print(f"\n[prometheus] {name} {m['job']} {m['instance']}: {r['value'][1]}")
 
 
 def _past_a_minute_boundary(world: World) -> None:
