@@ -103,7 +103,7 @@ def _up(args: argparse.Namespace) -> int:
         if args.simulate_gpus:
             from gpuslice_dev.devcluster.node_agents import start_agents
 
-            start_agents(cluster, args.simulate_gpus, progress=_progress)
+            start_agents(cluster, args.simulate_gpus, progress=_progress, metrics=args.with_prometheus)
         if args.with_prometheus:
             from gpuslice_dev.devcluster.prometheus import start_devcluster_prometheus
 

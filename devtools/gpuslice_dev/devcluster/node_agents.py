@@ -82,7 +82,9 @@ def start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dic
     return dirs, fake_config
 
 
-def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None] | None = None) -> list[str]:
+def start_agents(
+    cluster: DevCluster, spec: str, progress: Callable[[str], None] | None = None, *, metrics: bool = False
+) -> list[str]:
     """Start `gpuslice agent` over simulated GPUs `spec` for every node without a running agent: the
     real nodes when there are any, otherwise the kwok nodes.
 
@@ -110,9 +112,19 @@ def start_agents(cluster: DevCluster, spec: str, progress: Callable[[str], None]
             start_real_node_gpus(cluster, node, spec) if node in st.real_nodes else (None, None)
         )
         log.unlink(missing_ok=True)
+        metrics_port = 0
+        if metrics:  # recorded for `devcluster up --with-prometheus` (prometheus.expose_agents)
+            from gpuslice_dev.devcluster.cluster import free_port
+
+            metrics_port = free_port()
+            current = cluster.state()  # start_process saves the state too: add to the saved one
+            assert current is not None
+            current.ports[f"agent-metrics/{node}"] = metrics_port
+            current.save()
         cmd, env = agent_command(
-            node, spec, kubeconfig, cluster.dir / "agents", dirs=dirs, fake_config=fake_config
-        )
+            node, spec, kubeconfig, cluster.dir / "agents", dirs=dirs, fake_config=fake_config,
+            metrics_port=metrics_port,
+        )  # fmt: skip
         rec = cluster.start_process(name, cmd, env)
         if node in st.real_nodes:
             deadline = time.monotonic() + 60

@@ -451,6 +451,29 @@ def local_endpoint_slice(
     }
 
 
+def expose_agents(cluster: DevCluster) -> int:
+    """The shipped agent metrics Service in gpuslice-system and an EndpointSlice for each agent
+    `start_agents(metrics=True)` started on this machine; returns how many."""
+    from gpuslice_dev.paths import MANIFESTS
+
+    st = cluster.state()
+    ports = {
+        k.split("/", 1)[1]: v for k, v in (st.ports if st else {}).items() if k.startswith("agent-metrics/")
+    }
+    if not ports:
+        return 0
+    (service,) = [
+        d for d in yaml.safe_load_all((MANIFESTS / "base" / "agent" / "service.yaml").read_text()) if d
+    ]
+    address = host_address()
+    slices = [
+        local_endpoint_slice(service, address, [(p, node)], f"agent-{node}") for node, p in ports.items()
+    ]
+    cluster.create_namespace(service["metadata"]["namespace"])
+    cluster.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": [service, *slices]}))
+    return len(slices)
+
+
 def start_devcluster_prometheus(cluster: DevCluster, progress: Progress | None = None) -> str:
     """`devcluster up --with-prometheus`: Prometheus as the monitoring component sets it up, on
     loopback, supervised like the control plane. Its account is the shipped binding's subject
@@ -481,6 +504,7 @@ def start_devcluster_prometheus(cluster: DevCluster, progress: Progress | None =
     ca = cluster.dir / "pki" / "ca.crt"
     creds = Credentials(st.server, ca, token, {SERVICE_ACCOUNT_TOKEN: token, SERVICE_ACCOUNT_CA: ca})
     sm = load_servicemonitor(monitoring / "servicemonitor.yaml")
+    expose_agents(cluster)
     config_file = write_config({"scrape_configs": scrape_configs(sm, creds)}, workdir)
     from gpuslice_dev.devcluster.cluster import free_port
 
