@@ -60,6 +60,9 @@ TORCH = [
     ("fsspec", "2025.10.0"),
     ("numpy", "2.3.5"),
 ]
+#: An NVML monitor as `pip install nvitop` brings it: the tool, the NVML bindings it takes (the newest
+#: it accepts) and psutil.
+NVITOP = [("nvitop", "1.7.2"), ("nvidia-ml-py", "13.615.71"), ("psutil", "7.2.2")]
 #: The simulated driver branch each runtime runs on: 535 (CUDA 12.2) for CUDA 12; 580 (CUDA 13.0), the
 #: first that starts a CUDA 13 runtime, for CUDA 13.
 DRIVER_FOR = {12: "535", 13: "580"}
@@ -99,6 +102,10 @@ def cudart(major: int) -> Path:
 
 def cupy_pythonpath() -> str:
     return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in CUPY)
+
+
+def nvitop_pythonpath() -> str:
+    return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in NVITOP)
 
 
 def torch_env(t: Tenant) -> dict[str, str]:
