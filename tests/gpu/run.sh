@@ -169,7 +169,7 @@ if [[ -z $py ]]; then
 else
     export PYTHONPATH="$repo/operator:$repo/devtools${PYTHONPATH:+:$PYTHONPATH}"
     matrix=(tests/shim/test_matrix_cudart.py tests/shim/test_matrix_cupy.py tests/shim/test_matrix_nvml_readers.py)
-    if GPUSLICE_TEST_TORCH=1 "$py" -c "
+    if "$py" -c "
 import sys; sys.path.insert(0, '$repo/tests')
 from shim.matrix import TORCH; from gpuslice_dev.wheels import ensure_unpacked
 for name, version in TORCH: ensure_unpacked(name, version)" >"$work/torch-wheels.log" 2>&1; then
@@ -177,7 +177,7 @@ for name, version in TORCH: ensure_unpacked(name, version)" >"$work/torch-wheels
     else
         not_run+=("PyTorch matrix: its wheels are not cached and PyPI is not reachable ($(tail -1 "$work/torch-wheels.log"))")
     fi
-    (cd "$repo" && GPUSLICE_MATRIX_REAL_GPU=1 GPUSLICE_TEST_TORCH=1 timeout 1800 "$py" -m pytest -q -rsx -p no:cacheprovider \
+    (cd "$repo" && GPUSLICE_MATRIX_REAL_GPU=1 timeout 1800 "$py" -m pytest -q -rsx -p no:cacheprovider \
         "${matrix[@]}" >"$work/matrix.log" 2>&1)
     rc=$?
     grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL)|passed|failed" "$work/matrix.log" | sed 's/^/    /'

@@ -16,12 +16,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from gpuslice_dev.devcluster.images import probe_binary
 from gpuslice_dev.gpusim import simulate
+from gpuslice_dev.gpusim.build import ShimPaths
 from gpuslice_dev.gpusim.runner import PreparedSlice
 from gpuslice_dev.wheels import ensure_unpacked
 
@@ -185,6 +188,78 @@ def facts(out: str) -> dict[str, str]:
 
 def explain(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+class Probe:
+    """gpuslice-probe `hold SIZE 0` (or `burn SECONDS`) in the tenant, until closed."""
+
+    def __init__(self, t: Tenant, built: ShimPaths, *args: str, ready: str | None) -> None:
+        self.proc = subprocess.Popen(
+            [str(probe_binary(built)), *args],
+            env=t.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if ready is not None:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().strip()
+            assert line.startswith(ready), (line, self.proc.stderr.read() if self.proc.stderr else "")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+class Server:
+    """One long-lived client process (`SCRIPT serve`) answering many paths: for a client whose
+    import is the cost (PyTorch). `ask(path)` sends the path and returns its facts."""
+
+    def __init__(self, t: Tenant, argv: list[str], *, extra_env: dict[str, str] | None = None) -> None:
+        self.tenant = t
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by close())
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv, "serve"],
+            env=t.env(extra_env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
+        self.transcript: list[str] = []
+
+    def ask(self, path: str) -> dict[str, str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(path + "\n")
+        self.proc.stdin.flush()
+        out: list[str] = []
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"the client exited during {path!r}: {self.explain(out)}")
+            if line.strip() == f"end={path}":
+                break
+            out.append(line)
+        self.transcript += out
+        f = facts("".join(out))
+        assert "path_error" not in f, f"{path}: {f['path_error']}\n{self.explain(out)}"
+        return f
+
+    def explain(self, out: list[str] | None = None) -> str:
+        self.stderr.seek(0)
+        return (
+            f"--- stdout\n{''.join(out or self.transcript)[-3000:]}\n--- stderr\n{self.stderr.read()[-3000:]}"
+        )
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
 
 
 class Holder:

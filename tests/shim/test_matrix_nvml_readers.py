@@ -13,33 +13,10 @@ import time
 
 import pytest
 
-from gpuslice_dev.devcluster.images import probe_binary
-from gpuslice_dev.gpusim.build import ShimPaths
-from shim.matrix import CLIENTS, GIB, MODES, Tenant, explain, facts, nvitop_pythonpath, tenant
+from shim.matrix import CLIENTS, GIB, MODES, Probe, Tenant, explain, facts, nvitop_pythonpath, tenant
 
 pytestmark = pytest.mark.slow(seconds=30)
 SCRIPT = str(CLIENTS / "nvml_readers.py")
-
-
-class Probe:
-    """gpuslice-probe `hold SIZE 0` (or `burn SECONDS`) in the tenant, until closed."""
-
-    def __init__(self, t: Tenant, built: ShimPaths, *args: str, ready: str | None) -> None:
-        self.proc = subprocess.Popen(
-            [str(probe_binary(built)), *args],
-            env=t.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        if ready is not None:
-            assert self.proc.stdout is not None
-            line = self.proc.stdout.readline().strip()
-            assert line.startswith(ready), (line, self.proc.stderr.read() if self.proc.stderr else "")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 def _api(t: Tenant) -> dict[str, str]:

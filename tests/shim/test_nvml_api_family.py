@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice_dev.gpusim.build import ShimPaths
-from shim.matrix import CLIENTS, GIB, REAL_GPU, Tenant, explain, facts, nvitop_pythonpath, tenant
-from shim.test_matrix_nvml_readers import Probe
+from shim.matrix import CLIENTS, GIB, REAL_GPU, Probe, Tenant, explain, facts, nvitop_pythonpath, tenant
 
 pytestmark = pytest.mark.skipif(REAL_GPU, reason="tests the driver double against the real driver's names")
 
