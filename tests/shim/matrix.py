@@ -35,6 +35,9 @@ CLIENTS = Path(__file__).resolve().parent / "clients"
 CUDART12 = ("nvidia-cuda-runtime-cu12", "12.9.79")
 CUDART13 = ("nvidia-cuda-runtime", "13.0.96")
 CUPY = [("cupy-cuda12x", "14.2.0"), ("cuda-pathfinder", "1.3.4"), ("numpy", "2.3.5"), CUDART12]
+#: What CuPy's kernels need beyond CUPY: NVRTC to compile them at run time, and cuBLAS (the one
+#: PyTorch's wheels bring, so cached once) for cupy.dot.
+CUPY_KERNELS = [("nvidia-cuda-nvrtc-cu12", "12.9.86"), ("nvidia-cublas-cu12", "12.8.4.1")]
 #: PyTorch 2.9.1 (CUDA 12.8, still with Volta kernels) and what it needs to import and allocate: the
 #: libraries libtorch_cuda.so links (cudart, cupti, cublas(Lt), cudnn, cufft, curand, cusparse(Lt),
 #: nvJitLink, nccl, nvshmem, cufile) and the Python packages `import torch` imports. Left out as not
@@ -105,6 +108,24 @@ def cudart(major: int) -> Path:
 
 def cupy_pythonpath() -> str:
     return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in CUPY)
+
+
+def cupy_kernels_env(t: Tenant) -> dict[str, str]:
+    """CuPy with what compiling and running its kernels takes, as an image with the CUDA toolkit's
+    runtime headers, NVRTC and cuBLAS installed has it: the headers under CUDA_PATH (cuda-pathfinder
+    looks for them in site-packages, which unpacked wheels are not), the libraries on the loader's
+    path ahead of the driver's."""
+    libs = [
+        str(d)
+        for name, version in CUPY_KERNELS
+        for d in (ensure_unpacked(name, version) / "nvidia").glob("*/lib")
+    ]
+    driver = t.env().get("LD_LIBRARY_PATH", "")
+    return {
+        "PYTHONPATH": cupy_pythonpath(),
+        "CUDA_PATH": str(ensure_unpacked(*CUDART12) / "nvidia" / "cuda_runtime"),
+        "LD_LIBRARY_PATH": os.pathsep.join([*libs, driver] if driver else libs),
+    }
 
 
 def nvitop_pythonpath() -> str:
