@@ -18,7 +18,7 @@ from gpuslice_dev.gpusim.build import ShimPaths
 from gpuslice_dev.gpusim.runner import prepare
 from shim.matrix import CLIENTS, GIB, MODES, REAL_GPU, Probe, Server, Tenant, tenant, torch_env
 
-pytestmark = pytest.mark.slow(seconds=60)
+pytestmark = pytest.mark.slow(seconds=30)  # warm, on one worker: 10 s of it the two imports
 SCRIPT = str(CLIENTS / "torch_paths.py")
 
 
