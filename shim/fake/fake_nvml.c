@@ -4,6 +4,7 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include <nvml.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -341,9 +342,11 @@ static uint64_t mono_to_unix_us(uint64_t mono_ns)
     return now_rt_us - (now_mono - mono_ns) / 1000ull;
 }
 
-/* One sample per live process: its SM utilization since lastSeenTimeStamp (at most the last second). */
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *samples,
-                                                         unsigned int *count, unsigned long long lastSeenTimeStamp)
+/* One sample per process that ran kernels since lastSeenTimeStamp (at most the last second): its SM
+ * utilization over that window. NOT_FOUND when none did, INSUFFICIENT_SIZE (with the count) when
+ * `samples` is NULL or holds fewer than *count. */
+static nvmlReturn_t process_samples(nvmlDevice_t dev, nvmlProcessUtilizationInfo_v1_t *samples, unsigned int *count,
+                                    unsigned long long lastSeenTimeStamp)
 {
     GET_GPU(dev, g);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
@@ -376,21 +379,63 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlP
     for (int i = 0; i < n; i++) {
         uint64_t busy = fake_busy_between(s, pids[i], now - window_us * 1000ull, now);
         uint64_t pct = busy / 10ull / window_us; /* busy_ns * 100 / (window_us * 1000) */
-        samples[i] = (nvmlProcessUtilizationSample_t){(unsigned int)pids[i], now_us, (unsigned int)(pct > 100 ? 100 : pct),
-                                                      0, 0, 0};
+        samples[i] = (nvmlProcessUtilizationInfo_v1_t){.timeStamp = now_us,
+                                                       .pid = (unsigned int)pids[i],
+                                                       .smUtil = (unsigned int)(pct > 100 ? 100 : pct)};
     }
     *count = (unsigned int)n;
     return NVML_SUCCESS;
 }
 
-/* Running compute processes with their memory, like the driver lists them (v1/v2/v3 layouts). */
-static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, size_t stride, int v1)
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *samples,
+                                                         unsigned int *count, unsigned long long lastSeenTimeStamp)
+{
+    CHECK_CARD(dev);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int cap = samples ? *count : 0;
+    nvmlProcessUtilizationInfo_v1_t buf[FAKE_MAX_PROCS];
+    unsigned int n = cap < FAKE_MAX_PROCS ? cap : FAKE_MAX_PROCS;
+    nvmlReturn_t rc = process_samples(dev, samples ? buf : NULL, samples ? &n : count, lastSeenTimeStamp);
+    if (!samples || rc != NVML_SUCCESS) {
+        if (samples && rc == NVML_ERROR_INSUFFICIENT_SIZE) *count = n;
+        return rc;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        samples[i] = (nvmlProcessUtilizationSample_t){buf[i].pid, buf[i].timeStamp, buf[i].smUtil, 0, 0, 0};
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* The layouts of a process record: nvmlProcessInfo_v1_t, _v2_t (= the v3 API's nvmlProcessInfo_t) and
+ * nvmlProcessDetail_v1_t (nvmlDeviceGetRunningProcessDetailList). */
+enum { REC_V1, REC_V2, REC_DETAIL };
+
+/* nvmlProcessDetailList_t.mode (nvml.h documents the values, 0-2, without names; pynvml's). */
+enum { NVML_PROCESS_MODE_COMPUTE, NVML_PROCESS_MODE_GRAPHICS, NVML_PROCESS_MODE_MPS };
+
+static size_t rec_size(int layout)
+{
+    return layout == REC_V1 ? sizeof(nvmlProcessInfo_v1_t)
+           : layout == REC_V2 ? sizeof(nvmlProcessInfo_v2_t)
+                              : sizeof(nvmlProcessDetail_v1_t);
+}
+
+/* Running processes of one kind with their memory, like the driver lists them. Every context the
+ * double makes is a compute context, and no MPS server runs on it: the graphics and MPS lists are
+ * empty (the driver's answer on a headless data-center card: NVML_SUCCESS, count 0). */
+static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, int layout, unsigned int mode)
 {
     GET_GPU(dev, g);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    fake_dev_state *s = fake_system_get()->state[index_of(g)];
+    if (mode == NVML_PROCESS_MODE_MPS && g->cc_major < 7) return NVML_ERROR_NOT_SUPPORTED; /* Volta on */
     unsigned int n = 0, cap = *count;
     nvmlReturn_t rc = NVML_SUCCESS;
+    if (mode != NVML_PROCESS_MODE_COMPUTE) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    fake_dev_state *s = fake_system_get()->state[index_of(g)];
+    size_t stride = rec_size(layout);
     fake_lock(s);
     (void)fake_used_locked(s);
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
@@ -401,11 +446,14 @@ static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, 
         if (used == 0 && atomic_load(&p->contexts) == 0) continue;
         if (infos && n < cap) {
             char *slot = (char *)infos + n * stride;
-            if (v1) {
+            if (layout == REC_V1) {
                 nvmlProcessInfo_v1_t e = {(unsigned int)p->pid, used};
                 memcpy(slot, &e, sizeof(e));
-            } else {
+            } else if (layout == REC_V2) {
                 nvmlProcessInfo_v2_t e = {(unsigned int)p->pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu};
+                memcpy(slot, &e, sizeof(e));
+            } else {
+                nvmlProcessDetail_v1_t e = {(unsigned int)p->pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu, 0};
                 memcpy(slot, &e, sizeof(e));
             }
         } else {
@@ -418,22 +466,51 @@ static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, 
     return rc;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned int *count,
-                                                                 nvmlProcessInfo_t *infos)
+#define RUNNING_LIST(fn, type, layout, mode)                                                             \
+    FAKE_EXPORT nvmlReturn_t fn(nvmlDevice_t dev, unsigned int *count, type *infos)                      \
+    {                                                                                                    \
+        return running(dev, count, infos, layout, mode);                                                 \
+    }
+
+RUNNING_LIST(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t, REC_V1, NVML_PROCESS_MODE_COMPUTE)
+RUNNING_LIST(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, REC_V2, NVML_PROCESS_MODE_COMPUTE)
+RUNNING_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t, REC_V2, NVML_PROCESS_MODE_COMPUTE)
+RUNNING_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t, REC_V1, NVML_PROCESS_MODE_GRAPHICS)
+RUNNING_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t, REC_V2, NVML_PROCESS_MODE_GRAPHICS)
+RUNNING_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t, REC_V2, NVML_PROCESS_MODE_GRAPHICS)
+RUNNING_LIST(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t, REC_V1, NVML_PROCESS_MODE_MPS)
+RUNNING_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t, REC_V2, NVML_PROCESS_MODE_MPS)
+RUNNING_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t, REC_V2, NVML_PROCESS_MODE_MPS)
+
+/* The driver branch the double plays, as a number (535, 580). Entry points a branch's library does
+ * not have answer NVML_ERROR_FUNCTION_NOT_FOUND there: one library plays every branch, so it
+ * exports the newest's names (tests/shim/test_nvml_api_family.py). */
+static int driver_branch(void)
 {
-    return running(dev, count, infos, sizeof(nvmlProcessInfo_v2_t), 0);
+    return atoi(fake_system_get()->driver_version);
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned int *count,
-                                                                 nvmlProcessInfo_v2_t *infos)
+/* All processes of one mode in one call, with their conf-compute protected memory (0: CC is off). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t dev, nvmlProcessDetailList_t *plist)
 {
-    return running(dev, count, infos, sizeof(nvmlProcessInfo_v2_t), 0);
+    CHECK_CARD(dev);
+    if (!plist || plist->version != nvmlProcessDetailList_v1 || plist->mode > NVML_PROCESS_MODE_MPS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = plist->procArray ? plist->numProcArrayEntries : 0;
+    nvmlReturn_t rc = running(dev, &n, plist->procArray, REC_DETAIL, plist->mode);
+    plist->numProcArrayEntries = n;
+    return rc;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t dev, unsigned int *count,
-                                                              nvmlProcessInfo_v1_t *infos)
+/* Per-process utilization, the struct-versioned call of the 550 and later branches. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t dev,
+                                                               nvmlProcessesUtilizationInfo_t *info)
 {
-    return running(dev, count, infos, sizeof(nvmlProcessInfo_v1_t), 1);
+    CHECK_CARD(dev);
+    if (driver_branch() < 550) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlProcessesUtilizationInfo_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    return process_samples(dev, info->procUtilArray, &info->processSamplesCount, info->lastSeenTimeStamp);
 }
 
 /* ---------------------------------------------------------------- what monitoring tools read */
@@ -443,18 +520,19 @@ typedef struct {
     const char *name;
     unsigned power_limit_w, idle_w, bar1_mib, pcie_gen, sm_mhz, mem_mhz;
     nvmlBrandType_t brand;
+    unsigned bus_bits; /* memory bus width */
 } nvml_model;
 
 static const nvml_model nvml_models[] = {
-    {"Tesla V100-PCIE-32GB", 250, 25, 32768, 3, 1380, 877, NVML_BRAND_TESLA},
-    {"Tesla V100-PCIE-16GB", 250, 25, 16384, 3, 1380, 877, NVML_BRAND_TESLA},
-    {"Tesla V100-SXM2-16GB", 300, 40, 16384, 3, 1530, 877, NVML_BRAND_TESLA},
-    {"Tesla V100-SXM2-32GB", 300, 40, 32768, 3, 1530, 877, NVML_BRAND_TESLA},
-    {"Tesla T4", 70, 10, 256, 3, 1590, 5001, NVML_BRAND_NVIDIA},
-    {"NVIDIA A100-SXM4-40GB", 400, 50, 65536, 4, 1410, 1215, NVML_BRAND_NVIDIA},
-    {"NVIDIA A100-PCIE-40GB", 250, 35, 65536, 4, 1410, 1215, NVML_BRAND_NVIDIA},
-    {"NVIDIA A100-SXM4-80GB", 400, 50, 131072, 4, 1410, 1593, NVML_BRAND_NVIDIA},
-    {"NVIDIA H100 80GB HBM3", 700, 70, 131072, 5, 1980, 2619, NVML_BRAND_NVIDIA},
+    {"Tesla V100-PCIE-32GB", 250, 25, 32768, 3, 1380, 877, NVML_BRAND_TESLA, 4096},
+    {"Tesla V100-PCIE-16GB", 250, 25, 16384, 3, 1380, 877, NVML_BRAND_TESLA, 4096},
+    {"Tesla V100-SXM2-16GB", 300, 40, 16384, 3, 1530, 877, NVML_BRAND_TESLA, 4096},
+    {"Tesla V100-SXM2-32GB", 300, 40, 32768, 3, 1530, 877, NVML_BRAND_TESLA, 4096},
+    {"Tesla T4", 70, 10, 256, 3, 1590, 5001, NVML_BRAND_NVIDIA, 256},
+    {"NVIDIA A100-SXM4-40GB", 400, 50, 65536, 4, 1410, 1215, NVML_BRAND_NVIDIA, 5120},
+    {"NVIDIA A100-PCIE-40GB", 250, 35, 65536, 4, 1410, 1215, NVML_BRAND_NVIDIA, 5120},
+    {"NVIDIA A100-SXM4-80GB", 400, 50, 131072, 4, 1410, 1593, NVML_BRAND_NVIDIA, 5120},
+    {"NVIDIA H100 80GB HBM3", 700, 70, 131072, 5, 1980, 2619, NVML_BRAND_NVIDIA, 5120},
 };
 
 static const nvml_model *model_of(const fake_gpu *g)
@@ -724,4 +802,278 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFab
     CHECK_CARD(dev);
     if (!info) return NVML_ERROR_INVALID_ARGUMENT;
     return NVML_ERROR_NOT_SUPPORTED;
+}
+
+
+/* ---------------------------------------------------------------- the rest of NVML's process, memory and
+ * utilization family, as the driver answers on the double's cards (PCIe/SXM boards without NVLink,
+ * vGPU, MPS or confidential computing; accounting mode off). */
+
+CARD_VALUE(nvmlDeviceGetMemoryBusWidth, unsigned int, model_of(g)->bus_bits)
+
+/* Every memory clock the board supports: HBM2/GDDR6 boards run one. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t dev, unsigned int *count, unsigned int *mhz)
+{
+    GET_GPU(dev, g);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int cap = *count;
+    *count = 1;
+    if (!mhz || cap < 1) return NVML_ERROR_INSUFFICIENT_SIZE;
+    mhz[0] = model_of(g)->mem_mhz;
+    return NVML_SUCCESS;
+}
+
+/* The NUMA nodes nearest the card's memory: one socket, node 0. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t dev, unsigned int nodeSetSize, unsigned long *nodeSet,
+                                                     nvmlAffinityScope_t scope)
+{
+    CHECK_CARD(dev);
+    if (!nodeSetSize || !nodeSet || (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(nodeSet, 0, nodeSetSize * sizeof(*nodeSet));
+    nodeSet[0] = 1ul;
+    return NVML_SUCCESS;
+}
+
+/* JPEG and optical-flow engines exist from Turing on; idle on the double. */
+static nvmlReturn_t engine_util(nvmlDevice_t dev, unsigned int *util, unsigned int *period_us)
+{
+    GET_GPU(dev, g);
+    if (!util || !period_us) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->cc_major * 10 + g->cc_minor < 75) return NVML_ERROR_NOT_SUPPORTED;
+    *util = 0;
+    *period_us = 167000;
+    return NVML_SUCCESS;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetJpgUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period)
+{
+    return engine_util(dev, util, period);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned int *util, unsigned int *period)
+{
+    return engine_util(dev, util, period);
+}
+
+/* Confidential computing is a Hopper feature and off on the double's cards. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetConfComputeProtectedMemoryUsage(nvmlDevice_t dev, nvmlMemory_t *memory)
+{
+    CHECK_CARD(dev);
+    if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* A process's name as the driver gives it: the path it was started from (argv[0]). */
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
+{
+    CHECK_INIT();
+    if (!name || !length) return NVML_ERROR_INVALID_ARGUMENT;
+    char path[64], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%u/cmdline", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return NVML_ERROR_NOT_FOUND;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    if (!buf[0]) { /* a kernel thread or a zombie: its comm */
+        snprintf(path, sizeof(path), "/proc/%u/comm", pid);
+        f = fopen(path, "r");
+        if (!f) return NVML_ERROR_NOT_FOUND;
+        n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+    }
+    size_t len = strlen(buf);
+    if (len >= length) len = length - 1; /* the driver truncates */
+    memcpy(name, buf, len);
+    name[len] = 0;
+    return NVML_SUCCESS;
+}
+
+/* Accounting mode is off (nvmlDeviceGetAccountingMode): the driver keeps no per-process records. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAccountingBufferSize(nvmlDevice_t dev, unsigned int *size)
+{
+    CHECK_CARD(dev);
+    if (!size) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t dev, unsigned int *count, unsigned int *pids)
+{
+    (void)pids;
+    CHECK_CARD(dev);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t dev, unsigned int pid, nvmlAccountingStats_t *stats)
+{
+    (void)pid;
+    CHECK_CARD(dev);
+    if (!stats) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* Changing the card's settings takes root, as on the driver. The double keeps accounting off: turning
+ * it on is refused as unsupported rather than pretended. */
+static nvmlReturn_t root_only(void)
+{
+    return geteuid() == 0 ? NVML_SUCCESS : NVML_ERROR_NO_PERMISSION;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceSetAccountingMode(nvmlDevice_t dev, nvmlEnableState_t mode)
+{
+    CHECK_CARD(dev);
+    if (mode != NVML_FEATURE_ENABLED && mode != NVML_FEATURE_DISABLED) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = root_only();
+    if (rc != NVML_SUCCESS) return rc;
+    return mode == NVML_FEATURE_DISABLED ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceClearAccountingPids(nvmlDevice_t dev)
+{
+    CHECK_CARD(dev);
+    return root_only();
+}
+
+/* Memory clocks can be locked from Ampere on. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceSetMemoryLockedClocks(nvmlDevice_t dev, unsigned int min_mhz, unsigned int max_mhz)
+{
+    GET_GPU(dev, g);
+    if (g->cc_major < 8) return NVML_ERROR_NOT_SUPPORTED;
+    if (min_mhz > max_mhz) return NVML_ERROR_INVALID_ARGUMENT;
+    return root_only();
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceResetMemoryLockedClocks(nvmlDevice_t dev)
+{
+    GET_GPU(dev, g);
+    if (g->cc_major < 8) return NVML_ERROR_NOT_SUPPORTED;
+    return root_only();
+}
+
+/* NVLink utilization counters: the boards have no NVLink (nvmlDeviceGetNvLinkState). */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkUtilizationControl(nvmlDevice_t dev, unsigned int link, unsigned int counter,
+                                                               nvmlNvLinkUtilizationControl_t *control)
+{
+    (void)link, (void)counter, (void)control;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceSetNvLinkUtilizationControl(nvmlDevice_t dev, unsigned int link, unsigned int counter,
+                                                               nvmlNvLinkUtilizationControl_t *control,
+                                                               unsigned int reset)
+{
+    (void)link, (void)counter, (void)control, (void)reset;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkUtilizationCounter(nvmlDevice_t dev, unsigned int link, unsigned int counter,
+                                                               unsigned long long *rx, unsigned long long *tx)
+{
+    (void)link, (void)counter, (void)rx, (void)tx;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceFreezeNvLinkUtilizationCounter(nvmlDevice_t dev, unsigned int link,
+                                                                  unsigned int counter, nvmlEnableState_t freeze)
+{
+    (void)link, (void)counter, (void)freeze;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceResetNvLinkUtilizationCounter(nvmlDevice_t dev, unsigned int link, unsigned int counter)
+{
+    (void)link, (void)counter;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* vGPU: the double is bare metal, no vGPU manager runs and there are no vGPU instances. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVgpuUtilization(nvmlDevice_t dev, unsigned long long lastSeen, nvmlValueType_t *type,
+                                                      unsigned int *count, nvmlVgpuInstanceUtilizationSample_t *samples)
+{
+    (void)lastSeen, (void)type, (void)count, (void)samples;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVgpuProcessUtilization(nvmlDevice_t dev, unsigned long long lastSeen,
+                                                             unsigned int *count,
+                                                             nvmlVgpuProcessUtilizationSample_t *samples)
+{
+    (void)lastSeen, (void)count, (void)samples;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVgpuInstancesUtilizationInfo(nvmlDevice_t dev,
+                                                                   nvmlVgpuInstancesUtilizationInfo_t *info)
+{
+    (void)info;
+    CHECK_CARD(dev);
+    if (driver_branch() < 550) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetVgpuProcessesUtilizationInfo(nvmlDevice_t dev,
+                                                                   nvmlVgpuProcessesUtilizationInfo_t *info)
+{
+    (void)info;
+    CHECK_CARD(dev);
+    if (driver_branch() < 550) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* A vGPU instance id names none on bare metal. */
+#define NO_VGPU_INSTANCE()                                                                               \
+    do {                                                                                                 \
+        CHECK_INIT();                                                                                    \
+        return NVML_ERROR_INVALID_ARGUMENT;                                                              \
+    } while (0)
+
+FAKE_EXPORT nvmlReturn_t nvmlVgpuInstanceGetAccountingMode(nvmlVgpuInstance_t id, nvmlEnableState_t *mode)
+{
+    (void)id, (void)mode;
+    NO_VGPU_INSTANCE();
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlVgpuInstanceGetAccountingPids(nvmlVgpuInstance_t id, unsigned int *count, unsigned int *pids)
+{
+    (void)id, (void)count, (void)pids;
+    NO_VGPU_INSTANCE();
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlVgpuInstanceGetAccountingStats(nvmlVgpuInstance_t id, unsigned int pid,
+                                                            nvmlAccountingStats_t *stats)
+{
+    (void)id, (void)pid, (void)stats;
+    NO_VGPU_INSTANCE();
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlVgpuInstanceClearAccountingPids(nvmlVgpuInstance_t id)
+{
+    (void)id;
+    NO_VGPU_INSTANCE();
+}
+
+/* WDDM/TCC are Windows driver models: Linux drivers answer NOT_SUPPORTED. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t dev, nvmlDriverModel_t *current,
+                                                     nvmlDriverModel_t *pending)
+{
+    (void)current, (void)pending;
+    CHECK_CARD(dev);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetDriverModel(nvmlDevice_t dev, nvmlDriverModel_t *current,
+                                                  nvmlDriverModel_t *pending)
+{
+    return nvmlDeviceGetDriverModel_v2(dev, current, pending);
 }

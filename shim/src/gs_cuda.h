@@ -63,8 +63,10 @@ typedef struct {
     X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2) X(nvmlDeviceGetComputeRunningProcesses)       \
     X(nvmlDeviceGetComputeRunningProcesses_v2) X(nvmlDeviceGetComputeRunningProcesses_v3)                  \
     X(nvmlDeviceGetGraphicsRunningProcesses) X(nvmlDeviceGetGraphicsRunningProcesses_v2)                   \
-    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetProcessUtilization)                         \
-    X(nvmlDeviceGetUtilizationRates)
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3) X(nvmlDeviceGetMPSComputeRunningProcesses)                 \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2) X(nvmlDeviceGetMPSComputeRunningProcesses_v3)            \
+    X(nvmlDeviceGetRunningProcessDetailList) X(nvmlDeviceGetProcessUtilization)                           \
+    X(nvmlDeviceGetProcessesUtilizationInfo) X(nvmlDeviceGetUtilizationRates)
 #define GS_NVML_HELPERS(X)                                                                               \
     X(nvmlDeviceGetUUID) X(nvmlInit_v2) X(nvmlDeviceGetHandleByUUID) X(nvmlDeviceGetComputeRunningProcesses_v3)
 

@@ -56,7 +56,7 @@ if ! "$probe" info >"$work/info.raw" 2>&1; then
     sed 's/^/    /' "$work/info.raw"
     for what in "OOM boundary, allocation paths, dlsym/cuGetProcAddress, VMM, context teardown, fork, IPC" \
         "nvidia-smi and NVML totals under the shim" "compute share" \
-        "compatibility matrix (libcudart 12.9 and 13.0, CuPy 14, PyTorch 2.9.1; alone and under 8 GiB)" \
+        "compatibility matrix (libcudart 12.9 and 13.0, CuPy 14, nvitop, PyTorch 2.9.1; alone and under 8 GiB)" \
         "launch overhead against the real driver"; do
         say "NOT RUN $what"
     done
@@ -168,8 +168,8 @@ if [[ -z $py ]]; then
     not_run+=("compatibility matrix: no Python with pytest and pynvml (make a venv: pip install -e '.[dev]' devtools)")
 else
     export PYTHONPATH="$repo/operator:$repo/devtools${PYTHONPATH:+:$PYTHONPATH}"
-    matrix=(tests/shim/test_matrix_cudart.py tests/shim/test_matrix_cupy.py)
-    if GPUSLICE_TEST_TORCH=1 "$py" -c "
+    matrix=(tests/shim/test_matrix_cudart.py tests/shim/test_matrix_cupy.py tests/shim/test_matrix_nvml_readers.py)
+    if "$py" -c "
 import sys; sys.path.insert(0, '$repo/tests')
 from shim.matrix import TORCH; from gpuslice_dev.wheels import ensure_unpacked
 for name, version in TORCH: ensure_unpacked(name, version)" >"$work/torch-wheels.log" 2>&1; then
@@ -177,7 +177,7 @@ for name, version in TORCH: ensure_unpacked(name, version)" >"$work/torch-wheels
     else
         not_run+=("PyTorch matrix: its wheels are not cached and PyPI is not reachable ($(tail -1 "$work/torch-wheels.log"))")
     fi
-    (cd "$repo" && GPUSLICE_MATRIX_REAL_GPU=1 GPUSLICE_TEST_TORCH=1 timeout 1800 "$py" -m pytest -q -rsx -p no:cacheprovider \
+    (cd "$repo" && GPUSLICE_MATRIX_REAL_GPU=1 timeout 1800 "$py" -m pytest -q -rsx -p no:cacheprovider \
         "${matrix[@]}" >"$work/matrix.log" 2>&1)
     rc=$?
     grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL)|passed|failed" "$work/matrix.log" | sed 's/^/    /'

@@ -16,12 +16,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from gpuslice_dev.devcluster.images import probe_binary
 from gpuslice_dev.gpusim import simulate
+from gpuslice_dev.gpusim.build import ShimPaths
 from gpuslice_dev.gpusim.runner import PreparedSlice
 from gpuslice_dev.wheels import ensure_unpacked
 
@@ -32,6 +35,9 @@ CLIENTS = Path(__file__).resolve().parent / "clients"
 CUDART12 = ("nvidia-cuda-runtime-cu12", "12.9.79")
 CUDART13 = ("nvidia-cuda-runtime", "13.0.96")
 CUPY = [("cupy-cuda12x", "14.2.0"), ("cuda-pathfinder", "1.3.4"), ("numpy", "2.3.5"), CUDART12]
+#: What CuPy's kernels need beyond CUPY: NVRTC to compile them at run time, and cuBLAS (the one
+#: PyTorch's wheels bring, so cached once) for cupy.dot.
+CUPY_KERNELS = [("nvidia-cuda-nvrtc-cu12", "12.9.86"), ("nvidia-cublas-cu12", "12.8.4.1")]
 #: PyTorch 2.9.1 (CUDA 12.8, still with Volta kernels) and what it needs to import and allocate: the
 #: libraries libtorch_cuda.so links (cudart, cupti, cublas(Lt), cudnn, cufft, curand, cusparse(Lt),
 #: nvJitLink, nccl, nvshmem, cufile) and the Python packages `import torch` imports. Left out as not
@@ -60,6 +66,9 @@ TORCH = [
     ("fsspec", "2025.10.0"),
     ("numpy", "2.3.5"),
 ]
+#: An NVML monitor as `pip install nvitop` brings it: the tool, the NVML bindings it takes (the newest
+#: it accepts) and psutil.
+NVITOP = [("nvitop", "1.7.2"), ("nvidia-ml-py", "13.615.71"), ("psutil", "7.2.2")]
 #: The simulated driver branch each runtime runs on: 535 (CUDA 12.2) for CUDA 12; 580 (CUDA 13.0), the
 #: first that starts a CUDA 13 runtime, for CUDA 13.
 DRIVER_FOR = {12: "535", 13: "580"}
@@ -99,6 +108,28 @@ def cudart(major: int) -> Path:
 
 def cupy_pythonpath() -> str:
     return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in CUPY)
+
+
+def cupy_kernels_env(t: Tenant) -> dict[str, str]:
+    """CuPy with what compiling and running its kernels takes, as an image with the CUDA toolkit's
+    runtime headers, NVRTC and cuBLAS installed has it: the headers under CUDA_PATH (cuda-pathfinder
+    looks for them in site-packages, which unpacked wheels are not), the libraries on the loader's
+    path ahead of the driver's."""
+    libs = [
+        str(d)
+        for name, version in CUPY_KERNELS
+        for d in (ensure_unpacked(name, version) / "nvidia").glob("*/lib")
+    ]
+    driver = t.env().get("LD_LIBRARY_PATH", "")
+    return {
+        "PYTHONPATH": cupy_pythonpath(),
+        "CUDA_PATH": str(ensure_unpacked(*CUDART12) / "nvidia" / "cuda_runtime"),
+        "LD_LIBRARY_PATH": os.pathsep.join([*libs, driver] if driver else libs),
+    }
+
+
+def nvitop_pythonpath() -> str:
+    return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in NVITOP)
 
 
 def torch_env(t: Tenant) -> dict[str, str]:
@@ -178,6 +209,78 @@ def facts(out: str) -> dict[str, str]:
 
 def explain(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+class Probe:
+    """gpuslice-probe `hold SIZE 0` (or `burn SECONDS`) in the tenant, until closed."""
+
+    def __init__(self, t: Tenant, built: ShimPaths, *args: str, ready: str | None) -> None:
+        self.proc = subprocess.Popen(
+            [str(probe_binary(built)), *args],
+            env=t.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if ready is not None:
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().strip()
+            assert line.startswith(ready), (line, self.proc.stderr.read() if self.proc.stderr else "")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+class Server:
+    """One long-lived client process (`SCRIPT serve`) answering many paths: for a client whose
+    import is the cost (PyTorch). `ask(path)` sends the path and returns its facts."""
+
+    def __init__(self, t: Tenant, argv: list[str], *, extra_env: dict[str, str] | None = None) -> None:
+        self.tenant = t
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by close())
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv, "serve"],
+            env=t.env(extra_env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
+        self.transcript: list[str] = []
+
+    def ask(self, path: str) -> dict[str, str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(path + "\n")
+        self.proc.stdin.flush()
+        out: list[str] = []
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"the client exited during {path!r}: {self.explain(out)}")
+            if line.strip() == f"end={path}":
+                break
+            out.append(line)
+        self.transcript += out
+        f = facts("".join(out))
+        assert "path_error" not in f, f"{path}: {f['path_error']}\n{self.explain(out)}"
+        return f
+
+    def explain(self, out: list[str] | None = None) -> str:
+        self.stderr.seek(0)
+        return (
+            f"--- stdout\n{''.join(out or self.transcript)[-3000:]}\n--- stderr\n{self.stderr.read()[-3000:]}"
+        )
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
 
 
 class Holder:

@@ -5,9 +5,23 @@ software"). CuPy's own errors are the ones checked: its OutOfMemoryError at the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from shim.matrix import CLIENTS, GIB, MODES, Holder, Tenant, cupy_pythonpath, explain, facts, tenant
+from shim.matrix import (
+    CLIENTS,
+    GIB,
+    MODES,
+    REAL_GPU,
+    Holder,
+    Tenant,
+    cupy_kernels_env,
+    cupy_pythonpath,
+    explain,
+    facts,
+    tenant,
+)
 
 pytestmark = pytest.mark.slow(seconds=60)
 SCRIPT = str(CLIENTS / "cupy_paths.py")
@@ -73,6 +87,42 @@ def test_caching_allocator(make_slice, mode):
         assert f["more_ok"] == "0"
         _oom(f, "more_error", 2 * GIB)
     assert int(f["free_after"]) == room
+
+
+def _kernels(t: Tenant, path: str, tmp_path: Path) -> dict[str, str]:
+    env = {**cupy_kernels_env(t), "CUPY_CACHE_DIR": str(tmp_path / "kernels")}
+    proc = t.run([SCRIPT, path], extra_env=env)
+    assert proc.returncode == 0, explain(proc)
+    return facts(proc.stdout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kernels_compiled_by_nvrtc(make_slice, mode, tmp_path):
+    """An elementwise expression and a RawKernel compiled by NVRTC (nothing cached), loaded and
+    launched. The double runs no kernels: that they compile, load and launch, and that the memory
+    comes back, is what is judged."""
+    t = tenant(make_slice, mode)
+    f = _kernels(t, "kernels", tmp_path)
+    assert f["nvrtc_version"].startswith("12."), f
+    assert (f["elementwise"], f["raw"]) == ("ok", "ok"), f
+    assert f["elementwise_shape"] == f["raw_shape"] == str(1 << 20)
+    assert int(f["cached_kernels"]) >= 3  # arange, the expression, the RawKernel: each NVRTC's
+    assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
+
+
+@pytest.mark.xfail(
+    not REAL_GPU,
+    strict=True,
+    reason="the double does not model device variables: cuModuleGetGlobal_v2 answers CUDA_ERROR_NOT_FOUND "
+    "for cuBLAS's, so cublasCreate fails (CUBLAS_STATUS_ALLOC_FAILED); shim/README.md, CuPy",
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_dot_through_cublas(make_slice, mode, tmp_path):
+    t = tenant(make_slice, mode)
+    f = _kernels(t, "dot", tmp_path)
+    assert f["dot"] == "ok", f["dot"]
+    assert f["dot_shape"] == "1024x1024"
+    assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
 
 
 def test_two_processes_share_the_slice(make_slice):

@@ -139,6 +139,34 @@ NVML_LIST(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
 NVML_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
 NVML_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_v2_t)
 NVML_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+NVML_LIST(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
+NVML_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_v2_t)
+NVML_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
+
+/* The struct-versioned list (all processes of one mode): the same filter, the list's fields as the
+ * count and the array. */
+static __thread nvmlProcessDetailList_t tl_detail;
+
+static nvmlReturn_t detail_as_list(nvmlDevice_t device, unsigned int *count, void *procs)
+{
+    nvmlProcessDetailList_t l = tl_detail;
+    l.numProcArrayEntries = *count;
+    l.procArray = procs;
+    nvmlReturn_t rc = real_nvmlDeviceGetRunningProcessDetailList(device, &l);
+    *count = l.numProcArrayEntries;
+    return rc;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+    if (nvml_real() != 0 || real_nvmlDeviceGetRunningProcessDetailList == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (plist == NULL) return real_nvmlDeviceGetRunningProcessDetailList(device, plist);
+    tl_detail = *plist;
+    unsigned int count = plist->procArray ? plist->numProcArrayEntries : 0;
+    nvmlReturn_t rc = filter_list(detail_as_list, device, &count, plist->procArray, sizeof(*plist->procArray));
+    if (rc == NVML_SUCCESS || rc == NVML_ERROR_INSUFFICIENT_SIZE) plist->numProcArrayEntries = count;
+    return rc;
+}
 
 typedef struct {
     unsigned long long since;
@@ -158,6 +186,55 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvml
     if (nvml_real() != 0 || real_nvmlDeviceGetProcessUtilization == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
     tl_util = (gs_util_call){lastSeenTimeStamp, real_nvmlDeviceGetProcessUtilization};
     return filter_list(util_as_list, device, processSamplesCount, utilization, sizeof(*utilization));
+}
+
+static __thread nvmlProcessesUtilizationInfo_t tl_utilinfo;
+
+/* pid is not the first field of nvmlProcessUtilizationInfo_v1_t: the filter sees the samples as
+ * nvmlProcessUtilizationSample_t, pid first, and they are copied back in the caller's layout. */
+static nvmlReturn_t utilinfo_as_list(nvmlDevice_t device, unsigned int *count, void *samples)
+{
+    nvmlProcessesUtilizationInfo_t info = tl_utilinfo;
+    nvmlProcessUtilizationInfo_v1_t *raw = NULL;
+    if (samples && *count) {
+        raw = calloc(*count, sizeof(*raw));
+        if (raw == NULL) return NVML_ERROR_MEMORY;
+    }
+    info.processSamplesCount = *count;
+    info.procUtilArray = raw;
+    nvmlReturn_t rc = real_nvmlDeviceGetProcessesUtilizationInfo(device, &info);
+    *count = info.processSamplesCount;
+    if (rc == NVML_SUCCESS && samples)
+        for (unsigned int i = 0; i < info.processSamplesCount; i++)
+            ((nvmlProcessUtilizationSample_t *)samples)[i] =
+                (nvmlProcessUtilizationSample_t){raw[i].pid, raw[i].timeStamp, raw[i].smUtil, raw[i].memUtil,
+                                                 raw[i].encUtil, raw[i].decUtil};
+    free(raw);
+    return rc;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device, nvmlProcessesUtilizationInfo_t *info)
+{
+    if (nvml_real() != 0 || real_nvmlDeviceGetProcessesUtilizationInfo == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (info == NULL || info->version != nvmlProcessesUtilizationInfo_v1)
+        return real_nvmlDeviceGetProcessesUtilizationInfo(device, info);
+    tl_utilinfo = *info;
+    unsigned int cap = info->procUtilArray ? info->processSamplesCount : 0;
+    nvmlProcessUtilizationSample_t *kept = cap ? calloc(cap, sizeof(*kept)) : NULL;
+    if (cap && kept == NULL) return NVML_ERROR_MEMORY;
+    unsigned int count = cap;
+    nvmlReturn_t rc = filter_list(utilinfo_as_list, device, &count, kept, sizeof(*kept));
+    if (rc == NVML_SUCCESS)
+        for (unsigned int i = 0; i < count; i++)
+            info->procUtilArray[i] = (nvmlProcessUtilizationInfo_v1_t){.timeStamp = kept[i].timeStamp,
+                                                                       .pid = kept[i].pid,
+                                                                       .smUtil = kept[i].smUtil,
+                                                                       .memUtil = kept[i].memUtil,
+                                                                       .encUtil = kept[i].encUtil,
+                                                                       .decUtil = kept[i].decUtil};
+    if (rc == NVML_SUCCESS || rc == NVML_ERROR_INSUFFICIENT_SIZE) info->processSamplesCount = count;
+    free(kept);
+    return rc;
 }
 
 /* The card's utilization is other tenants' business: the slice sees its own, as a share of its

@@ -115,7 +115,64 @@ def second() -> None:
             print(f"second_{size}g={type(exc).__name__}: {exc}")
 
 
+def kernels(names: tuple[str, ...] = ("elementwise", "raw")) -> None:
+    """Real kernels: an elementwise expression and a RawKernel, both compiled by NVRTC at run time
+    (CUPY_CACHE_DIR empty: nothing cached) and loaded as modules, then launched. The double runs no
+    kernels: loading, launching and memory are judged, not the values."""
+    print(f"free_at_start={runtime.memGetInfo()[0]}")
+    x = cupy.arange(1 << 20, dtype=cupy.float32)  # 4 MiB
+    for name in names:
+        try:
+            y = _launch(name, x)
+            cupy.cuda.Device().synchronize()
+            print(f"{name}=ok\n{name}_shape={'x'.join(map(str, y.shape))}")
+            del y
+        except Exception as exc:
+            print(f"{name}={type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    print(f"nvrtc_version={'.'.join(map(str, cupy.cuda.nvrtc.getVersion()))}")
+    print(f"cached_kernels={sum(1 for _ in __import__('pathlib').Path(_cache_dir()).rglob('*.cubin'))}")
+    del x
+    cupy.get_default_memory_pool().free_all_blocks()
+    print(f"free_after={runtime.memGetInfo()[0]}")
+
+
+def dot() -> None:
+    """cupy.dot of two 1024 x 1024 float32 matrices: through cuBLAS (its handle, its workspace)."""
+    kernels(("dot",))
+
+
+def _launch(name: str, x: cupy.ndarray) -> cupy.ndarray:
+    if name == "elementwise":
+        return x * 2 + 1
+    if name == "raw":
+        return _raw(x)
+    return cupy.dot(x.reshape(1024, 1024), x.reshape(1024, 1024))
+
+
+def _cache_dir() -> str:
+    import os
+
+    return os.environ["CUPY_CACHE_DIR"]
+
+
+def _raw(x: cupy.ndarray) -> cupy.ndarray:
+    kernel = cupy.RawKernel(
+        r"""
+extern "C" __global__ void scale(const float* x, float* y, float a, int n) {
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i];
+}""",
+        "scale",
+    )
+    y = cupy.empty_like(x)
+    n = x.size
+    kernel(((n + 255) // 256,), (256,), (x, y, cupy.float32(3), cupy.int32(n)))
+    return y
+
+
 PATHS = {
+    "kernels": kernels,
+    "dot": dot,
     "info": info,
     "edge": edge,
     "no-pool": no_pool,

@@ -1,9 +1,13 @@
 """A PyTorch tenant (torch 2.9.1 from PyPI, built on CUDA 12.8, with the nvidia-* wheels it links).
 
-    python torch_paths.py PATH
+    python torch_paths.py PATH     one path, then exit
+    python torch_paths.py serve    one path per line read from stdin, each answered by its facts and
+                                   the line `end=PATH`, until stdin closes
 
-Prints `key=value` facts for the test to judge; PyTorch's own exceptions are reported by type and
-the first line of their message.
+`import torch` is the cost (a 1 GB libtorch_cuda.so): `serve` pays it once for many paths. Each
+path leaves the process as it found it (its tensors freed, the allocator's cache emptied, cuBLAS
+workspaces cleared) and checks that. Prints `key=value` facts for the test to judge; PyTorch's own
+exceptions are reported by type and the first line of their message.
 """
 
 from __future__ import annotations
@@ -98,6 +102,76 @@ def graph() -> None:
     print(f"free_after={torch.cuda.mem_get_info()[0]}")
 
 
+def expandable_edge() -> None:
+    """To the edge with expandable segments (the driver's VMM), switched on in this process."""
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        edge()
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+
+def train() -> None:
+    """A tiny training loop: Linear + AdamW for a few steps (cuBLAS handles and their workspaces,
+    the caching allocator), then everything given back. The double runs no kernels: the loss is
+    whatever the memory holds, so only memory and API results are judged."""
+    print(f"free_at_start={torch.cuda.mem_get_info()[0]}")
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 16)
+    ).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(256, 1024, device="cuda")
+    y = torch.randn(256, 16, device="cuda")
+    steps = 0
+    for _ in range(5):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        steps += 1
+    torch.cuda.synchronize()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = sum(
+        t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if torch.is_tensor(t)
+    )
+    print(f"steps={steps}\nloss_is_float={int(isinstance(loss.item(), float))}")
+    print(f"param_bytes={params}\nadam_state_bytes={state}")
+    print(f"allocated={torch.cuda.memory_allocated()}\nreserved={torch.cuda.memory_reserved()}")
+    print(f"max_allocated={torch.cuda.max_memory_allocated()}")
+    summary = torch.cuda.memory_summary()
+    print(f"summary_ooms={summary.split('CUDA OOMs:')[1].split()[0] if 'CUDA OOMs:' in summary else '?'}")
+    print(f"free_while_training={torch.cuda.mem_get_info()[0]}")
+    del model, opt, x, y, loss
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    print(f"allocated_after={torch.cuda.memory_allocated()}\nreserved_after={torch.cuda.memory_reserved()}")
+    print(f"free_after={torch.cuda.mem_get_info()[0]}")
+
+
+def fraction() -> None:
+    """set_per_process_memory_fraction(0.5): the allocator's own cap is half of what the device shows
+    (the slice under the shim), reported in memory_stats and enforced with its OutOfMemoryError."""
+    free, total = torch.cuda.mem_get_info()
+    print(f"free_at_start={free}\ntotal={total}")
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    try:
+        held = []
+        try:
+            while len(held) < 1024:
+                held.append(torch.empty(GIB, dtype=torch.uint8, device="cuda"))
+        except Exception as exc:
+            print(f"fraction_blocks={len(held)}\nfraction_error={first_line(exc)}")
+        stats = torch.cuda.memory_stats()
+        print(f"ooms={stats.get('num_ooms', '?')}\nreserved_at_cap={torch.cuda.memory_reserved()}")
+        summary = torch.cuda.memory_summary()
+        print(f"summary_has_reserved={int('GPU reserved memory' in summary)}")
+        del held
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.empty_cache()
+    print(f"free_after={torch.cuda.mem_get_info()[0]}")
+
+
 def hold() -> None:
     a = torch.empty(5 * GIB, dtype=torch.uint8, device="cuda")
     print(f"held={a.numel()}", flush=True)
@@ -115,7 +189,29 @@ def second() -> None:
         torch.cuda.empty_cache()
 
 
-PATHS = {"info": info, "edge": edge, "caching": caching, "graph": graph, "hold": hold, "second": second}
+def serve() -> None:
+    for line in sys.stdin:
+        path = line.strip()
+        try:
+            PATHS[path]()
+        except Exception as exc:  # the test sees it as a fact, the next path still runs
+            print(f"path_error={first_line(exc)}")
+            del exc  # its traceback holds the path's tensors
+            torch.cuda.empty_cache()
+        print(f"end={path}", flush=True)
+
+
+PATHS = {
+    "info": info,
+    "edge": edge,
+    "expandable-edge": expandable_edge,
+    "caching": caching,
+    "graph": graph,
+    "train": train,
+    "fraction": fraction,
+    "hold": hold,
+    "second": second,
+}
 
 if __name__ == "__main__":
-    PATHS[sys.argv[1]]()
+    serve() if sys.argv[1] == "serve" else PATHS[sys.argv[1]]()
