@@ -1,6 +1,6 @@
 # The gpuslice image (operator, node agent, shim installer) for people with Docker:
 #
-#   docker build -t ghcr.io/gpuslice/gpuslice:0.1.0 .
+#   docker build -t ghcr.io/gpuslice/gpuslice:0.2.0 .
 #
 # `make image` builds the same image without a Docker engine (gpuslice_dev.image: mmdebstrap,
 # chroot, crane) into build/gpuslice-image.oci.tar. Keep the two in step: the same Debian release

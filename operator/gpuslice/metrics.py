@@ -14,6 +14,8 @@ per live slice, removed with `forget_slice` when it goes) and GPUs by node/UUID.
 
 from __future__ import annotations
 
+import platform
+
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -25,6 +27,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from gpuslice import __version__
 from gpuslice.api.slice import Phase
 from gpuslice.domain.gpu_processes import ViolationKind
 
@@ -43,6 +46,26 @@ def _process_registry() -> CollectorRegistry:
 
 OPERATOR_REGISTRY = _process_registry()
 AGENT_REGISTRY = _process_registry()
+
+
+def _build_info(registry: CollectorRegistry) -> Gauge:
+    # Which release each process runs, as Kubernetes' own components export it: during a rolling
+    # upgrade `count by (component, version) (gpuslice_build_info)` shows old and new side by side.
+    return Gauge(
+        "gpuslice_build_info",
+        "Always 1: the gpuslice release (version) this process runs",
+        ["component", "version", "python_version"],
+        registry=registry,
+    )
+
+
+OPERATOR_BUILD_INFO = _build_info(OPERATOR_REGISTRY)
+AGENT_BUILD_INFO = _build_info(AGENT_REGISTRY)
+
+
+def build_info_labels(component: str) -> tuple[str, str, str]:
+    return (component, __version__, platform.python_version())
+
 
 #: Labels of every per-slice series the agent exports.
 SLICE_LABELS = ("namespace", "slice", "package", "node", "gpu_uuid")

@@ -14,7 +14,9 @@ GPU = ("node", "gpu_uuid", "model")
 
 #: The published contract (what dashboards and alerts are written against, plus health series):
 #: exported family name -> (type, label names).
+BUILD_INFO = {"gpuslice_build_info": ("gauge", ("component", "version", "python_version"))}
 OPERATOR = {
+    **BUILD_INFO,
     "gpuslice_reconcile_duration_seconds": ("histogram", ("kind",)),
     "gpuslice_slices": ("gauge", ("package", "phase")),
     "gpuslice_package_capacity_slices": ("gauge", ("package",)),
@@ -28,6 +30,7 @@ OPERATOR = {
     "gpuslice_ledger_write_errors": ("counter", ("reason",)),
 }
 AGENT = {
+    **BUILD_INFO,
     "gpuslice_slice_memory_used_bytes": ("gauge", SLICE),
     "gpuslice_slice_memory_limit_bytes": ("gauge", SLICE),
     "gpuslice_slice_compute_utilization_ratio": ("gauge", SLICE),

@@ -7,8 +7,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice import __version__, logs, metrics, metrics_auth
 from gpuslice import constants as c
-from gpuslice import logs, metrics, metrics_auth
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
 from gpuslice.agent.ahead import PrepareAhead
@@ -70,6 +70,8 @@ def check_socket_paths(opts: AgentOptions) -> None:
 
 
 async def run(opts: AgentOptions) -> int:
+    log.info("agent starting", version=__version__, node=opts.node)
+    metrics.AGENT_BUILD_INFO.labels(*metrics.build_info_labels("agent")).set(1)
     check_socket_paths(opts)
     gpus = gpus_mod.with_remembered(gpus_mod.discover(), opts.state_dir)
     log.info(

@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 
+from gpuslice import __version__, metrics, metrics_auth
 from gpuslice import constants as c
-from gpuslice import metrics, metrics_auth
 from gpuslice.logs import get
 from gpuslice.operator import nodes
 from gpuslice.operator.config import OperatorConfig
@@ -122,7 +122,8 @@ async def run_async(config: OperatorConfig, stop_flag: asyncio.Event | None = No
         # Kopf's own login reads KUBECONFIG; both clients must talk to the same cluster.
         os.environ["KUBECONFIG"] = config.kubeconfig
     state = await _prepare(config)
-    log.info("operator starting", identities=list(state.config.operator_identities))
+    log.info("operator starting", version=__version__, identities=list(state.config.operator_identities))
+    metrics.OPERATOR_BUILD_INFO.labels(*metrics.build_info_labels("operator")).set(1)
     _register_startup(state)
     if config.metrics_port is not None:
         # The series name tenants' namespaces, slices and pods: readers are authenticated and
