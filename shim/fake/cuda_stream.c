@@ -546,8 +546,16 @@ static CUresult copy2d(const CUDA_MEMCPY2D *c)
 {
     CHECK_INIT();
     if (!c) return CUDA_ERROR_INVALID_VALUE;
-    if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY || c->dstMemoryType == CU_MEMORYTYPE_ARRAY)
-        return CUDA_ERROR_NOT_SUPPORTED; /* array contents are not modeled */
+    if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY || c->dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+        CUDA_MEMCPY3D d = {
+            .srcXInBytes = c->srcXInBytes, .srcY = c->srcY, .srcMemoryType = c->srcMemoryType, .srcHost = c->srcHost,
+            .srcDevice = c->srcDevice, .srcArray = c->srcArray, .srcPitch = c->srcPitch, .srcHeight = c->Height,
+            .dstXInBytes = c->dstXInBytes, .dstY = c->dstY, .dstMemoryType = c->dstMemoryType, .dstHost = c->dstHost,
+            .dstDevice = c->dstDevice, .dstArray = c->dstArray, .dstPitch = c->dstPitch, .dstHeight = c->Height,
+            .WidthInBytes = c->WidthInBytes, .Height = c->Height, .Depth = 1,
+        };
+        return fake_copy3d(&d);
+    }
     const char *s = copy2d_ptr(c->srcMemoryType, c->srcHost, c->srcDevice);
     char *d = (char *)copy2d_ptr(c->dstMemoryType, c->dstHost, c->dstDevice);
     if (!s || !d) return CUDA_ERROR_INVALID_VALUE;
