@@ -1115,3 +1115,13 @@ FAKE_EXPORT CUresult cuStreamBatchMemOp_v2_ptsz(CUstream s, unsigned int count, 
 {
     return cuStreamBatchMemOp_v2(s, count, ops, flags);
 }
+
+FAKE_EXPORT CUresult cuMemcpyPeer_ptds(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n)
+{
+    return cuMemcpyPeer(dst, dc, src, sc, n);
+}
+FAKE_EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n,
+                                            CUstream s)
+{
+    return cuMemcpyPeerAsync(dst, dc, src, sc, n, s);
+}
