@@ -29,6 +29,17 @@ class Copy3D(ctypes.Structure):
     _fields_ = [*_side("src"), *_side("dst"), ("WidthInBytes", c_size), ("Height", c_size), ("Depth", c_size)]
 
 
+class Copy2D(ctypes.Structure):
+    _fields_ = [
+        ("srcXInBytes", c_size), ("srcY", c_size), ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+        ("srcPitch", c_size), ("dstXInBytes", c_size), ("dstY", c_size), ("dstMemoryType", ctypes.c_int),
+        ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
+        ("dstPitch", c_size),
+        ("WidthInBytes", c_size), ("Height", c_size),
+    ]  # fmt: skip
+
+
 def main() -> int:
     big = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     cu = ctypes.CDLL("libcuda.so.1")
@@ -84,6 +95,14 @@ def main() -> int:
     out["atoh"] = cu.cuMemcpyAtoH_v2(got2, arr2, c_size(0), c_size(1024))
     out["array_roundtrip"] = int(bytes(got2) == bytes(line))
     out["atoh_past_end"] = cu.cuMemcpyAtoH_v2(got2, arr2, c_size(512), c_size(1024))
+    # 2-D: two full rows into slice 0 at row 10, read back as the array's bytes in order
+    rows = (ctypes.c_ubyte * 512)(*[(i * 13) % 256 for i in range(512)])
+    flat = (ctypes.c_ubyte * 512)()
+    two = Copy2D(srcMemoryType=HOST, srcHost=ctypes.addressof(rows), srcPitch=256,
+                 dstY=10, dstMemoryType=ARRAY, dstArray=arr, WidthInBytes=256, Height=2)  # fmt: skip
+    out["copy2d_in"] = cu.cuMemcpy2D_v2(ctypes.byref(two))
+    cu.cuMemcpyAtoH_v2(flat, arr, c_size(10 * 256), c_size(512))
+    out["copy2d_roundtrip"] = int(bytes(flat) == bytes(rows))
     if big:  # arrays charge the slice: `big` bytes of floats, 1024-wide rows, 1024 rows per slice
         huge = ctypes.c_void_p()
         before = free_now()
