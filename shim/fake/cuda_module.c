@@ -657,3 +657,253 @@ FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data)
 {
     return cuLaunchHostFunc(s, fn, data);
 }
+
+/* ---------------------------------------------------------------- listing a module's kernels */
+
+/* The n-th `.entry` of a PTX image (n from 0): its name in name[256], the text after it in *rest; 0 if none. */
+static int ptx_entry(const char *ptx, size_t size, unsigned n, char *name, const char **rest)
+{
+    const char *s = ptx, *end = ptx + size;
+    unsigned i = 0;
+    while (s < end) {
+        const char *e = memmem(s, (size_t)(end - s), ".entry", 6);
+        if (!e) return 0;
+        s = e + 6;
+        if ((e > ptx && e[-1] != ' ' && e[-1] != '\t' && e[-1] != '\n') || (s < end && *s != ' ' && *s != '\t'))
+            continue;
+        while (s < end && (*s == ' ' || *s == '\t')) s++;
+        size_t len = 0;
+        while (s + len < end && len < 255 && (s[len] == '_' || s[len] == '$' || (s[len] >= '0' && s[len] <= '9') ||
+                                              ((s[len] | 32) >= 'a' && (s[len] | 32) <= 'z')))
+            len++;
+        if (len == 0 || i++ != n) continue;
+        memcpy(name, s, len);
+        name[len] = '\0';
+        if (rest) *rest = s + len;
+        return 1;
+    }
+    return 0;
+}
+
+/* How many kernels a module lists: PTX .entry directives. A cubin's are not listed here. */
+static CUresult module_count(CUmodule m, unsigned *count)
+{
+    if (m->kind != FATBIN_PTX) return CUDA_ERROR_NOT_SUPPORTED; /* see shim/README.md: PTX modules only */
+    char name[256];
+    unsigned n = 0;
+    while (ptx_entry(m->image, m->size, n, name, NULL)) n++;
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult module_list(CUmodule m, struct CUfunc_st **out, unsigned n, int magic)
+{
+    unsigned have = 0;
+    CUresult rc = module_count(m, &have);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (n > have) return CUDA_ERROR_INVALID_VALUE;
+    char name[256];
+    for (unsigned i = 0; i < n; i++) {
+        ptx_entry(m->image, m->size, i, name, NULL);
+        if ((rc = new_function(&out[i], m, name, magic)) != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule m)
+{
+    CHECK_INIT();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(m)) return CUDA_ERROR_INVALID_HANDLE;
+    return module_count(m, count);
+}
+
+FAKE_EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *functions, unsigned int n, CUmodule m)
+{
+    CHECK_INIT();
+    if (!functions) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(m)) return CUDA_ERROR_INVALID_HANDLE;
+    return module_list(m, functions, n, FUNC_MAGIC);
+}
+
+FAKE_EXPORT CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary l)
+{
+    CHECK_INIT();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
+    return module_count(l->mod, count);
+}
+
+FAKE_EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int n, CUlibrary l)
+{
+    CHECK_INIT();
+    if (!kernels) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
+    return module_list(l->mod, (struct CUfunc_st **)kernels, n, KERNEL_MAGIC);
+}
+
+/* A kernel's i-th parameter from its PTX .entry list: `.param .u64 p` (by type), `.param .align A .b8
+ * p[N]` (N bytes aligned to A); offsets aligned to each parameter's alignment, as the ABI lays them. */
+static CUresult param_info(CUfunction f, size_t index, size_t *offset, size_t *size)
+{
+    if (!offset && !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!f->mod || f->mod->kind != FATBIN_PTX) return CUDA_ERROR_NOT_SUPPORTED; /* PTX modules only */
+    char name[256];
+    const char *rest = NULL;
+    unsigned n = 0;
+    while (ptx_entry(f->mod->image, f->mod->size, n, name, &rest) && strcmp(name, f->name) != 0) n++;
+    if (strcmp(name, f->name) != 0 || !rest) return CUDA_ERROR_NOT_FOUND;
+    const char *end = (const char *)f->mod->image + f->mod->size;
+    while (rest < end && *rest != '(' && *rest != '{') rest++;
+    if (rest >= end || *rest != '(') return CUDA_ERROR_INVALID_VALUE; /* no parameters */
+    const char *close = memchr(rest, ')', (size_t)(end - rest));
+    if (!close) return CUDA_ERROR_INVALID_IMAGE;
+    size_t off = 0, i = 0;
+    for (const char *p = rest; p < close;) {
+        const char *q = memmem(p, (size_t)(close - p), ".param", 6);
+        if (!q) break;
+        const char *next = memchr(q, ',', (size_t)(close - q));
+        if (!next) next = close;
+        size_t len = (size_t)(next - q), sz = 0, align = 0;
+        char decl[512];
+        snprintf(decl, sizeof(decl), "%.*s", (int)(len < sizeof(decl) ? len : sizeof(decl) - 1), q);
+        const char *al = strstr(decl, ".align"), *br = strchr(decl, '[');
+        if (al) align = strtoul(al + 6, NULL, 10);
+        if (br) sz = strtoul(br + 1, NULL, 10);
+        if (!br) {
+            if (strstr(decl, "64")) sz = 8;
+            else if (strstr(decl, "32")) sz = 4;
+            else if (strstr(decl, "16")) sz = 2;
+            else sz = 1;
+        }
+        if (!align) align = br ? 1 : sz;
+        off = (off + align - 1) / align * align;
+        if (i == index) {
+            if (offset) *offset = off;
+            if (size) *size = sz;
+            return CUDA_SUCCESS;
+        }
+        off += sz;
+        i++;
+        p = next;
+    }
+    return CUDA_ERROR_INVALID_VALUE; /* index past the last parameter */
+}
+
+FAKE_EXPORT CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size)
+{
+    CHECK_INIT();
+    return param_info(f, index, offset, size);
+}
+
+FAKE_EXPORT CUresult cuKernelGetParamInfo(CUkernel k, size_t index, size_t *offset, size_t *size)
+{
+    CHECK_INIT();
+    return param_info((CUfunction)k, index, offset, size);
+}
+
+/* ---------------------------------------------------------------- the JIT linker, the profiler */
+
+/* A link joins PTX inputs into one PTX image (the inputs' text, in order): the double's cuModuleLoadData
+ * loads it and lists every input's kernels. A real driver links into a cubin; other input kinds
+ * (cubin, fatbin, object, library) are not joined here. */
+#define LINK_MAGIC 0x4c4e4b31
+struct CUlinkState_st {
+    int magic;
+    char *text;
+    size_t len;
+};
+
+FAKE_EXPORT CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *options, void **values, CUlinkState *out)
+{
+    (void)n;
+    (void)options;
+    (void)values;
+    CHECK_INIT();
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUlinkState_st *s = calloc(1, sizeof(*s));
+    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+    s->magic = LINK_MAGIC;
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLinkAddData_v2(CUlinkState s, CUjitInputType type, void *data, size_t size, const char *name,
+                                      unsigned int n, CUjit_option *options, void **values)
+{
+    (void)name;
+    (void)n;
+    (void)options;
+    (void)values;
+    CHECK_INIT();
+    if (!s || s->magic != LINK_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!data || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_JIT_INPUT_PTX) {
+        const char *t = getenv("GPUSLICE_FAKE_TRACE");
+        if (t && t[0] == '1') fprintf(stderr, "fake NVIDIA driver: cuLinkAddData joins PTX inputs only\n");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    size_t len = strnlen(data, size);
+    if (!ptx_isa_version(data, len)) return CUDA_ERROR_INVALID_PTX;
+    if (ptx_isa_version(data, len) > ptx_isa_max_for_driver(sys()->cuda_driver_version))
+        return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+    char *grown = realloc(s->text, s->len + len + 2);
+    if (!grown) return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(grown + s->len, data, len);
+    s->len += len;
+    grown[s->len++] = '\n';
+    grown[s->len] = '\0';
+    s->text = grown;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLinkAddFile_v2(CUlinkState s, CUjitInputType type, const char *path, unsigned int n,
+                                      CUjit_option *options, void **values)
+{
+    CHECK_INIT();
+    if (!s || s->magic != LINK_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!path) return CUDA_ERROR_INVALID_VALUE;
+    size_t len = 0;
+    void *data = read_whole_file(path, &len);
+    if (!data) return CUDA_ERROR_FILE_NOT_FOUND;
+    CUresult rc = len ? cuLinkAddData_v2(s, type, data, len, path, n, options, values) : CUDA_ERROR_INVALID_VALUE;
+    free(data);
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuLinkComplete(CUlinkState s, void **image, size_t *size)
+{
+    CHECK_INIT();
+    if (!s || s->magic != LINK_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!image || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!s->text) return CUDA_ERROR_INVALID_VALUE; /* nothing added */
+    *image = s->text; /* owned by the link state, as the driver's output is */
+    *size = s->len + 1;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuLinkDestroy(CUlinkState s)
+{
+    CHECK_INIT();
+    if (!s || s->magic != LINK_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    s->magic = 0;
+    free(s->text);
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+/* With no profiler attached the driver answers success and records nothing. */
+FAKE_EXPORT CUresult cuProfilerStart(void);
+FAKE_EXPORT CUresult cuProfilerStart(void)
+{
+    CHECK_INIT();
+    return current_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+FAKE_EXPORT CUresult cuProfilerStop(void);
+FAKE_EXPORT CUresult cuProfilerStop(void)
+{
+    CHECK_INIT();
+    return current_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}

@@ -546,8 +546,16 @@ static CUresult copy2d(const CUDA_MEMCPY2D *c)
 {
     CHECK_INIT();
     if (!c) return CUDA_ERROR_INVALID_VALUE;
-    if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY || c->dstMemoryType == CU_MEMORYTYPE_ARRAY)
-        return CUDA_ERROR_NOT_SUPPORTED; /* array contents are not modeled */
+    if (c->srcMemoryType == CU_MEMORYTYPE_ARRAY || c->dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+        CUDA_MEMCPY3D d = {
+            .srcXInBytes = c->srcXInBytes, .srcY = c->srcY, .srcMemoryType = c->srcMemoryType, .srcHost = c->srcHost,
+            .srcDevice = c->srcDevice, .srcArray = c->srcArray, .srcPitch = c->srcPitch, .srcHeight = c->Height,
+            .dstXInBytes = c->dstXInBytes, .dstY = c->dstY, .dstMemoryType = c->dstMemoryType, .dstHost = c->dstHost,
+            .dstDevice = c->dstDevice, .dstArray = c->dstArray, .dstPitch = c->dstPitch, .dstHeight = c->Height,
+            .WidthInBytes = c->WidthInBytes, .Height = c->Height, .Depth = 1,
+        };
+        return fake_copy3d(&d);
+    }
     const char *s = copy2d_ptr(c->srcMemoryType, c->srcHost, c->srcDevice);
     char *d = (char *)copy2d_ptr(c->dstMemoryType, c->dstHost, c->dstDevice);
     if (!s || !d) return CUDA_ERROR_INVALID_VALUE;
@@ -979,4 +987,141 @@ FAKE_EXPORT CUresult cuMemSetMemPool(CUmemLocation *loc, CUmemAllocationType typ
     if (!loc || type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
     if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
     return cuDeviceSetMemPool(loc->id, pool);
+}
+
+/* ---------------------------------------------------------------- stream memory operations (the _v2 API) */
+
+/* The stream's earlier work is done at once on the double (kernels are not executed), so a write
+ * happens at the call and a wait holds the calling thread until another thread or process makes
+ * the condition true (a wait never satisfied hangs the caller, where a GPU's stream would hang and
+ * the host with it at the next synchronize). CAN_USE_64_BIT_STREAM_MEM_OPS and
+ * CAN_USE_STREAM_WAIT_VALUE_NOR say 1 (cuda_device.c); the v1 entry points stay stubs, as
+ * CAN_USE_STREAM_MEM_OPS_V1 says 0. */
+static int wait_holds(uint64_t now, uint64_t value, unsigned flags, int wide)
+{
+    switch (flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return wide ? (int64_t)(now - value) >= 0 : (int32_t)(uint32_t)(now - value) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return now == value;
+    case CU_STREAM_WAIT_VALUE_AND: return (now & value) != 0;
+    case CU_STREAM_WAIT_VALUE_NOR: return (wide ? ~(now | value) : (uint32_t) ~(now | value)) != 0;
+    default: return -1;
+    }
+}
+
+static CUresult mem_op_wait(CUstream s, CUdeviceptr addr, uint64_t value, unsigned flags, int wide)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult rc = stream_dev(s, &dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!addr || addr % (wide ? 8 : 4)) return CUDA_ERROR_INVALID_VALUE;
+    if (wait_holds(0, value, flags, wide) < 0) return CUDA_ERROR_INVALID_VALUE;
+    for (;;) {
+        uint64_t now = wide ? __atomic_load_n((uint64_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE)
+                            : __atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE);
+        if (wait_holds(now, wide ? value : (uint32_t)value, flags, wide)) return CUDA_SUCCESS;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static CUresult mem_op_write(CUstream s, CUdeviceptr addr, uint64_t value, int wide)
+{
+    CHECK_INIT();
+    CUdevice dev;
+    CUresult rc = stream_dev(s, &dev);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!addr || addr % (wide ? 8 : 4)) return CUDA_ERROR_INVALID_VALUE;
+    if (wide) __atomic_store_n((uint64_t *)(uintptr_t)addr, value, __ATOMIC_RELEASE);
+    else __atomic_store_n((uint32_t *)(uintptr_t)addr, (uint32_t)value, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f)
+{
+    return mem_op_wait(s, a, v, f, 0);
+}
+FAKE_EXPORT CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f)
+{
+    return mem_op_wait(s, a, v, f, 1);
+}
+FAKE_EXPORT CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f)
+{
+    (void)f;
+    return mem_op_write(s, a, v, 0);
+}
+FAKE_EXPORT CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f)
+{
+    (void)f;
+    return mem_op_write(s, a, v, 1);
+}
+FAKE_EXPORT CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f)
+{
+    return cuStreamWaitValue32_v2(s, a, v, f);
+}
+FAKE_EXPORT CUresult cuStreamWaitValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f)
+{
+    return cuStreamWaitValue64_v2(s, a, v, f);
+}
+FAKE_EXPORT CUresult cuStreamWriteValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f)
+{
+    return cuStreamWriteValue32_v2(s, a, v, f);
+}
+FAKE_EXPORT CUresult cuStreamWriteValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f)
+{
+    return cuStreamWriteValue64_v2(s, a, v, f);
+}
+
+FAKE_EXPORT CUresult cuStreamBatchMemOp_v2(CUstream s, unsigned int count, CUstreamBatchMemOpParams *ops,
+                                           unsigned int flags)
+{
+    CHECK_INIT();
+    if (flags || (count && !ops) || count > 256) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < count; i++) { /* every operation is checked before any runs */
+        switch (ops[i].operation) {
+        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+        case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+            if (wait_holds(0, 0, ops[i].waitValue.flags, 0) < 0) return CUDA_ERROR_INVALID_VALUE;
+            break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+        case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+        case CU_STREAM_MEM_OP_BARRIER:
+        case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: break;
+        default: return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    CUresult rc = CUDA_SUCCESS;
+    for (unsigned i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        const CUstreamBatchMemOpParams *p = &ops[i];
+        switch (p->operation) {
+        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+            rc = mem_op_wait(s, p->waitValue.address, p->waitValue.value, p->waitValue.flags, 0);
+            break;
+        case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+            rc = mem_op_wait(s, p->waitValue.address, p->waitValue.value64, p->waitValue.flags, 1);
+            break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_32: rc = mem_op_write(s, p->writeValue.address, p->writeValue.value, 0); break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+            rc = mem_op_write(s, p->writeValue.address, p->writeValue.value64, 1);
+            break;
+        default: __atomic_thread_fence(__ATOMIC_SEQ_CST); break;
+        }
+    }
+    return rc;
+}
+
+FAKE_EXPORT CUresult cuStreamBatchMemOp_v2_ptsz(CUstream s, unsigned int count, CUstreamBatchMemOpParams *ops,
+                                                unsigned int flags)
+{
+    return cuStreamBatchMemOp_v2(s, count, ops, flags);
+}
+
+FAKE_EXPORT CUresult cuMemcpyPeer_ptds(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n)
+{
+    return cuMemcpyPeer(dst, dc, src, sc, n);
+}
+FAKE_EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n,
+                                            CUstream s)
+{
+    return cuMemcpyPeerAsync(dst, dc, src, sc, n, s);
 }

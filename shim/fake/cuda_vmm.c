@@ -276,7 +276,7 @@ static uint64_t nz(size_t v)
     return v ? v : 1;
 }
 
-static CUresult array_new(uint64_t size, void **out, size_t objsize)
+static CUresult array_new(uint64_t size, void **out, size_t objsize, size_t row, size_t height, size_t depth)
 {
     CHECK_INIT();
     CUdevice dev;
@@ -291,6 +291,18 @@ static CUresult array_new(uint64_t size, void **out, size_t objsize)
     }
     a->size = size;
     a->dev = dev;
+    if (row) {
+        void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) {
+            free(a);
+            uncharge(dev, size);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        a->data = m;
+        a->row = row;
+        a->height = height;
+        a->depth = depth;
+    }
     *out = a;
     return CUDA_SUCCESS;
 }
@@ -299,8 +311,8 @@ FAKE_EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *
 {
     if (!ph || !d || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
         return CUDA_ERROR_INVALID_VALUE;
-    return array_new(nz(d->Width) * nz(d->Height) * fmt_bytes(d->Format) * d->NumChannels, (void **)ph,
-                     sizeof(struct CUarray_st));
+    uint64_t row = d->Width * fmt_bytes(d->Format) * d->NumChannels;
+    return array_new(row * nz(d->Height), (void **)ph, sizeof(struct CUarray_st), row, nz(d->Height), 1);
 }
 
 static uint64_t a3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)
@@ -314,7 +326,9 @@ FAKE_EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPT
 {
     if (!ph || !d || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
         return CUDA_ERROR_INVALID_VALUE;
-    return array_new(a3d_bytes(d), (void **)ph, sizeof(struct CUarray_st));
+    uint64_t row = d->Width * fmt_bytes(d->Format) * nz(d->NumChannels);
+    uint64_t bytes = a3d_bytes(d);
+    return array_new(bytes, (void **)ph, sizeof(struct CUarray_st), row, nz(d->Height), bytes / row / nz(d->Height));
 }
 
 FAKE_EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
@@ -337,6 +351,7 @@ static CUresult array_free(struct CUarray_st *a)
     CHECK_INIT();
     if (!a) return CUDA_ERROR_INVALID_HANDLE;
     uncharge(a->dev, a->size);
+    if (a->data) munmap(a->data, a->size);
     free(a);
     return CUDA_SUCCESS;
 }
@@ -357,7 +372,7 @@ FAKE_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARR
         l.Height = l.Height > 1 ? l.Height / 2 : l.Height;
         if (!(l.Flags & CUDA_ARRAY3D_LAYERED)) l.Depth = l.Depth > 1 ? l.Depth / 2 : l.Depth;
     }
-    return array_new(total, (void **)ph, sizeof(struct CUmipmappedArray_st));
+    return array_new(total, (void **)ph, sizeof(struct CUmipmappedArray_st), 0, 0, 0);
 }
 
 FAKE_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
@@ -365,3 +380,135 @@ FAKE_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
     return array_free((struct CUarray_st *)(void *)h);
 }
 
+
+/* ---------------------------------------------------------------- copies into and out of arrays */
+
+/* Where a side of a 3-D copy starts, its pitch and its rows per slice; an array side must contain the copy. */
+static CUresult copy_side(CUmemorytype t, const void *host, CUdeviceptr dev, CUarray arr, size_t x, size_t y, size_t z,
+                          size_t pitch, size_t height, const CUDA_MEMCPY3D *c, char **base, size_t *p, size_t *h)
+{
+    size_t depth = c->Depth ? c->Depth : 1, rows = c->Height ? c->Height : 1;
+    switch (t) {
+    case CU_MEMORYTYPE_HOST: *base = (char *)host; break;
+    case CU_MEMORYTYPE_DEVICE:
+    case CU_MEMORYTYPE_UNIFIED: *base = (char *)(uintptr_t)dev; break;
+    case CU_MEMORYTYPE_ARRAY:
+        if (!arr || !arr->data) return CUDA_ERROR_INVALID_HANDLE;
+        if (x + c->WidthInBytes > arr->row || y + rows > arr->height || z + depth > arr->depth)
+            return CUDA_ERROR_INVALID_VALUE; /* outside the array */
+        *base = arr->data;
+        pitch = arr->row;
+        height = arr->height;
+        break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!*base) return CUDA_ERROR_INVALID_VALUE;
+    if (t != CU_MEMORYTYPE_ARRAY && (pitch < c->WidthInBytes || (depth > 1 && height < rows)))
+        return CUDA_ERROR_INVALID_VALUE;
+    *base += (z * height + y) * pitch + x;
+    *p = pitch;
+    *h = height;
+    return CUDA_SUCCESS;
+}
+
+CUresult fake_copy3d(const CUDA_MEMCPY3D *c)
+{
+    CHECK_INIT();
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    char *s, *d;
+    size_t sp, sh, dp, dh;
+    CUresult rc = copy_side(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray, c->srcXInBytes, c->srcY, c->srcZ,
+                            c->srcPitch, c->srcHeight, c, &s, &sp, &sh);
+    if (rc == CUDA_SUCCESS)
+        rc = copy_side(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray, c->dstXInBytes, c->dstY, c->dstZ,
+                       c->dstPitch, c->dstHeight, c, &d, &dp, &dh);
+    if (rc != CUDA_SUCCESS) return rc;
+    size_t depth = c->Depth ? c->Depth : 1, rows = c->Height ? c->Height : 1;
+    for (size_t z = 0; z < depth; z++)
+        for (size_t y = 0; y < rows; y++) memmove(d + (z * dh + y) * dp, s + (z * sh + y) * sp, c->WidthInBytes);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *c) { return fake_copy3d(c); }
+FAKE_EXPORT CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D *c) { return fake_copy3d(c); }
+FAKE_EXPORT CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *c, CUstream s)
+{
+    (void)s;
+    return fake_copy3d(c);
+}
+FAKE_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *c, CUstream s)
+{
+    (void)s;
+    return fake_copy3d(c);
+}
+
+/* A 1-D copy addresses an array as its bytes in order; [off, off+n) must lie inside it. */
+static CUresult array_bytes(CUarray a, size_t off, size_t n, char **p)
+{
+    CHECK_INIT();
+    if (!a || !a->data) return CUDA_ERROR_INVALID_HANDLE;
+    if (off > a->size || n > a->size - off) return CUDA_ERROR_INVALID_VALUE;
+    *p = a->data + off;
+    return CUDA_SUCCESS;
+}
+
+static CUresult move(void *dst, const void *src, size_t n)
+{
+    if (n && (!dst || !src)) return CUDA_ERROR_INVALID_VALUE;
+    if (n) memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemcpyHtoA_v2(CUarray dst, size_t off, const void *src, size_t n)
+{
+    char *p;
+    CUresult rc = array_bytes(dst, off, n, &p);
+    return rc != CUDA_SUCCESS ? rc : move(p, src, n);
+}
+FAKE_EXPORT CUresult cuMemcpyAtoH_v2(void *dst, CUarray src, size_t off, size_t n)
+{
+    char *p;
+    CUresult rc = array_bytes(src, off, n, &p);
+    return rc != CUDA_SUCCESS ? rc : move(dst, p, n);
+}
+FAKE_EXPORT CUresult cuMemcpyDtoA_v2(CUarray dst, size_t off, CUdeviceptr src, size_t n)
+{
+    return cuMemcpyHtoA_v2(dst, off, (const void *)(uintptr_t)src, n);
+}
+FAKE_EXPORT CUresult cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t off, size_t n)
+{
+    return cuMemcpyAtoH_v2((void *)(uintptr_t)dst, src, off, n);
+}
+FAKE_EXPORT CUresult cuMemcpyAtoA_v2(CUarray dst, size_t doff, CUarray src, size_t soff, size_t n)
+{
+    char *d, *s;
+    CUresult rc = array_bytes(dst, doff, n, &d);
+    if (rc == CUDA_SUCCESS) rc = array_bytes(src, soff, n, &s);
+    return rc != CUDA_SUCCESS ? rc : move(d, s, n);
+}
+FAKE_EXPORT CUresult cuMemcpyHtoAAsync_v2(CUarray dst, size_t off, const void *src, size_t n, CUstream s)
+{
+    (void)s;
+    return cuMemcpyHtoA_v2(dst, off, src, n);
+}
+FAKE_EXPORT CUresult cuMemcpyAtoHAsync_v2(void *dst, CUarray src, size_t off, size_t n, CUstream s)
+{
+    (void)s;
+    return cuMemcpyAtoH_v2(dst, src, off, n);
+}
+FAKE_EXPORT CUresult cuMemcpyHtoA_v2_ptds(CUarray d, size_t o, const void *s, size_t n) { return cuMemcpyHtoA_v2(d, o, s, n); }
+FAKE_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void *d, CUarray s, size_t o, size_t n) { return cuMemcpyAtoH_v2(d, s, o, n); }
+FAKE_EXPORT CUresult cuMemcpyDtoA_v2_ptds(CUarray d, size_t o, CUdeviceptr s, size_t n) { return cuMemcpyDtoA_v2(d, o, s, n); }
+FAKE_EXPORT CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr d, CUarray s, size_t o, size_t n) { return cuMemcpyAtoD_v2(d, s, o, n); }
+FAKE_EXPORT CUresult cuMemcpyAtoA_v2_ptds(CUarray d, size_t doff, CUarray s, size_t soff, size_t n)
+{
+    return cuMemcpyAtoA_v2(d, doff, s, soff, n);
+}
+FAKE_EXPORT CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray d, size_t o, const void *s, size_t n, CUstream st)
+{
+    return cuMemcpyHtoAAsync_v2(d, o, s, n, st);
+}
+FAKE_EXPORT CUresult cuMemcpyAtoHAsync_v2_ptsz(void *d, CUarray s, size_t o, size_t n, CUstream st)
+{
+    return cuMemcpyAtoHAsync_v2(d, s, o, n, st);
+}

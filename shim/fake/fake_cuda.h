@@ -87,14 +87,22 @@ struct CUmemPoolHandle_st {
     int is_default;
     struct CUmemPoolHandle_st *next;
 };
+/* An array keeps its bytes (row-major: `row` bytes by `height` rows by `depth` slices; mapped
+ * lazily), so copies into and out of it move real data; a mipmapped array's levels keep none. */
 struct CUarray_st {
     uint64_t size;
     int dev;
+    char *data; /* NULL for a mipmapped array */
+    size_t row, height, depth;
 };
 struct CUmipmappedArray_st {
     uint64_t size;
     int dev;
+    char *data;
+    size_t row, height, depth;
 };
+/* Runs a 3-D copy between host, device and array memory (cuda_vmm.c); an array side must lie inside it. */
+CUresult fake_copy3d(const CUDA_MEMCPY3D *c);
 struct CUgraph_st {
     uint64_t duration_ns;
     uint64_t mem_bytes; /* memory alloc nodes */
