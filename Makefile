@@ -5,7 +5,29 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck pytest shim image clean debian-packages
+.PHONY: install demo test lint typecheck pytest shim image clean debian-packages test-versions
+
+# --- Kubernetes versions (README "Kubernetes versions") -------------------------------------------
+# The minor the devcluster, the demo and the suite run: 1.35, 1.36 or 1.37 (`make test KUBERNETES=1.36`).
+# Every devcluster the suite starts reads it from GPUSLICE_KUBERNETES; each minor's binaries are
+# built once and cached beside the others. `make test-versions` runs VERSIONS_TESTS on each of
+# TEST_VERSIONS, one minor after the other (the default `make test` stays on 1.37).
+KUBERNETES ?= $(or $(GPUSLICE_KUBERNETES),1.37)
+export GPUSLICE_KUBERNETES := $(KUBERNETES)
+TEST_VERSIONS ?= 1.35 1.36
+VERSIONS_TESTS ?= tests/devcluster/test_control_plane.py tests/cli/test_check.py \
+	tests/operator/test_versions_cluster.py tests/agent/test_agent_e2e.py \
+	tests/operator/test_isolation_cluster.py tests/node/test_real_node.py \
+	tests/node/test_gpu_health_node.py tests/node/test_product_limits_node.py
+test-versions: install shim
+	@for v in $(TEST_VERSIONS); do \
+	  echo "=== Kubernetes $$v"; start=$$(date +%s); \
+	  GPUSLICE_KUBERNETES=$$v $(BIN)/gpuslice-dev devcluster build --with-node || exit 1; \
+	  GPUSLICE_KUBERNETES=$$v $(BIN)/pytest -ra -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	    $(VERSIONS_TESTS) $(PYTEST_ARGS) || failed="$$failed $$v"; \
+	  echo "=== Kubernetes $$v: $$(( $$(date +%s) - start )) s"; \
+	done; test -z "$$failed" || { echo "failed on Kubernetes:$$failed"; exit 1; }
+# --- end Kubernetes versions ----------------------------------------------------------------------
 
 # Debian packages real nodes need: libseccomp-dev to build runc with seccomp, busybox-static for the
 # probe image, mmdebstrap for the product image; clang with libFuzzer for `make -C shim fuzz`.
