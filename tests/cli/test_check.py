@@ -41,8 +41,11 @@ def test_versions_from_1_36_pass_1_34_passes_with_a_note_older_fails() -> None:
     assert evaluate_version("v1.37.2").outcome == Outcome.OK
     older = evaluate_version("v1.35.1")
     assert older.outcome == Outcome.OK and "alpha gates" in older.detail
-    ancient = evaluate_version("v1.33.4")
-    assert ancient.outcome == Outcome.FAIL and "1.36 or newer" in ancient.fix
+    ancient = evaluate_version("v1.34.6")
+    assert ancient.outcome == Outcome.FAIL and "older than gpuslice supports (1.35, 1.36, 1.37)" in ancient.detail
+    assert "upgrade the cluster to 1.35, 1.36, 1.37" in ancient.fix
+    newer = evaluate_version("v1.38.0")
+    assert newer.outcome == Outcome.FAIL and "newer than gpuslice was tested on" in newer.detail
 
 
 def test_probe_names_each_dropped_field_and_the_gate_that_keeps_it() -> None:
