@@ -97,7 +97,7 @@ async def _dry_run(api: kubehttp.Client, plural: str, body: dict[str, Any]) -> d
         return None
 
 
-async def read_facts(api: kubehttp.Client) -> PlatformFacts:
+async def read_facts(api: kubehttp.Client, *, device_class: bool = True) -> PlatformFacts:
     version = await api.get("/version")
     served = await _served(api)
     dropped: tuple[str, ...] | None = None
@@ -110,8 +110,7 @@ async def read_facts(api: kubehttp.Client) -> PlatformFacts:
             pairs = [(b["spec"], (s or {}).get("spec") or {}) for b, s in zip(sent, stored, strict=True)]
             dropped = tuple(p for a, b in pairs for p in dropped_fields(a, b))
             untainted = tuple(d for a, b in pairs for d in dropped_taints(a, b))
-        body = probe_device_class()
-        dc = await _dry_run(api, "deviceclasses", body)
+        dc = await _dry_run(api, "deviceclasses", probe_device_class()) if device_class else None
         if dc is not None:
             extended = "extendedResourceName" in (dc.get("spec") or {})
     return PlatformFacts(
@@ -123,8 +122,8 @@ async def read_facts(api: kubehttp.Client) -> PlatformFacts:
     )
 
 
-async def read_platform(api: kubehttp.Client) -> Platform:
-    return decide(await read_facts(api))
+async def read_platform(api: kubehttp.Client, *, device_class: bool = True) -> Platform:
+    return decide(await read_facts(api, device_class=device_class))
 
 
 def log_platform(platform: Platform, component: str) -> None:
