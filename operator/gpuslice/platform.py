@@ -97,16 +97,31 @@ async def _dry_run(api: kubehttp.Client, plural: str, body: dict[str, Any]) -> d
         return None
 
 
-async def read_facts(api: kubehttp.Client, *, device_class: bool = True) -> PlatformFacts:
+async def _scheduler_reads_taint_rules(api: kubehttp.Client) -> bool | None:
+    try:
+        role = await api.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/system:kube-scheduler")
+    except kubehttp.ApiError:
+        return None  # not allowed to read it, or a platform without the bootstrap roles
+    return any(
+        "devicetaintrules" in (r.get("resources") or []) and c.DRA_GROUP in (r.get("apiGroups") or [])
+        for r in role.get("rules") or []
+    )
+
+
+async def read_facts(
+    api: kubehttp.Client, *, device_class: bool = True, slices: bool = True
+) -> PlatformFacts:
+    """device_class, slices: whether to probe with a dry-run DeviceClass, ResourceSlices (each needs
+    create on it: the agent may not write DeviceClasses, the operator not ResourceSlices)."""
     version = await api.get("/version")
     served = await _served(api)
     dropped: tuple[str, ...] | None = None
     untainted: tuple[str, ...] | None = None
     extended: bool | None = None
     if f"{c.DRA_GROUP}/{c.DRA_VERSION}/resourceslices" in served:
-        sent = probe_slices()
+        sent = probe_slices() if slices else []
         stored = [await _dry_run(api, "resourceslices", b) for b in sent]
-        if all(s is not None for s in stored):
+        if sent and all(s is not None for s in stored):
             pairs = [(b["spec"], (s or {}).get("spec") or {}) for b, s in zip(sent, stored, strict=True)]
             dropped = tuple(p for a, b in pairs for p in dropped_fields(a, b))
             untainted = tuple(d for a, b in pairs for d in dropped_taints(a, b))
@@ -114,6 +129,7 @@ async def read_facts(api: kubehttp.Client, *, device_class: bool = True) -> Plat
         if dc is not None:
             extended = "extendedResourceName" in (dc.get("spec") or {})
     return PlatformFacts(
+        scheduler_reads_taint_rules=await _scheduler_reads_taint_rules(api),
         git_version=str(version.get("gitVersion") or "unknown"),
         served=served,
         dropped_slice_fields=dropped,
@@ -122,8 +138,8 @@ async def read_facts(api: kubehttp.Client, *, device_class: bool = True) -> Plat
     )
 
 
-async def read_platform(api: kubehttp.Client, *, device_class: bool = True) -> Platform:
-    return decide(await read_facts(api, device_class=device_class))
+async def read_platform(api: kubehttp.Client, *, device_class: bool = True, slices: bool = True) -> Platform:
+    return decide(await read_facts(api, device_class=device_class, slices=slices))
 
 
 def log_platform(platform: Platform, component: str) -> None:

@@ -96,3 +96,13 @@ def test_check_prints_each_feature_with_the_fix() -> None:
     )
     assert lines["ValidatingAdmissionPolicy"].outcome == Outcome.OK
     assert "partitionable devices (DRAPartitionableDevices)" not in lines  # the probe's own lines say it
+
+
+def test_device_taint_rules_served_but_gated_off_are_off() -> None:
+    # 1.37 serves resource.k8s.io/v1 DeviceTaintRules whatever the gate; kube-scheduler then ignores them.
+    p = decide(facts(scheduler_reads_taint_rules=False))
+    assert [x.name for x in p.off] == [f.TAINT_RULES]
+    assert "kube-scheduler ignores the rules" in p.feature(f.TAINT_RULES).reason
+    both = decide(facts(dropped_taints=("partition",)))
+    assert "it needs DRADeviceTaints" in both.feature(f.TAINT_RULES).reason
+    assert decide(facts(scheduler_reads_taint_rules=True)).off == []

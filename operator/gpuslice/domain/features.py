@@ -47,6 +47,9 @@ class PlatformFacts:
     dropped_taints: tuple[str, ...] | None = None
     #: a dry-run DeviceClass kept spec.extendedResourceName
     extended_resource_kept: bool | None = None
+    #: the bootstrap ClusterRole system:kube-scheduler may read DeviceTaintRules: kube-apiserver adds
+    #: that rule only with DRADeviceTaintRules on; discovery lists the GA resource either way
+    scheduler_reads_taint_rules: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,20 @@ def decide(facts: PlatformFacts) -> Platform:
         feats.append(Feature(DEVICE_TAINTS, gate, True))
 
     gate = "DRADeviceTaintRules"
-    if DEVICE_TAINT_RULES in facts.served:
+    taints_off = bool(facts.dropped_taints)
+    if DEVICE_TAINT_RULES in facts.served and (taints_off or facts.scheduler_reads_taint_rules is False):
+        feats.append(
+            Feature(
+                TAINT_RULES,
+                gate,
+                False,
+                f"{DEVICE_TAINT_RULES} is served, but the gate is off"
+                + (" (it needs DRADeviceTaints)" if taints_off else "")
+                + ": kube-scheduler ignores the rules, so `gpuslice drain` would take nothing out of "
+                "service; cordon and drain the node instead",
+            )
+        )
+    elif DEVICE_TAINT_RULES in facts.served:
         feats.append(Feature(TAINT_RULES, gate, True))
     else:
         feats.append(
