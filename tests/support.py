@@ -375,3 +375,13 @@ def check_line(output: str, name: str) -> str:
     """The one line of `gpuslice check`'s output for prerequisite `name`."""
     (found,) = [x for x in output.splitlines() if x[2:].startswith(name)]
     return found
+
+
+def counters_kept(cluster: DevCluster) -> bool:
+    """Does this devcluster's API server keep ResourceSlice shared counters? Off by default only on
+    1.35, where DRAPartitionableDevices is alpha (README "Kubernetes versions")."""
+    from gpuslice_dev.devcluster.binaries import minor_of
+    from gpuslice_dev.devcluster.components import gates_map
+
+    gate = gates_map(cluster.apiserver_feature_gates).get("DRAPartitionableDevices")
+    return gate if gate is not None else minor_of(cluster.kubernetes) != "1.35"

@@ -2,7 +2,7 @@
 gate off, the operator and `gpuslice check` say what this cluster cannot do, and keep running.
 
 What each minor serves is the README's "Kubernetes versions" table (read from each release's
-pkg/features/kube_features.go); `EXPECTED_OFF` is that table's off column for the devcluster's gates.
+pkg/features/kube_features.go); `DEFAULT_OFF` is that table's off column for each minor's default gates.
 """
 
 from __future__ import annotations
@@ -17,21 +17,36 @@ import pytest
 from gpuslice.domain import features as f
 from gpuslice_dev.devcluster.binaries import minor_of
 from gpuslice_dev.devcluster.cluster import DevCluster
+from gpuslice_dev.devcluster.components import gates_map
 from support import apply, check_line, gpuslice_check, wait_for
 
 from .operator_cluster import OperatorProcess, get, module_operator, package_doc
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 
-#: features off on each minor with the devcluster's gates (its defaults)
-EXPECTED_OFF = {
+#: features off on each minor with its default gates
+DEFAULT_OFF = {
     "1.35": {f.PARTITIONABLE, f.DEVICE_TAINTS, f.TAINT_RULES, f.EXTENDED_RESOURCES, f.MUTATING},
     "1.36": {f.TAINT_RULES},
     "1.37": set(),
 }
-# The operator may not write ResourceSlices, so it cannot probe the counters (the agents do).
-OPERATOR_SEES = EXPECTED_OFF | {"1.35": EXPECTED_OFF["1.35"] - {f.PARTITIONABLE, f.DEVICE_TAINTS}}
+#: the gate that turns each on where it is off by default ($GPUSLICE_FEATURE_GATES, `make test-versions`)
+GATES = {
+    f.PARTITIONABLE: "DRAPartitionableDevices",
+    f.DEVICE_TAINTS: "DRADeviceTaints",
+    f.EXTENDED_RESOURCES: "DRAExtendedResource",
+}
 TAINTS_OFF = "DRADeviceTaints=false,DRADeviceTaintRules=false"
+
+
+def expected_off(cluster: DevCluster) -> set[str]:
+    gates = gates_map(cluster.feature_gates)
+    return {x for x in DEFAULT_OFF[minor_of(cluster.kubernetes)] if not gates.get(GATES.get(x, ""), False)}
+
+
+def operator_sees(cluster: DevCluster) -> set[str]:
+    # The operator may not write ResourceSlices, so it cannot probe the counters (the agents do).
+    return expected_off(cluster) - {f.PARTITIONABLE, f.DEVICE_TAINTS}
 
 
 def _condition(pkg: dict[str, Any]) -> dict[str, Any] | None:
@@ -48,7 +63,6 @@ def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
 def test_the_package_names_the_version_and_each_feature_it_cannot_have(
     cluster: DevCluster, operator: OperatorProcess
 ) -> None:
-    minor = minor_of(cluster.kubernetes)
     apply(cluster, [package_doc("versions-v100", 25, None)])
     pkg = wait_for(
         lambda: (
@@ -60,7 +74,7 @@ def test_the_package_names_the_version_and_each_feature_it_cannot_have(
         "the package's status",
     )
     cond = _condition(pkg)
-    off = OPERATOR_SEES[minor]
+    off = operator_sees(cluster)
     if not off:
         assert cond is None, cond
         assert pkg["status"].get("resourceName"), pkg["status"]  # resources.limits form served
@@ -124,7 +138,7 @@ def test_a_platform_that_turned_device_taints_off_is_told_and_nothing_crashes(
 
 def test_check_on_the_suites_version_names_what_is_off(cluster: DevCluster) -> None:
     out = gpuslice_check(cluster.kubeconfig).stdout
-    minor = minor_of(cluster.kubernetes)
+    off = expected_off(cluster)
     assert check_line(out, "Kubernetes version").startswith("\u221a "), out
     for name, gate in (
         (f.TAINT_RULES, "DRADeviceTaintRules"),
@@ -132,4 +146,4 @@ def test_check_on_the_suites_version_names_what_is_off(cluster: DevCluster) -> N
         (f.MUTATING, "MutatingAdmissionPolicy"),
     ):
         line = check_line(out, f"{name} ({gate})")
-        assert line.startswith("\u00d7 " if name in EXPECTED_OFF[minor] else "\u221a "), (minor, line)
+        assert line.startswith("\u00d7 " if name in off else "\u221a "), (cluster.feature_gates, line)

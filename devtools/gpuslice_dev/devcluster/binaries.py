@@ -30,6 +30,8 @@ DEFAULT_KUBERNETES = "1.37"
 #: The environment variable that picks the minor when no caller names one (the test suite's switch).
 KUBERNETES_ENV = "GPUSLICE_KUBERNETES"
 KUBERNETES_VERSION = KUBERNETES_RELEASES[DEFAULT_KUBERNETES]
+#: Feature gates on top of the minor's own (e.g. a 1.35 platform that turned its alpha DRA gates on).
+FEATURE_GATES_ENV = "GPUSLICE_FEATURE_GATES"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 #: Go directive of the generated build modules; the machine's Go must be at least this.

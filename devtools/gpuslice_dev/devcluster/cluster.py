@@ -21,7 +21,7 @@ import yaml
 
 from gpuslice.files import atomic_write
 from gpuslice_dev.devcluster import components, pki
-from gpuslice_dev.devcluster.binaries import Binaries, ensure_binaries, kubernetes_release
+from gpuslice_dev.devcluster.binaries import FEATURE_GATES_ENV, Binaries, ensure_binaries, kubernetes_release
 from gpuslice_dev.devcluster.components import CORE_COMPONENTS, FEATURE_GATES, feature_gates, node_manifest
 from gpuslice_dev.devcluster.kubectl import KubectlClient
 from gpuslice_dev.devcluster.supervisor import (
@@ -101,7 +101,8 @@ class DevCluster(KubectlClient):
     ) -> None:
         """kubernetes: the minor ("1.36"; None: the one a running cluster in `directory` runs, else
         $GPUSLICE_KUBERNETES, else the default). extra_feature_gates ("Gate=false,..."): on top of the
-        minor's set (components.FEATURE_GATES_BY_MINOR), for every component and kubelet."""
+        minor's set (components.FEATURE_GATES_BY_MINOR) and $GPUSLICE_FEATURE_GATES, for every
+        component and kubelet."""
         self.dir = (directory or default_dir()).resolve()
         self.progress: Progress = progress or (lambda _msg: None)
         recorded = self.state()
@@ -111,7 +112,8 @@ class DevCluster(KubectlClient):
             self.feature_gates = recorded.feature_gates
         else:
             self.kubernetes = kubernetes_release(kubernetes)
-            self.feature_gates = feature_gates(self.kubernetes, extra_feature_gates)
+            extra = ",".join(filter(None, (os.environ.get(FEATURE_GATES_ENV, ""), extra_feature_gates)))
+            self.feature_gates = feature_gates(self.kubernetes, extra)
         #: kube-apiserver's --feature-gates (tests start one with the DRA gates off to see fields dropped).
         self.apiserver_feature_gates = apiserver_feature_gates or self.feature_gates
         self._bins: Binaries | None = None
