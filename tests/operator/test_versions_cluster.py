@@ -147,3 +147,43 @@ def test_check_on_the_suites_version_names_what_is_off(cluster: DevCluster) -> N
     ):
         line = check_line(out, f"{name} ({gate})")
         assert line.startswith("\u00d7 " if name in off else "\u221a "), (cluster.feature_gates, line)
+
+
+def test_where_device_taints_are_dropped_an_unhealthy_card_is_left_out_of_the_pool(
+    taints_off: DevCluster,
+) -> None:
+    # The agent's start-up decision and publisher against the real API server: a taint it would drop
+    # cannot take the card off sale, so the card's devices are not offered at all.
+    import asyncio
+
+    from gpuslice.agent.kube import Kube, api_client
+    from gpuslice.agent.publisher import Publisher
+    from gpuslice.agent.service import _adapt_to_platform
+    from support import gpu
+    from support import package_doc as bare_package
+
+    node = "taints-off-node"
+    cards = [gpu(0, node=node), gpu(1, node=node)]
+    taint = {"key": "gpuslice.io/gpu-unhealthy", "value": "Failed", "effect": "NoExecute"}
+
+    async def publish() -> list[dict[str, Any]]:
+        api = api_client(taints_off.kubeconfig)
+        kube = Kube(api)
+        try:
+            publisher = Publisher(node, cards, kube)
+            await _adapt_to_platform(api, kube, publisher)
+            assert publisher.taints_dropped and publisher.refused is None
+            publisher.packages_listed([bare_package("v100-8g", 25)])
+            publisher.node_seen({"metadata": {"name": node}})
+            publisher.set_taints({cards[0].uuid: [taint]})
+            try:
+                await publisher.sync()
+                return await kube.list_pool_slices(node)
+            finally:
+                await publisher.withdraw()
+        finally:
+            await api.close()
+
+    pool = asyncio.run(publish())
+    uuids = {d["attributes"]["uuid"]["string"] for s in pool for d in s["spec"].get("devices") or []}
+    assert uuids == {cards[1].uuid}, uuids
