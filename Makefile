@@ -5,7 +5,41 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint typecheck pytest shim image clean debian-packages
+.PHONY: install demo test lint typecheck pytest shim image clean debian-packages test-versions
+
+# --- Kubernetes versions (README "Kubernetes versions") -------------------------------------------
+# The minor the devcluster, the demo and the suite run: 1.35, 1.36 or 1.37 (`make test KUBERNETES=1.36`).
+# Every devcluster the suite starts reads it from GPUSLICE_KUBERNETES (and extra feature gates from
+# GPUSLICE_FEATURE_GATES); each minor's binaries are built once and cached beside the others.
+# `make test-versions` (the version job; the default `make test` stays on 1.37) runs, one after the other:
+#   1.35 with its default gates: what gpuslice says and refuses there (VERSIONS_CHECKS);
+#   1.35 with its alpha DRA gates turned on (a self-managed platform; VERSIONS_135_GATES) and 1.36:
+#   the subset VERSIONS_TESTS (allocation, quota, admission policies, the real node's slice pod,
+#   health, resources.limits where served).
+KUBERNETES ?= $(or $(GPUSLICE_KUBERNETES),1.37)
+export GPUSLICE_KUBERNETES := $(KUBERNETES)
+VERSIONS_CHECKS ?= tests/cli/test_check.py tests/operator/test_versions_cluster.py tests/devcluster/test_control_plane.py
+VERSIONS_TESTS ?= $(VERSIONS_CHECKS) tests/agent/test_agent_e2e.py tests/operator/test_isolation_cluster.py \
+	tests/node/test_real_node.py tests/node/test_gpu_health_node.py tests/node/test_product_limits_node.py
+VERSIONS_135_GATES ?= DRAPartitionableDevices=true,DRADeviceTaints=true,DRAExtendedResource=true
+VERSIONS_WORKERS ?= $(PYTEST_WORKERS)
+NO_GATES :=
+# $(1) minor, $(2) the name of a variable holding extra gates, $(3) test files; appends to build/test-versions.txt
+define versions_run
+	@echo "=== Kubernetes $(1) $(if $($(2)),with $($(2)),with its default gates)"; start=$$(date +%s); \
+	GPUSLICE_KUBERNETES=$(1) $(BIN)/gpuslice-dev devcluster build --with-node >/dev/null && \
+	GPUSLICE_KUBERNETES=$(1) GPUSLICE_FEATURE_GATES=$($(2)) $(BIN)/pytest -ra -n $(VERSIONS_WORKERS) \
+	  --dist loadfile --no-loadscope-reorder $(3) $(PYTEST_ARGS); rc=$$?; \
+	line="Kubernetes $(1) $(if $($(2)),+$($(2)),defaults): $$([ $$rc = 0 ] && echo pass || echo FAIL) in $$(( $$(date +%s) - start )) s"; \
+	echo "=== $$line"; echo "$$line" >> build/test-versions.txt
+endef
+test-versions: install shim
+	@mkdir -p build && : > build/test-versions.txt
+	$(call versions_run,1.35,NO_GATES,$(VERSIONS_CHECKS))
+	$(call versions_run,1.35,VERSIONS_135_GATES,$(VERSIONS_TESTS))
+	$(call versions_run,1.36,NO_GATES,$(VERSIONS_TESTS))
+	@cat build/test-versions.txt; ! grep -q FAIL build/test-versions.txt
+# --- end Kubernetes versions ----------------------------------------------------------------------
 
 # Debian packages real nodes need: libseccomp-dev to build runc with seccomp, busybox-static for the
 # probe image, mmdebstrap for the product image; clang with libFuzzer for `make -C shim fuzz`.

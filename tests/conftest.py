@@ -2,6 +2,8 @@
 
 Set GPUSLICE_TEST_CLUSTER_DIR to the --dir of a running `gpuslice-dev devcluster up` to reuse it
 (fast iteration); otherwise the session starts its own in a temporary directory and stops it.
+GPUSLICE_KUBERNETES (1.35, 1.36, 1.37; `make test KUBERNETES=1.36`) picks the Kubernetes minor of
+every devcluster the suite starts.
 """
 
 from __future__ import annotations
@@ -15,10 +17,25 @@ from pathlib import Path
 
 import pytest
 
+from gpuslice_dev.devcluster.binaries import KUBERNETES_ENV, BuildError, kubernetes_release
 from gpuslice_dev.devcluster.cluster import DevCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_NODES = int(os.environ.get("GPUSLICE_TEST_NODES", "3"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A bad GPUSLICE_KUBERNETES stops the session here, before any cluster starts.
+    try:
+        kubernetes_release()
+    except BuildError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def pytest_report_header() -> str:
+    return (
+        f"Kubernetes {kubernetes_release()} (${KUBERNETES_ENV}={os.environ.get(KUBERNETES_ENV) or 'unset'})"
+    )
 
 
 def _progress(msg: str) -> None:

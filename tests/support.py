@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 
 from gpuslice import constants as c
@@ -375,3 +376,28 @@ def check_line(output: str, name: str) -> str:
     """The one line of `gpuslice check`'s output for prerequisite `name`."""
     (found,) = [x for x in output.splitlines() if x[2:].startswith(name)]
     return found
+
+
+def counters_kept(cluster: DevCluster) -> bool:
+    """Does this devcluster's API server keep ResourceSlice shared counters? Off by default only on
+    1.35, where DRAPartitionableDevices is alpha (README "Kubernetes versions")."""
+    from gpuslice_dev.devcluster.binaries import minor_of
+    from gpuslice_dev.devcluster.components import gates_map
+
+    gate = gates_map(cluster.apiserver_feature_gates).get("DRAPartitionableDevices")
+    return gate if gate is not None else minor_of(cluster.kubernetes) != "1.35"
+
+
+def served(cluster: DevCluster, group_version: str, resource: str) -> bool:
+    """Does this devcluster's API server serve `resource` in `group_version` (discovery)?"""
+    out = cluster.kubectl("get", "--raw", f"/apis/{group_version}", check=False)
+    return out.returncode == 0 and any(r.get("name") == resource for r in json.loads(out.stdout)["resources"])
+
+
+def skip_unless_served(cluster: DevCluster, group_version: str, resource: str, feature: str) -> None:
+    """Skip a test of `feature` where this minor does not serve it (README "Kubernetes versions":
+    `tests/operator/test_versions_cluster.py` checks that gpuslice says so there)."""
+    if not served(cluster, group_version, resource):
+        pytest.skip(
+            f"Kubernetes {cluster.kubernetes} does not serve {group_version} {resource}: {feature} is off"
+        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,7 +18,9 @@ from enum import StrEnum
 from typing import Any
 
 from gpuslice import constants as c
+from gpuslice import platform as platform_probe
 from gpuslice.api.resourceslice import GATED_FIELDS, dropped_fields, dropped_gates, gates_fix
+from gpuslice.domain import features
 from gpuslice.timefmt import parse_rfc3339
 
 MIN_MINOR = 36  # partitionable devices and consumable capacity on by default
@@ -32,7 +33,7 @@ CRDS = (
     f"{c.USAGE_PLURAL}.{c.API_GROUP}",
     "clusterkopfpeerings.kopf.dev",
 )
-PROBE_DRIVER = "probe.check.gpuslice.io"
+PROBE_DRIVER = platform_probe.PROBE_DRIVER
 INSTALL = "kubectl apply --server-side -k manifests/crds && kubectl apply --server-side -k manifests"
 
 
@@ -67,23 +68,42 @@ def skip(name: str, detail: str) -> Result:
 
 def evaluate_version(git_version: str) -> Result:
     name = "Kubernetes version"
-    m = re.match(r"v?(\d+)\.(\d+)", git_version)
-    if not m:
-        return fail(name, f"cannot read the version {git_version!r}", "check the API server")
-    major, minor = int(m.group(1)), int(m.group(2))
-    if (major, minor) >= (1, MIN_MINOR):
-        return ok(name, f"{git_version} (1.{MIN_MINOR} or newer)")
-    if (major, minor) >= (1, DRA_GA_MINOR):
+    problem = features.version_problem(git_version)
+    minor = features.parse_minor(git_version)
+    tested = ", ".join(f"1.{m}" for m in features.SUPPORTED_MINORS)
+    if problem:
+        older = minor is not None and minor < (1, features.SUPPORTED_MINORS[0])
+        return fail(
+            name,
+            problem,
+            f"upgrade the cluster to {tested}"
+            if older
+            else f"run gpuslice on {tested}, or a gpuslice release "
+            "tested on this version; the feature lines below say what works here",
+        )
+    if minor is not None and minor < (1, MIN_MINOR):
         return ok(
             name,
             f"{git_version}: DRA is GA, but partitionable devices and consumable capacity are alpha "
             "gates here (see the probe below)",
         )
-    return fail(
-        name,
-        f"{git_version} is older than 1.{DRA_GA_MINOR}: no resource.k8s.io/v1",
-        f"upgrade to Kubernetes 1.{MIN_MINOR} or newer",
-    )
+    return ok(name, f"{git_version} (gpuslice is tested on {tested})")
+
+
+def evaluate_features(platform: features.Platform) -> list[Result]:
+    """One line per feature the probe above does not cover: what is off, and what gpuslice does."""
+    out = []
+    for f in platform.features:
+        if f.name == features.PARTITIONABLE:
+            continue  # evaluate_probe names its dropped fields
+        name = f"{f.name}" + (f" ({f.gate})" if f.gate else "")
+        if f.unknown:
+            out.append(skip(name, f.reason))
+        elif f.on:
+            out.append(ok(name, "served"))
+        else:
+            out.append(fail(name, f"off on Kubernetes {platform.version}: {f.reason}", features.fix(f)))
+    return out
 
 
 def evaluate_dra_served(group_versions: Sequence[str]) -> Result:
@@ -99,44 +119,7 @@ def evaluate_dra_served(group_versions: Sequence[str]) -> Result:
 
 
 def probe_slices() -> list[dict[str, Any]]:
-    """Two ResourceSlices of a driver nobody serves, carrying every gated field gpuslice relies on:
-    one with shared counters, one whose devices consume them and allow several allocations."""
-    pool = {"name": "gpuslice-check", "generation": 1, "resourceSliceCount": 2}
-    meta = {"labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}}
-    api = c.DRA_GROUP_VERSION
-    counters = {
-        "apiVersion": api,
-        "kind": "ResourceSlice",
-        "metadata": {"name": "gpuslice-check-probe-counters", **meta},
-        "spec": {
-            "driver": PROBE_DRIVER,
-            "allNodes": True,
-            "pool": pool,
-            "sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "32Gi"}}}],
-        },
-    }
-    devices = {
-        "apiVersion": api,
-        "kind": "ResourceSlice",
-        "metadata": {"name": "gpuslice-check-probe-devices", **meta},
-        "spec": {
-            "driver": PROBE_DRIVER,
-            "allNodes": True,
-            "pool": pool,
-            "devices": [
-                {
-                    "name": "partition",
-                    "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "8Gi"}}}],
-                },
-                {
-                    "name": "shared",
-                    "allowMultipleAllocations": True,
-                    "capacity": {"memory": {"value": "32Gi"}},
-                },
-            ],
-        },
-    }
-    return [counters, devices]
+    return platform_probe.probe_slices()
 
 
 def evaluate_probe(sent: Sequence[Mapping[str, Any]], stored: Sequence[Mapping[str, Any]]) -> list[Result]:
@@ -380,6 +363,16 @@ async def _gather(kubeconfig: str | None) -> tuple[str, list[Result]]:
                         "see above",
                     )
                 )
+
+        from gpuslice import kubehttp
+
+        raw = kubehttp.Client(kubehttp.load(kubeconfig), connections=2)
+        try:
+            results.extend(evaluate_features(await platform_probe.read_platform(raw)))
+        except (kubehttp.ApiError, OSError) as exc:
+            results.append(skip("Kubernetes features", f"could not be read: {exc}"))
+        finally:
+            await raw.close()
 
         ext = client.ApiextensionsV1Api(api)
         crds: dict[str, dict[str, Any] | None] = {}

@@ -162,5 +162,16 @@ def _report(work: Any) -> int:
         print(asyncio.run(work))
     except (DrainError, kubehttp.ApiError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if (
+            isinstance(exc, kubehttp.ApiError)
+            and exc.status == 404
+            and "the server could not find" in str(exc)
+        ):
+            # Not the rule missing: the resource itself (Kubernetes 1.35/1.36, README "Kubernetes versions").
+            print(
+                f"  this API server does not serve {RULES}: DeviceTaintRules are GA from Kubernetes 1.37 "
+                "(`gpuslice check` says what this cluster serves); cordon and drain the node instead",
+                file=sys.stderr,
+            )
         return 1
     return 0

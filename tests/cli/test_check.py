@@ -28,7 +28,7 @@ from gpuslice.check import (
     render,
 )
 from gpuslice_dev.devcluster.cluster import DevCluster
-from support import V100, check_line, gpuslice_check, package_doc, published
+from support import V100, check_line, counters_kept, gpuslice_check, package_doc, published
 
 GATES_OFF = "DRAPartitionableDevices=false,DRAConsumableCapacity=false"
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -41,8 +41,14 @@ def test_versions_from_1_36_pass_1_34_passes_with_a_note_older_fails() -> None:
     assert evaluate_version("v1.37.2").outcome == Outcome.OK
     older = evaluate_version("v1.35.1")
     assert older.outcome == Outcome.OK and "alpha gates" in older.detail
-    ancient = evaluate_version("v1.33.4")
-    assert ancient.outcome == Outcome.FAIL and "1.36 or newer" in ancient.fix
+    ancient = evaluate_version("v1.34.6")
+    assert (
+        ancient.outcome == Outcome.FAIL
+        and "older than gpuslice supports (1.35, 1.36, 1.37)" in ancient.detail
+    )
+    assert "upgrade the cluster to 1.35, 1.36, 1.37" in ancient.fix
+    newer = evaluate_version("v1.38.0")
+    assert newer.outcome == Outcome.FAIL and "newer than gpuslice was tested on" in newer.detail
 
 
 def test_probe_names_each_dropped_field_and_the_gate_that_keeps_it() -> None:
@@ -128,22 +134,27 @@ def test_check_fails_and_names_the_gates_when_the_api_server_drops_the_counters(
     assert check_line(out, "consumable capacity (DRAConsumableCapacity)").startswith("\u00d7 ")
 
 
-def _publish(dc: DevCluster, node: str) -> list[dict[str, Any]]:
-    """The agent's publisher, against a real API server; returns the pool as stored."""
+def _publish(dc: DevCluster, node: str, *, start_up: bool = False) -> tuple[list[dict[str, Any]], str | None]:
+    """The agent's publisher, against a real API server; returns the pool as stored and why the
+    publisher refused (None: it did not). start_up: first decide from what the server serves, as the
+    agent does when it starts."""
     from gpuslice.agent.kube import Kube, api_client
     from gpuslice.agent.publisher import Publisher
+    from gpuslice.platform import read_platform
     from support import gpu
 
-    async def publish() -> list[dict[str, Any]]:
+    async def publish() -> tuple[list[dict[str, Any]], str | None]:
         api = api_client(dc.kubeconfig)
         kube = Kube(api)
         try:
             publisher = Publisher(node, [gpu(0, node=node)], kube)
+            if start_up and (refusal := (await read_platform(api, device_class=False)).publish_refusal):
+                publisher.refuse(refusal)
             publisher.packages_listed([package_doc("v100-8g", 25)])
             publisher.node_seen({"metadata": {"name": node}})
             try:
                 await publisher.sync()
-                return await kube.list_pool_slices(node)
+                return await kube.list_pool_slices(node), publisher.refused
             finally:
                 await publisher.withdraw()
         finally:
@@ -153,20 +164,28 @@ def _publish(dc: DevCluster, node: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.cluster
-def test_the_agent_refuses_to_run_when_its_slices_come_back_without_counters(gates_off: DevCluster) -> None:
-    from gpuslice.agent.publisher import FieldsDropped
-
-    with pytest.raises(FieldsDropped) as refused:
-        _publish(gates_off, "gpu-node")
-    message = str(refused.value)
-    assert "the API server dropped spec.sharedCounters" in message
-    assert "kube-scheduler would never allocate a slice" in message
-    assert "--feature-gates=DRAPartitionableDevices=true" in message
+def test_the_agent_publishes_nothing_when_its_slices_would_come_back_without_counters(
+    gates_off: DevCluster,
+) -> None:
+    # Devices stored without consumesCounters would be independent devices: kube-scheduler could then
+    # place a 32 GiB slice and four 8 GiB ones on one 32 GiB card. The agent offers none and says why,
+    # and stays up (no crash loop): decided at start-up from the dry-run probe, and again should a
+    # publish come back stripped (a gate turned off while it runs).
+    for start_up in (True, False):
+        pool, refused = _publish(gates_off, f"gpu-node-{int(start_up)}", start_up=start_up)
+        assert pool == [], start_up
+        assert refused is not None
+        assert "DRAPartitionableDevices" in refused
+        assert "sold" in refused and "one card's memory" in refused, refused
 
 
 @pytest.mark.cluster
 def test_the_agent_publishes_where_the_api_server_keeps_the_counters(cluster: DevCluster) -> None:
     # The refusal above must not be a false alarm: with the gates on, the same publish goes through.
-    stored = _publish(cluster, "check-gates-on-node")
+    stored, refused = _publish(cluster, "check-gates-on-node", start_up=True)
+    if not counters_kept(cluster):  # 1.35 with its default gates: the refusal, as on gates_off
+        assert stored == [] and refused is not None and "DRAPartitionableDevices" in refused
+        return
+    assert refused is None
     assert any(s["spec"].get("sharedCounters") for s in stored)
     assert all(d.get("consumesCounters") for s in stored for d in s["spec"].get("devices") or [])

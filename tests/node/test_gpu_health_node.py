@@ -17,7 +17,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import fake_gpu_config
 from gpuslice_dev.gpusim import faults
 from node.node_cluster import PROBE, TENANT, delete, slice_pod
-from support import get_json, wait_for
+from support import get_json, skip_unless_served, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=90)]
 NODE = "real-node-0"
@@ -166,6 +166,9 @@ def test_an_application_xid_changes_nothing(node_cluster: DevCluster, moving: st
 def test_drain_with_evict_moves_the_slice_and_uncordon_puts_the_card_back(
     node_cluster: DevCluster, moving: str
 ) -> None:
+    skip_unless_served(
+        node_cluster, "resource.k8s.io/v1", "devicetaintrules", "gpuslice drain (DeviceTaintRules)"
+    )
     old = running_pod(node_cluster, moving)
     card = card_of_claim(node_cluster, moving)
     assert old is not None and card is not None

@@ -17,7 +17,7 @@ from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster
 from node.node_cluster import PROBE, TENANT, delete, entitled, exec_in, run_pod, slice_pod
 from node.test_isolation_node import _container_pid, _release, gpu_holder
-from support import apply, deployment_of, get_json, wait_for
+from support import apply, deployment_of, get_json, skip_unless_served, wait_for
 
 # tests/operator is a package whose name the standard library's `operator` shadows here: load the
 # helpers of its cluster tests (a tenant user, waiting for a slice's status) by path.
@@ -79,6 +79,12 @@ def _quota_settled(cluster: DevCluster, devices: str, requests: str) -> dict[str
 def test_a_stock_pod_asking_for_the_product_in_its_limits_runs_on_its_slice(
     node_cluster: DevCluster, tenant: Path
 ) -> None:
+    skip_unless_served(
+        node_cluster,
+        "admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicies",
+        "the GPU node toleration a stock pod gets from a MutatingAdmissionPolicy",
+    )
     # the product names its resource: in its DeviceClass (what kube-scheduler reads) and its status
     device_class = get_json(node_cluster, "deviceclass", "v100-8g.gpuslice.io")
     assert device_class["spec"]["extendedResourceName"] == PRODUCT

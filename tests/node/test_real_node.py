@@ -21,7 +21,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
 from gpuslice_dev.devcluster.realnode import dirs_of, leftovers, start_real_nodes
 from node.node_cluster import GPU_SPEC, TENANT, delete, exec_in, run_pod, sleeping_slice_pod, slice_pod
-from support import get_json, wait_for
+from support import get_json, skip_unless_served, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=150)]
 NODE = "real-node-0"
@@ -44,7 +44,7 @@ def test_real_node_registers_with_its_kubelet_and_runtime(node_cluster: DevClust
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True", ready
     info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == "v1.37.2"
+    assert info["kubeletVersion"] == node_cluster.kubernetes
     assert info["containerRuntimeVersion"] == "containerd://2.4.2"
     internal = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
     assert internal and not internal[0].startswith("127."), node["status"]["addresses"]
@@ -135,6 +135,12 @@ def test_container_root_cannot_change_the_shim_files(
 def test_container_root_cannot_cover_the_preload_from_a_user_and_mount_namespace(
     node_cluster: DevCluster, probe_pod: str
 ) -> None:
+    skip_unless_served(
+        node_cluster,
+        "admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicies",
+        "the slice-seccomp MutatingAdmissionPolicy",
+    )
     # Under baseline with no seccomp profile (the runtime's default: Unconfined) this worked: the
     # shim was gone and cuMemAlloc(20 GiB) succeeded on the 8 GiB slice.
     pod = get_json(node_cluster, "pod", probe_pod, "-n", TENANT)

@@ -26,7 +26,7 @@ from gpuslice import constants as c
 from gpuslice.domain.isolation import taint_patch
 from gpuslice_dev.agents import agent_kubeconfig
 from gpuslice_dev.devcluster.cluster import DevCluster, node_manifest
-from support import apply, pod_doc, published, slice_doc, wait_for
+from support import apply, pod_doc, published, skip_unless_served, slice_doc, wait_for
 
 from .operator_cluster import (
     TEST_LABEL,
@@ -408,6 +408,12 @@ def test_raw_gpu_requests_are_refused_without_a_claim_too(iso: Iso) -> None:
 
 
 def test_the_documented_pod_is_accepted_and_gets_the_gpu_node_toleration(iso: Iso) -> None:
+    skip_unless_served(
+        iso.cluster,
+        "admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicies",
+        "the gpu-node-toleration MutatingAdmissionPolicy",
+    )
     doc = pod_doc("p", iso.tenant, "nothing-yet")
     _ct(doc)["env"] = [{"name": "CUDA_LAUNCH_BLOCKING", "value": "1"}]  # plain CUDA_* stays allowed
     out = accepted(iso, doc)
@@ -448,6 +454,12 @@ def test_a_priority_class_the_platform_offers_tenants_is_accepted(iso: Iso) -> N
 
 
 def test_slice_pods_get_the_runtime_default_seccomp_profile(iso: Iso) -> None:
+    skip_unless_served(
+        iso.cluster,
+        "admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicies",
+        "the slice-seccomp MutatingAdmissionPolicy",
+    )
     # Without one, baseline leaves seccomp Unconfined: the container's root could `unshare -Urm` and
     # bind-mount /dev/null over the read-only /etc/ld.so.preload (tests/node: the attack on a real node).
     out = accepted(iso, pod_doc("p", iso.tenant, "nothing-yet"))

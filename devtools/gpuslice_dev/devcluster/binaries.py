@@ -4,6 +4,9 @@ Nothing is downloaded but Go modules: etcd, kube-apiserver, kube-controller-mana
 kubectl and kwok are compiled from `go.etcd.io/etcd/server/v3`, `k8s.io/kubernetes` and
 `sigs.k8s.io/kwok`. Only the first run builds (tens of minutes on 2 cores); later runs find the
 binaries under `${XDG_CACHE_HOME:-~/.cache}/gpuslice/bin/<component>-<version>/`.
+
+The Kubernetes minor is chosen per call (`--kubernetes 1.36`) or by $GPUSLICE_KUBERNETES (what
+`make test KUBERNETES=1.36` sets); each minor's patch release has its own cache folder.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-KUBERNETES_VERSION = "v1.37.2"
+#: The supported minors and the patch release of each the devcluster builds (Go module proxy tags).
+KUBERNETES_RELEASES: dict[str, str] = {"1.35": "v1.35.4", "1.36": "v1.36.3", "1.37": "v1.37.2"}
+DEFAULT_KUBERNETES = "1.37"
+#: The environment variable that picks the minor when no caller names one (the test suite's switch).
+KUBERNETES_ENV = "GPUSLICE_KUBERNETES"
+KUBERNETES_VERSION = KUBERNETES_RELEASES[DEFAULT_KUBERNETES]
+#: Feature gates on top of the minor's own (e.g. a 1.35 platform that turned its alpha DRA gates on).
+FEATURE_GATES_ENV = "GPUSLICE_FEATURE_GATES"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 #: Go directive of the generated build modules; the machine's Go must be at least this.
@@ -66,12 +76,31 @@ def k8s_ldflags(version: str) -> str:
     )
 
 
-COMPONENTS: tuple[Component, ...] = (
-    Component("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, ("go.etcd.io/etcd/server/v3",)),
-    Component(
+def kubernetes_release(wanted: str | None = None) -> str:
+    """The patch release (v1.X.Y) for a minor ("1.36", "v1.36" or its exact release); None: the minor
+    in $GPUSLICE_KUBERNETES, else the default. Anything else is an error that lists the choices."""
+    raw = (wanted or os.environ.get(KUBERNETES_ENV) or DEFAULT_KUBERNETES).strip().lstrip("v")
+    minor = ".".join(raw.split(".")[:2])
+    release = KUBERNETES_RELEASES.get(minor)
+    if release is None or raw not in (minor, release.lstrip("v")):
+        source = "" if wanted else f" (from ${KUBERNETES_ENV})"
+        choices = ", ".join(f"{k} ({v})" for k, v in KUBERNETES_RELEASES.items())
+        raise BuildError(
+            f"Kubernetes {raw!r}{source} is not one the devcluster builds; choose one of {choices}"
+        )
+    return release
+
+
+def minor_of(release: str) -> str:
+    """ "v1.36.3" -> "1.36"."""
+    return ".".join(release.lstrip("v").split(".")[:2])
+
+
+def kubernetes_component(release: str) -> Component:
+    return Component(
         "kubernetes",
         "k8s.io/kubernetes",
-        KUBERNETES_VERSION,
+        release,
         (
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "k8s.io/kubernetes/cmd/kube-controller-manager",
@@ -80,10 +109,17 @@ COMPONENTS: tuple[Component, ...] = (
             # The real nodes' kubelet comes from the same module: one build compiles what they share.
             "k8s.io/kubernetes/cmd/kubelet",
         ),
-        ldflags=k8s_ldflags(KUBERNETES_VERSION),
-    ),
-    Component("kwok", "sigs.k8s.io/kwok", KWOK_VERSION, ("sigs.k8s.io/kwok/cmd/kwok",)),
-)
+        ldflags=k8s_ldflags(release),
+    )
+
+
+ETCD = Component("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION, ("go.etcd.io/etcd/server/v3",))
+KWOK = Component("kwok", "sigs.k8s.io/kwok", KWOK_VERSION, ("sigs.k8s.io/kwok/cmd/kwok",))
+
+
+def components(release: str) -> tuple[Component, ...]:
+    """What the control plane of Kubernetes `release` is built from (etcd and kwok: one each)."""
+    return (ETCD, kubernetes_component(release), KWOK)
 
 
 def cache_root() -> Path:
@@ -93,6 +129,8 @@ def cache_root() -> Path:
 
 @dataclass(frozen=True)
 class Binaries:
+    #: the Kubernetes release (v1.X.Y) kube-apiserver, kube-controller-manager, ... come from
+    kubernetes: str
     etcd: Path
     kube_apiserver: Path
     kube_controller_manager: Path
@@ -102,11 +140,12 @@ class Binaries:
     kwok_stages: Path
 
 
-def _paths() -> Binaries:
+def _paths(release: str) -> Binaries:
     root = cache_root() / "bin"
-    k8s = root / f"kubernetes-{KUBERNETES_VERSION}"
+    k8s = root / f"kubernetes-{release}"
     kwok = root / f"kwok-{KWOK_VERSION}"
     return Binaries(
+        kubernetes=release,
         etcd=root / f"etcd-{ETCD_VERSION}" / "etcd",
         kube_apiserver=k8s / "kube-apiserver",
         kube_controller_manager=k8s / "kube-controller-manager",
@@ -117,10 +156,11 @@ def _paths() -> Binaries:
     )
 
 
-def cached() -> Binaries | None:
-    """The cached binaries, or None when any is missing."""
-    paths = _paths()
-    if all(Path(p).exists() for p in vars(paths).values()):
+def cached(kubernetes: str | None = None) -> Binaries | None:
+    """The cached binaries of Kubernetes minor `kubernetes` (see `kubernetes_release`), or None when
+    any is missing."""
+    paths = _paths(kubernetes_release(kubernetes))
+    if all(p.exists() for p in vars(paths).values() if isinstance(p, Path)):
         return paths
     return None
 
@@ -230,18 +270,20 @@ def build_component(comp: Component, progress: Progress) -> None:
     staging.rename(out)
 
 
-def ensure_binaries(progress: Progress | None = None) -> Binaries:
-    """Return the cached binaries, building whichever component is missing."""
+def ensure_binaries(progress: Progress | None = None, kubernetes: str | None = None) -> Binaries:
+    """Return the cached binaries of Kubernetes minor `kubernetes` (None: $GPUSLICE_KUBERNETES, else
+    the default), building whichever component is missing."""
     report = progress or default_progress
-    found = cached()
+    release = kubernetes_release(kubernetes)
+    found = cached(release)
     if found:
         return found
     if shutil.which("go") is None:
         raise BuildError("the `go` command is not on PATH; install Go >= 1.26 to build the control plane")
     with build_lock():
         started = time.monotonic()
-        paths = _paths()
-        for comp in COMPONENTS:
+        paths = _paths(release)
+        for comp in components(release):
             out = cache_root() / "bin" / comp.key
             if all((out / n).exists() for n in comp.binary_names()) and (
                 comp.name != "kwok" or paths.kwok_stages.exists()
@@ -251,7 +293,7 @@ def ensure_binaries(progress: Progress | None = None) -> Binaries:
         report(
             f"control plane binaries ready in {time.monotonic() - started:.0f}s under {cache_root() / 'bin'}"
         )
-    found = cached()
+    found = cached(release)
     if found is None:
         raise BuildError(f"build finished but binaries are missing under {cache_root() / 'bin'}")
     return found

@@ -7,7 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from gpuslice_dev.devcluster.binaries import BuildError, ensure_binaries
+from gpuslice_dev.devcluster.binaries import (
+    DEFAULT_KUBERNETES,
+    KUBERNETES_ENV,
+    KUBERNETES_RELEASES,
+    BuildError,
+    ensure_binaries,
+)
 from gpuslice_dev.devcluster.cluster import DevCluster, DevClusterError, default_dir
 
 
@@ -26,8 +32,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def with_dir(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--dir", type=Path, default=None, help=f"state directory (default: {default_dir()})")
 
+    # --- Kubernetes versions: which minor the binaries and the cluster are -------------------------
+    def with_kubernetes(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--kubernetes",
+            choices=sorted(KUBERNETES_RELEASES),
+            default=None,
+            metavar="MINOR",
+            help="Kubernetes minor: "
+            + ", ".join(f"{k} ({v})" for k, v in KUBERNETES_RELEASES.items())
+            + f" (default: ${KUBERNETES_ENV}, else {DEFAULT_KUBERNETES})",
+        )
+
     up = cmds.add_parser("up", help="build (first time) and start the control plane")
     with_dir(up)
+    with_kubernetes(up)
+    up.add_argument(
+        "--feature-gates",
+        default="",
+        metavar="GATES",
+        help="feature gates on top of the minor's own set, for every component and kubelet, e.g. "
+        "DRADeviceTaints=false (a platform that turned one off)",
+    )
     up.add_argument(
         "--nodes", type=int, default=1, help="number of kwok fake nodes that stay Ready (default 1)"
     )
@@ -68,6 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     load.set_defaults(func=_load_image)
 
     build = cmds.add_parser("build", help="only build (or find cached) control-plane binaries")
+    with_kubernetes(build)
     build.add_argument(
         "--with-node",
         action="store_true",
@@ -93,8 +120,10 @@ def _up(args: argparse.Namespace) -> int:
         except GpuSpecError as exc:
             print(f"error: --simulate-gpus: {exc}", file=sys.stderr)
             return 1
-    cluster = DevCluster(args.dir, progress=_progress)
     try:
+        cluster = DevCluster(
+            args.dir, progress=_progress, kubernetes=args.kubernetes, extra_feature_gates=args.feature_gates
+        )
         cluster.up(nodes=args.nodes)
         if args.real_nodes:
             from gpuslice_dev.devcluster.realnode import start_real_nodes
@@ -159,12 +188,12 @@ def _load_image(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     built: dict[str, object] = {}
     try:
-        built.update(vars(ensure_binaries(_progress)))
+        built.update(vars(ensure_binaries(_progress, args.kubernetes)))
         if args.with_node:
             from gpuslice_dev.devcluster.images import ensure_images
             from gpuslice_dev.devcluster.node_binaries import ensure_node_binaries
 
-            built.update(vars(ensure_node_binaries(_progress)))
+            built.update(vars(ensure_node_binaries(_progress, args.kubernetes)))
             built.update({img.ref: img.path for img in ensure_images(_progress)})
             # The tools tests use besides the cluster, built once here rather than inside a test.
             from gpuslice_dev.tools import ensure_helm, prometheus_operator_crds

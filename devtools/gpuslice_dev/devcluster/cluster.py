@@ -21,8 +21,8 @@ import yaml
 
 from gpuslice.files import atomic_write
 from gpuslice_dev.devcluster import components, pki
-from gpuslice_dev.devcluster.binaries import Binaries, ensure_binaries
-from gpuslice_dev.devcluster.components import CORE_COMPONENTS, FEATURE_GATES, node_manifest
+from gpuslice_dev.devcluster.binaries import FEATURE_GATES_ENV, Binaries, ensure_binaries, kubernetes_release
+from gpuslice_dev.devcluster.components import CORE_COMPONENTS, FEATURE_GATES, feature_gates, node_manifest
 from gpuslice_dev.devcluster.kubectl import KubectlClient
 from gpuslice_dev.devcluster.supervisor import (
     DevClusterError,
@@ -62,6 +62,9 @@ class State:
     #: nodes run by a real kubelet + containerd on this machine (see gpuslice_dev.devcluster.realnode)
     real_nodes: list[str] = field(default_factory=list)
     node_slots: dict[str, int] = field(default_factory=dict)
+    #: the Kubernetes release (v1.X.Y) it runs and the --feature-gates of its components
+    kubernetes: str = ""
+    feature_gates: str = ""
 
     @property
     def kubeconfig(self) -> Path:
@@ -92,11 +95,27 @@ class DevCluster(KubectlClient):
         directory: Path | None = None,
         progress: Progress | None = None,
         apiserver_feature_gates: str | None = None,
+        *,
+        kubernetes: str | None = None,
+        extra_feature_gates: str = "",
     ) -> None:
+        """kubernetes: the minor ("1.36"; None: the one a running cluster in `directory` runs, else
+        $GPUSLICE_KUBERNETES, else the default). extra_feature_gates ("Gate=false,..."): on top of the
+        minor's set (components.FEATURE_GATES_BY_MINOR) and $GPUSLICE_FEATURE_GATES, for every
+        component and kubelet."""
         self.dir = (directory or default_dir()).resolve()
         self.progress: Progress = progress or (lambda _msg: None)
+        recorded = self.state()
+        running = recorded is not None and any(r.alive() for r in recorded.processes.values())
+        if kubernetes is None and recorded is not None and recorded.kubernetes and running:
+            self.kubernetes = recorded.kubernetes
+            self.feature_gates = recorded.feature_gates
+        else:
+            self.kubernetes = kubernetes_release(kubernetes)
+            extra = ",".join(filter(None, (os.environ.get(FEATURE_GATES_ENV, ""), extra_feature_gates)))
+            self.feature_gates = feature_gates(self.kubernetes, extra)
         #: kube-apiserver's --feature-gates (tests start one with the DRA gates off to see fields dropped).
-        self.apiserver_feature_gates = apiserver_feature_gates or FEATURE_GATES
+        self.apiserver_feature_gates = apiserver_feature_gates or self.feature_gates
         self._bins: Binaries | None = None
 
     # --- public API -------------------------------------------------------------------------------
@@ -107,7 +126,7 @@ class DevCluster(KubectlClient):
     @property
     def bins(self) -> Binaries:
         if self._bins is None:
-            self._bins = ensure_binaries(self.progress)
+            self._bins = ensure_binaries(self.progress, self.kubernetes)
         return self._bins
 
     def state(self) -> State | None:
@@ -137,6 +156,11 @@ class DevCluster(KubectlClient):
         if st is not None:
             alive = {n: r.alive() for n, r in st.processes.items() if n in CORE_COMPONENTS}
             if alive and all(alive.values()) and len(alive) == len(CORE_COMPONENTS):
+                if st.kubernetes and st.kubernetes != self.kubernetes:
+                    raise DevClusterError(
+                        f"the devcluster in {self.dir} runs Kubernetes {st.kubernetes}, "
+                        f"not {self.kubernetes}: stop it first (or use another --dir)"
+                    )
                 self.progress(f"control plane already running in {self.dir}; ensuring {nodes} node(s)")
                 self._ensure_nodes(st, nodes)
                 return st
@@ -147,8 +171,9 @@ class DevCluster(KubectlClient):
         started = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
-        st = State(dir=str(self.dir))
+        st = State(dir=str(self.dir), kubernetes=self.kubernetes, feature_gates=self.feature_gates)
         st.save()
+        self.progress(f"Kubernetes {self.kubernetes}, feature gates: {self.feature_gates or 'its defaults'}")
         try:
             self._start_etcd(st, bins)
             self._start_apiserver(st, bins)
@@ -333,6 +358,7 @@ class DevCluster(KubectlClient):
                 port=st.ports["kube-controller-manager"],
                 pki_dir=pkidir,
                 service_account_key=pki.service_account_keys(pkidir).key,
+                gates=self.feature_gates,
             )
 
         def scheduler() -> list[str]:
@@ -342,6 +368,7 @@ class DevCluster(KubectlClient):
                 kubeconfig=comp / "kube-scheduler.kubeconfig",
                 port=st.ports["kube-scheduler"],
                 pki_dir=pkidir,
+                gates=self.feature_gates,
             )
 
         def kwok() -> list[str]:

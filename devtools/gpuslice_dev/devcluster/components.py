@@ -5,12 +5,46 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuslice_dev.devcluster import pki
-from gpuslice_dev.devcluster.binaries import Binaries
+from gpuslice_dev.devcluster.binaries import DEFAULT_KUBERNETES, Binaries, minor_of
 
 #: Order matters: started in this order, stopped in reverse.
 CORE_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-#: DRAExtendedResource (products in resources.limits) is not listed: GA and locked on in 1.37.
-FEATURE_GATES = "DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true"
+#: --feature-gates of every component (kube-apiserver, kube-controller-manager, kube-scheduler,
+#: kubelet) per minor: what a platform on that minor runs, its defaults (the README's "Kubernetes
+#: versions" table, read from each minor's pkg/features/kube_features.go). On 1.36 and 1.37 the gates
+#: named are beta or GA and on by default (named so a gate that is gone fails the start); none is
+#: locked there. On 1.35 they are alpha and off, as a managed 1.35 runs them: gpuslice must see that
+#: and say what it cannot do (`--feature-gates` turns them on for a self-managed platform's case).
+#: DRAExtendedResource is not named: GA and locked on in 1.37 (setting it is refused there).
+FEATURE_GATES_BY_MINOR: dict[str, str] = {
+    "1.35": "",
+    "1.36": "DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true",
+    "1.37": "DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true",
+}
+FEATURE_GATES = FEATURE_GATES_BY_MINOR[DEFAULT_KUBERNETES]
+
+
+def feature_gates(release: str, extra: str = "") -> str:
+    """The --feature-gates value for Kubernetes `release`: its minor's set, then `extra`
+    ("Gate=bool,...") on top, a gate named in both taking extra's value."""
+    gates: dict[str, str] = {}
+    for part in (FEATURE_GATES_BY_MINOR[minor_of(release)], extra):
+        for item in filter(None, (g.strip() for g in part.split(","))):
+            name, _, value = item.partition("=")
+            gates[name.strip()] = value.strip()
+    return ",".join(f"{k}={v}" for k, v in gates.items())
+
+
+def gates_map(gates: str) -> dict[str, bool]:
+    """ "A=true,B=false" -> {"A": True, "B": False} (the kubelet's config file form)."""
+    return {k: v == "true" for k, v in (g.split("=", 1) for g in gates.split(",") if g)}
+
+
+def _gates_flag(gates: str) -> list[str]:
+    # An empty --feature-gates= is the defaults too; left out, the command line says so plainly.
+    return [f"--feature-gates={gates}"] if gates else []
+
+
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 
@@ -72,7 +106,7 @@ def apiserver_argv(
         "--service-cluster-ip-range=10.96.0.0/16",
         # Privileged pods must reach admission so gpuslice's policies (not this flag) reject them.
         "--allow-privileged=true",
-        f"--feature-gates={feature_gates}",
+        *_gates_flag(feature_gates),
         "--profiling=false",
         "--enable-priority-and-fairness=false",
         f"--cert-dir={pki_dir / 'apiserver-generated'}",
@@ -94,7 +128,13 @@ def _served_controller_flags(kubeconfig: Path, port: int) -> list[str]:
 
 
 def controller_manager_argv(
-    bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path, service_account_key: Path
+    bins: Binaries,
+    *,
+    kubeconfig: Path,
+    port: int,
+    pki_dir: Path,
+    service_account_key: Path,
+    gates: str | None = None,
 ) -> list[str]:
     return [
         str(bins.kube_controller_manager),
@@ -104,17 +144,19 @@ def controller_manager_argv(
         f"--service-account-private-key-file={service_account_key}",
         f"--root-ca-file={pki_dir / 'ca.crt'}",
         "--controllers=*",
-        f"--feature-gates={FEATURE_GATES}",
+        *_gates_flag(feature_gates(bins.kubernetes) if gates is None else gates),
         f"--cert-dir={pki_dir / 'kcm-generated'}",
         "--concurrent-gc-syncs=5",
     ]
 
 
-def scheduler_argv(bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path) -> list[str]:
+def scheduler_argv(
+    bins: Binaries, *, kubeconfig: Path, port: int, pki_dir: Path, gates: str | None = None
+) -> list[str]:
     return [
         str(bins.kube_scheduler),
         *_served_controller_flags(kubeconfig, port),
-        f"--feature-gates={FEATURE_GATES}",
+        *_gates_flag(feature_gates(bins.kubernetes) if gates is None else gates),
         f"--cert-dir={pki_dir / 'scheduler-generated'}",
     ]
 

@@ -26,6 +26,7 @@ from gpuslice_dev.devcluster.binaries import (
     cache_root,
     default_progress,
     ensure_binaries,
+    kubernetes_release,
 )
 
 CONTAINERD_VERSION = "v2.4.2"
@@ -99,11 +100,12 @@ def _dir(comp: Component) -> Path:
     return cache_root() / "bin" / comp.key
 
 
-def _paths() -> NodeBinaries:
+def _paths(release: str) -> NodeBinaries:
     containerd, runc, cni, crane, cri_tools = (_dir(c) for c in NODE_COMPONENTS)
     return NodeBinaries(
-        # kubelet is built with the control plane (binaries.COMPONENTS), from the same module.
-        kubelet=cache_root() / "bin" / f"kubernetes-{KUBERNETES_VERSION}" / "kubelet",
+        # kubelet is built with the control plane (binaries.components), from the same module and
+        # release; the rest (and pause, from the default release's source) is one build for every minor.
+        kubelet=cache_root() / "bin" / f"kubernetes-{release}" / "kubelet",
         containerd=containerd / "containerd",
         containerd_shim=containerd / "containerd-shim-runc-v2",
         ctr=containerd / "ctr",
@@ -119,8 +121,8 @@ def _complete(comp: Component) -> bool:
     return all((_dir(comp) / n).exists() for n in comp.binary_names())
 
 
-def cached_node_binaries() -> NodeBinaries | None:
-    paths = _paths()
+def cached_node_binaries(kubernetes: str | None = None) -> NodeBinaries | None:
+    paths = _paths(kubernetes_release(kubernetes))
     if all(_complete(c) for c in NODE_COMPONENTS) and paths.pause.exists() and paths.kubelet.exists():
         return paths
     return None
@@ -152,26 +154,28 @@ def _build_pause(out: Path, progress: Progress) -> None:
     partial.rename(out)
 
 
-def ensure_node_binaries(progress: Progress | None = None) -> NodeBinaries:
-    """The cached node binaries, building whichever is missing (tens of minutes the first time)."""
+def ensure_node_binaries(progress: Progress | None = None, kubernetes: str | None = None) -> NodeBinaries:
+    """The cached node binaries (the kubelet of Kubernetes minor `kubernetes`, see
+    `binaries.kubernetes_release`), building whichever is missing (tens of minutes the first time)."""
     report = progress or default_progress
-    found = cached_node_binaries()
+    release = kubernetes_release(kubernetes)
+    found = cached_node_binaries(release)
     if found:
         return found
     if shutil.which("go") is None:
         raise BuildError("the `go` command is not on PATH; install Go >= 1.26 to build the node binaries")
-    if not _paths().kubelet.exists():
-        ensure_binaries(report)
+    if not _paths(release).kubelet.exists():
+        ensure_binaries(report, release)
     with build_lock():
         started = time.monotonic()
         for comp in NODE_COMPONENTS:
             if not _complete(comp):
                 build_component(comp, report)
-        paths = _paths()
+        paths = _paths(release)
         if not paths.pause.exists():
             _build_pause(paths.pause, report)
         report(f"node binaries ready in {time.monotonic() - started:.0f}s under {cache_root() / 'bin'}")
-    found = cached_node_binaries()
+    found = cached_node_binaries(release)
     if found is None:
         raise BuildError(f"build finished but node binaries are missing under {cache_root() / 'bin'}")
     return found

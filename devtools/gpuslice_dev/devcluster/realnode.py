@@ -1,4 +1,4 @@
-"""Real nodes: a kubelet v1.37 with its own containerd, runc and a CNI bridge, on this machine.
+"""Real nodes: a kubelet of the cluster's release with its own containerd, runc and a CNI bridge.
 
 Each real node `real-node-<i>` gets
 - containerd (CRI with CDI on) with its own root, state, socket, runc root and CNI network, so
@@ -38,7 +38,7 @@ import yaml
 from gpuslice import procfs
 from gpuslice_dev.devcluster import pki
 from gpuslice_dev.devcluster.cluster import DevCluster, State
-from gpuslice_dev.devcluster.components import FEATURE_GATES
+from gpuslice_dev.devcluster.components import gates_map
 from gpuslice_dev.devcluster.node_binaries import NodeBinaries, ensure_node_binaries
 from gpuslice_dev.devcluster.supervisor import DevClusterError, free_port, stop
 
@@ -280,9 +280,9 @@ def cni_config(d: NodeDirs) -> dict[str, object]:
 
 
 def kubelet_config(
-    d: NodeDirs, *, ca: Path, serving: pki.CertPair, port: int, healthz: int
+    d: NodeDirs, *, ca: Path, serving: pki.CertPair, port: int, healthz: int, feature_gates: str = ""
 ) -> dict[str, object]:
-    gates = {k: v == "true" for k, v in (g.split("=") for g in FEATURE_GATES.split(","))}
+    gates = gates_map(feature_gates)
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -428,7 +428,16 @@ def _start_kubelet(cluster: DevCluster, st: State, d: NodeDirs, bins: NodeBinari
     st.ports[f"kubelet/{d.name}"] = port
     d.kubelet_root.mkdir(parents=True, exist_ok=True)
     d.kubelet_config.write_text(
-        yaml.safe_dump(kubelet_config(d, ca=ca.cert_path, serving=serving, port=port, healthz=healthz))
+        yaml.safe_dump(
+            kubelet_config(
+                d,
+                ca=ca.cert_path,
+                serving=serving,
+                port=port,
+                healthz=healthz,
+                feature_gates=cluster.feature_gates,
+            )
+        )
     )
     argv = [
         str(bins.kubelet),
@@ -466,7 +475,7 @@ def start_real_nodes(cluster: DevCluster, count: int, progress: Progress | None 
         raise DevClusterError(
             "real nodes run kubelet and containerd, which need root; run as root or use --nodes"
         )
-    bins = ensure_node_binaries(say)
+    bins = ensure_node_binaries(say, cluster.kubernetes)
     images = [(img.ref, img.path) for img in ensure_images(say)]
     started: list[str] = []
     for i in range(count):
@@ -512,7 +521,7 @@ def import_image(cluster: DevCluster, archive: Path) -> list[str]:
         )
     if not archive.is_file():
         raise DevClusterError(f"{archive} is not a file (build it with `make image`)")
-    bins = ensure_node_binaries(cluster.progress)
+    bins = ensure_node_binaries(cluster.progress, cluster.kubernetes)
     for name in st.real_nodes:
         ctr(bins, dirs_of(cluster, name), "images", "import", str(archive.resolve()))
     return list(st.real_nodes)
@@ -579,7 +588,7 @@ def _remove_cgroups(cgroup_root: str) -> None:
 
 def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) -> list[str]:
     """Stop one real node and leave nothing behind: no process, mount, netns, bridge or cgroup."""
-    bins = bins or ensure_node_binaries(cluster.progress)
+    bins = bins or ensure_node_binaries(cluster.progress, cluster.kubernetes)
     d = dirs_of(cluster, name)
     st = cluster.state()
     stopped: list[str] = []

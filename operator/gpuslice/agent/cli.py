@@ -71,7 +71,6 @@ def _main(args: argparse.Namespace) -> int:
     from gpuslice import logs
     from gpuslice.agent import toolkit
     from gpuslice.agent.gpus import DiscoveryError
-    from gpuslice.agent.publisher import FieldsDropped
     from gpuslice.agent.service import AgentError, AgentOptions, run
 
     logs.configure(args.log_level)
@@ -98,6 +97,6 @@ def _main(args: argparse.Namespace) -> int:
         )
     try:
         return asyncio.run(run(opts))
-    except (AgentError, DiscoveryError, FieldsDropped) as exc:
+    except (AgentError, DiscoveryError) as exc:
         logs.get("gpuslice.agent").error(str(exc))
         return 1

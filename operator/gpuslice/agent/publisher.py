@@ -35,10 +35,6 @@ def parse_package(obj: dict[str, Any]) -> Package | None:
         return None
 
 
-class FieldsDropped(RuntimeError):
-    """The API server stored our ResourceSlices without their counters: nothing would ever allocate."""
-
-
 class Publisher:
     def __init__(self, node: str, gpus: Sequence[GpuInfo], kube: Kube) -> None:
         self.node = node
@@ -56,6 +52,11 @@ class Publisher:
         self.blocked: str | None = None
         # DRA device taints of unhealthy cards, by UUID (agent.health)
         self.taints: dict[str, list[dict[str, Any]]] = {}
+        # why the API server cannot be given these devices safely (domain.features: counters it would
+        # drop), until the agent restarts; None: it can
+        self.refused: str | None = None
+        # the API server drops device taints: an unhealthy card's devices are left out instead
+        self.taints_dropped = False
 
     # --- inputs ------------------------------------------------------------------------------------
 
@@ -88,6 +89,13 @@ class Publisher:
         self.blocked = reason
         self._dirty.set()
 
+    def refuse(self, reason: str) -> None:
+        """Publish nothing from now on (a guarantee would break): withdraw the pool, say why."""
+        if reason != self.refused:
+            log.error("publishing no device", node=self.node, reason=reason)
+        self.refused = reason
+        self._dirty.set()
+
     def set_taints(self, taints: dict[str, list[dict[str, Any]]]) -> None:
         """Every device of card `uuid` carries `taints[uuid]` from the next publish on."""
         if taints != self.taints:
@@ -97,16 +105,22 @@ class Publisher:
     # --- output ------------------------------------------------------------------------------------
 
     async def sync(self) -> None:
-        publish = self.node_present and self.blocked is None
-        desired = build_specs(self.node, self.gpus, self.packages.values(), self.taints) if publish else []
+        publish = self.node_present and self.blocked is None and self.refused is None
+        gpus, taints = self.gpus, self.taints
+        if self.taints_dropped and taints:
+            # A taint would be dropped: the unhealthy cards' devices are not offered at all.
+            gpus, taints = [g for g in gpus if g.uuid not in taints], {}
+        desired = build_specs(self.node, gpus, self.packages.values(), taints) if publish else []
         existing = await self.kube.list_pool_slices(self.node)
         plan = plan_publish(self.node, desired, existing, self.node_uid)
         for body in plan.apply:
             stored = await self.kube.apply_slice(body)
             dropped = dropped_fields(body["spec"], (stored or {}).get("spec") or {})
             if dropped:
-                # Refuse to run rather than offer slices kube-scheduler can never place.
-                raise FieldsDropped(dropped_message(dropped))
+                # Devices without their counters could be sold twice on one card: offer none.
+                self.refuse(dropped_message(dropped))
+                await self.withdraw()
+                return
             if untainted := dropped_taints(body["spec"], (stored or {}).get("spec") or {}):
                 log.error(
                     "the API server dropped the device taints of an unhealthy card: it stays on sale; "

@@ -7,7 +7,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import __version__, logs, metrics, metrics_auth
+from gpuslice import __version__, kubehttp, logs, metrics, metrics_auth, platform
 from gpuslice import constants as c
 from gpuslice.agent import gpus as gpus_mod
 from gpuslice.agent import plugin, toolkit
@@ -20,6 +20,7 @@ from gpuslice.agent.publisher import Publisher
 from gpuslice.agent.usage import UsageReporter
 from gpuslice.agent.utilization import UtilizationFeedback
 from gpuslice.agent.violations import ViolationEnforcer
+from gpuslice.domain import features
 from gpuslice.files import remove_stale_temp_files
 
 log = logs.get(__name__)
@@ -69,6 +70,24 @@ def check_socket_paths(opts: AgentOptions) -> None:
             )
 
 
+async def _adapt_to_platform(api: kubehttp.Client, kube: Kube, publisher: Publisher) -> None:
+    """What this API server keeps decides what may be published (domain.features): nothing where it
+    drops the counters, no unhealthy card where it drops device taints. Unread: published as usual,
+    and the publish itself still checks what came back."""
+    try:
+        # (DeviceClasses are the operator's: the agent may not write them, not even in a dry run)
+        found = await platform.read_platform(api, device_class=False)
+    except (kubehttp.ApiError, OSError, TimeoutError) as exc:
+        log.warning("could not read what the API server serves; publishing as usual", error=str(exc))
+        return
+    platform.log_platform(found, "agent")
+    publisher.taints_dropped = not found.on(features.DEVICE_TAINTS)
+    if refusal := found.publish_refusal:
+        publisher.refuse(refusal)
+        record = toolkit.node_event_recorder(kube, publisher.node, lambda: None)
+        await record("Warning", "GpuSlicePublishingRefused", refusal)
+
+
 async def run(opts: AgentOptions) -> int:
     log.info("agent starting", version=__version__, node=opts.node)
     metrics.AGENT_BUILD_INFO.labels(*metrics.build_info_labels("agent")).set(1)
@@ -98,6 +117,7 @@ async def run(opts: AgentOptions) -> int:
     servers = await plugin.start(preparer, opts.plugins_dir, opts.registry_dir)
     ahead = PrepareAhead(opts.node, preparer, kube.get_claim)
     publisher = Publisher(opts.node, gpus, kube)
+    await _adapt_to_platform(api, kube, publisher)
     # no devices are published while the NVIDIA toolkit would hand cards to claim-less containers
     guard = toolkit.ToolkitGuard(
         opts.node, opts.nvidia_toolkit_config, publisher.set_blocked,

@@ -168,7 +168,8 @@ def dropped_message(paths: Iterable[str]) -> str:
     shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
     return (
         f"the API server dropped {shown} from the ResourceSlices it stored: feature gate(s) "
-        f"{', '.join(gates)} off, so kube-scheduler would never allocate a slice; {gates_fix(gates)}"
+        f"{', '.join(gates)} off, so the devices would not consume the cards' counters and nothing would "
+        f"stop two slices being sold on one card's memory: publishing no device; {gates_fix(gates)}"
     )
 
 

@@ -8,6 +8,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import Condition, GpuPackageSpec, GpuPackageStatus, Guarantees, PackageCapacity
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import Health, health_conditions, stamp
+from gpuslice.domain.features import Platform
 
 GUARANTEES = Guarantees(
     memory="Enforced",
@@ -65,6 +66,20 @@ def deletion_condition(blocking: Sequence[str]) -> Condition:
     )
 
 
+def features_condition(platform: Platform | None) -> Condition | None:
+    """`KubernetesFeaturesOff` (abnormal-true, like Reconciling): what this cluster's Kubernetes cannot
+    do for the package and why, naming its version and each feature. None where everything gpuslice
+    uses is served (or it was not read), so a healthy package still shows `Ready` alone."""
+    if platform is None or not (platform.off or platform.version_problem):
+        return None
+    return Condition(
+        type="KubernetesFeaturesOff",
+        status="True",
+        reason="UnsupportedVersion" if platform.version_problem else "FeaturesNotServed",
+        message=platform.summary(),
+    )
+
+
 def package_status(
     name: str,
     spec: GpuPackageSpec,
@@ -76,6 +91,7 @@ def package_status(
     previous: Sequence[Condition] = (),
     now: str = "",
     resource: str | None = None,
+    platform: Platform | None = None,
 ) -> GpuPackageStatus:
     dc = c.device_class_name(name)
     conditions = health_conditions(
@@ -86,6 +102,8 @@ def package_status(
         else f"DeviceClass {dc} is being created",
         generation,
     )
+    if (feats := features_condition(platform)) is not None:
+        conditions.append(feats.model_copy(update={"observed_generation": generation}))
     if blocking:
         conditions.append(deletion_condition(blocking).model_copy(update={"observed_generation": generation}))
     return GpuPackageStatus(

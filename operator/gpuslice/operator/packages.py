@@ -182,6 +182,7 @@ async def _write_status(
         previous=previous,
         now=now(),
         resource=resource_name(state, idx, name, spec),
+        platform=state.platform,
     )
     desired = new.model_dump(by_alias=True, exclude_none=True)
     if same_status(current, desired):

@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 
 from gpuslice import constants as c
+from gpuslice.domain import features
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
 from gpuslice.domain.conditions import contains
 from gpuslice.domain.tenant_pods import tenant_pod_objects
@@ -33,6 +34,9 @@ def desired_objects(state: OperatorState) -> dict[tuple[str, str], dict[str, Any
             exempt_namespaces=state.config.exempt_namespaces,
         )
         objects = [*admission_objects(cfg), *tenant_pod_objects(state.config.tenant_priority_classes)]
+        if state.platform is not None and not state.platform.on(features.MUTATING):
+            # Not served (Kubernetes 1.35): the GpuPackages' KubernetesFeatures condition says so.
+            objects = [o for o in objects if not o["kind"].startswith("MutatingAdmissionPolicy")]
         state.admission = {(o["kind"], o["metadata"]["name"]): o for o in objects}
     return state.admission
 

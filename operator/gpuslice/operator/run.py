@@ -89,6 +89,25 @@ def _in_cluster(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
     return dataclasses.replace(info, server=server)
 
 
+async def adapt_to_platform(state: OperatorState) -> None:
+    """Read what the API server serves (domain.features) and switch off what it lacks, saying so in the
+    log and in every GpuPackage's KubernetesFeatures condition; a version outside the tested ones is
+    logged, never fatal. Unread (a refused probe): every feature stays on, and the writes still see."""
+    from gpuslice import kubehttp, platform
+    from gpuslice.domain import features
+
+    try:
+        # ResourceSlices are the agents' to write: they probe the counters (and refuse to publish).
+        found = await platform.read_platform(state.kube.api, slices=False)
+    except (kubehttp.ApiError, OSError, TimeoutError) as exc:
+        log.warning("could not read what the API server serves; assuming every feature", error=str(exc))
+        return
+    state.platform = found
+    platform.log_platform(found, "operator")
+    if not found.on(features.EXTENDED_RESOURCES):
+        state.extended_resource_dropped = True
+
+
 def _register_startup(state: OperatorState) -> None:
     from gpuslice.operator import ledger, packages, policies, slices, tenancy  # noqa: F401  (registers handlers)
 
@@ -101,6 +120,7 @@ def _register_startup(state: OperatorState) -> None:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, state.config)
         state.workloads.start(state.kube.api)
+        await adapt_to_platform(state)
         await policies.apply_policies(state)
 
     @kopf.on.login()

@@ -14,6 +14,7 @@ import kopf
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.drains import with_rule_taints
+from gpuslice.domain.features import Platform
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
@@ -88,6 +89,8 @@ class OperatorState:
     #: The API server dropped a DeviceClass's extendedResourceName (DRAExtendedResource off, Kubernetes
     #: 1.34/1.35): products are not requestable in resources.limits, and classes are compared without it.
     extended_resource_dropped: bool = False
+    #: What this cluster's API server serves, read at start-up (domain.features); None: not read.
+    platform: Platform | None = None
     #: Namespaces whose last tenancy write was refused: the package timers retry them.
     unsynced_namespaces: set[str] = field(default_factory=set)
     #: Namespace -> when its GpuSlice-count quota was last re-counted (monotonic; -inf: never), for
