@@ -165,7 +165,7 @@ async def ledger_claim_event(
     uid = str(meta.get("uid", ""))
     now = datetime.now(UTC).replace(microsecond=0)
     if type == "DELETED":
-        metering.released[uid] = _time(meta.get("deletionTimestamp")) or now
+        metering.released[uid] = released_at(metered_claim(body), now)
     elif uid in metering.seen_allocated and not (body.get("status") or {}).get("allocation"):
         # Deallocated as we watch: now is when (a deallocated claim keeps no time of it).
         metering.released.setdefault(uid, now)
@@ -408,6 +408,15 @@ def _ledgers(metering: Metering, namespace: str) -> dict[str, Ledger]:
     return months
 
 
+def released_at(claim: MeteredClaim, now: datetime) -> datetime:
+    """When a claim that is gone released its device: its deallocation (the last status write, once
+    no pod reserves it), not its deletion request; a GpuSlice deleted while pods still use its claim
+    is billed until they are done. Gone while still allocated (no finalizer held it): now."""
+    if claim.allocated_at is None and claim.status_at is not None:
+        return claim.status_at
+    return now
+
+
 def holdings(claims: Iterable[MeteredClaim], uuids: Mapping[tuple[str, str], str]) -> list[Holding]:
     """The namespace's allocated claims as the ledger counts them."""
     held = []
@@ -425,7 +434,9 @@ def holdings(claims: Iterable[MeteredClaim], uuids: Mapping[tuple[str, str], str
                 node=claim.node,
                 gpu=uuids.get((claim.pool, claim.device), claim.device),
                 allocated_at=claim.allocated_at,
-                ended_at=claim.deleting_at,
+                # Still allocated is still held, whether or not its deletion was asked for (the
+                # GpuSlice deleted while its pods run): the device is billed until it is released.
+                ended_at=None,
                 template=claim.template,
             )
         )
