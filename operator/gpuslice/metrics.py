@@ -15,6 +15,7 @@ per live slice, removed with `forget_slice` when it goes) and GPUs by node/UUID.
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -140,6 +141,19 @@ PACKAGE_PRICE = Gauge(
     "gpuslice_package_price_per_hour",
     "Price of one slice of a package per hour held (spec.price), in the currency of the label",
     ["package", "currency"],
+    registry=OPERATOR_REGISTRY,
+)
+NAMESPACE_ENTITLED_SLICES = Gauge(
+    "gpuslice_namespace_entitled_slices",
+    "Slices of a package a tenant namespace is entitled to (its gpuslice ResourceQuota's hard)",
+    ["namespace", "package"],
+    registry=OPERATOR_REGISTRY,
+)
+NAMESPACE_HELD_SLICES = Gauge(
+    "gpuslice_namespace_held_slices",
+    "Slices of a package a tenant namespace holds, GpuSlices and resources.limits pods together "
+    "(its gpuslice ResourceQuota's used)",
+    ["namespace", "package"],
     registry=OPERATOR_REGISTRY,
 )
 LEDGER_WRITE_ERRORS = Counter(
@@ -326,3 +340,21 @@ def forget_package(package: str) -> None:
     PACKAGE_CAPACITY_SLICES.remove(package)
     PACKAGE_FREE_SLICES.remove(package)
     SLICE_PENDING.remove(package)
+
+
+_ENTITLEMENT_SERIES: dict[str, set[str]] = {}
+
+
+def set_namespace_entitlements(namespace: str, use: Mapping[str, tuple[int, int]]) -> None:
+    """A namespace's entitled and held slices per package (domain.entitlement_use); the series of a
+    package no longer counted there, or of a namespace no longer a tenant (`use` empty), go."""
+    for package in _ENTITLEMENT_SERIES.get(namespace, set()) - set(use):
+        NAMESPACE_ENTITLED_SLICES.remove(namespace, package)
+        NAMESPACE_HELD_SLICES.remove(namespace, package)
+    for package, (entitled, held) in use.items():
+        NAMESPACE_ENTITLED_SLICES.labels(namespace, package).set(entitled)
+        NAMESPACE_HELD_SLICES.labels(namespace, package).set(held)
+    if use:
+        _ENTITLEMENT_SERIES[namespace] = set(use)
+    else:
+        _ENTITLEMENT_SERIES.pop(namespace, None)

@@ -445,3 +445,35 @@ def test_an_agent_killed_fires_agent_down(world: World) -> None:
     print(f"\n[alerts] agent SIGKILL to GpuSliceAgentDown firing (for: 0): {time.monotonic() - killed:.1f} s")
     (up,) = [t for t in world.server.targets() if t["health"] == "down"]
     assert up["labels"]["job"] == "agent"
+
+
+def test_a_namespace_holding_its_whole_entitlement_fires_near_entitlement_and_resolves(world: World) -> None:
+    w, ns = world, world.namespace
+    entitled = f'gpuslice_namespace_entitled_slices{{namespace="{ns}", package="{w.pkg}"}}'
+    held = f'gpuslice_namespace_held_slices{{namespace="{ns}", package="{w.pkg}"}}'
+
+    def values() -> tuple[float, float] | None:
+        e, h = w.server.query(entitled), w.server.query(held)
+        return (float(e[0]["value"][1]), float(h[0]["value"][1])) if e and h else None
+
+    before = len(w.slices)
+    wait_for(lambda: values() == (4, before), 60, f"entitled 4, held {before}")
+    assert not _firing(w, "GpuSliceNamespaceNearEntitlement", namespace=ns)
+    extra = [f"x{i}" for i in range(4 - before)]
+    apply(w.cluster, [slice_doc(n, ns, w.pkg) for n in extra])
+    created = time.monotonic()
+    try:
+        wait_for(
+            lambda: _firing(w, "GpuSliceNamespaceNearEntitlement", namespace=ns, package=w.pkg),
+            60,
+            "GpuSliceNamespaceNearEntitlement firing",
+        )
+        print(
+            "\n[alerts] the entitlement's last slice created to GpuSliceNamespaceNearEntitlement firing"
+            f" (for: 0): {time.monotonic() - created:.1f} s"
+        )
+        assert values() == (4, 4)
+    finally:
+        w.cluster.kubectl("delete", "gpuslices.gpuslice.io", *extra, "-n", ns, "--wait=false")
+    wait_for(lambda: values() == (4, before), 60, f"held back to {before}")
+    wait_for(lambda: not _firing(w, "GpuSliceNamespaceNearEntitlement", namespace=ns), 30, "resolved")

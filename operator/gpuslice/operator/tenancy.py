@@ -21,6 +21,7 @@ import kopf
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice.domain.entitlement_use import entitlement_use
 from gpuslice.domain.tenancy import (
     ObservedTenant,
     TenantState,
@@ -35,6 +36,7 @@ from gpuslice.domain.tenancy import (
 )
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
+from gpuslice.metrics import set_namespace_entitlements
 from gpuslice.operator.indexes import MANAGED, Indexes, ns_of
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import mark_quota_waiters
@@ -193,5 +195,10 @@ async def quota_event(
     idx = Indexes(kw, memo.state.workloads)
     if name == c.COUNT_QUOTA_NAME:
         note_slice_count(memo.state, namespace, body, type == "DELETED")
+    if name == c.QUOTA_NAME:
+        status = {} if type == "DELETED" else body.get("status") or {}
+        set_namespace_entitlements(
+            namespace, entitlement_use(status.get("hard") or {}, status.get("used") or {})
+        )
     mark_quota_waiters(memo.state, namespace, idx)
     await fast_path(reconcile_namespace(namespace, memo.state, idx), TIMER)
