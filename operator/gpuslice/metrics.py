@@ -15,7 +15,6 @@ per live slice, removed with `forget_slice` when it goes) and GPUs by node/UUID.
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -340,21 +339,3 @@ def forget_package(package: str) -> None:
     PACKAGE_CAPACITY_SLICES.remove(package)
     PACKAGE_FREE_SLICES.remove(package)
     SLICE_PENDING.remove(package)
-
-
-_ENTITLEMENT_SERIES: dict[str, set[str]] = {}
-
-
-def set_namespace_entitlements(namespace: str, use: Mapping[str, tuple[int, int]]) -> None:
-    """A namespace's entitled and held slices per package (domain.entitlement_use); the series of a
-    package no longer counted there, or of a namespace no longer a tenant (`use` empty), go."""
-    for package in _ENTITLEMENT_SERIES.get(namespace, set()) - set(use):
-        NAMESPACE_ENTITLED_SLICES.remove(namespace, package)
-        NAMESPACE_HELD_SLICES.remove(namespace, package)
-    for package, (entitled, held) in use.items():
-        NAMESPACE_ENTITLED_SLICES.labels(namespace, package).set(entitled)
-        NAMESPACE_HELD_SLICES.labels(namespace, package).set(held)
-    if use:
-        _ENTITLEMENT_SERIES[namespace] = set(use)
-    else:
-        _ENTITLEMENT_SERIES.pop(namespace, None)

@@ -7,10 +7,14 @@ No host-process agent or operator runs here: the DaemonSet is the agent, the Dep
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import os
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,9 +28,10 @@ import yaml
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.deploy import NAMESPACE, write_overlay
 from gpuslice_dev.devcluster.node_binaries import ensure_node_binaries
+from gpuslice_dev.devcluster.pki import LocalCA
 from gpuslice_dev.devcluster.realnode import crictl, dirs_of, start_real_nodes
 from node.node_cluster import TENANT, slice_pod
-from support import get_json, wait_for
+from support import get_json, metrics_readers, scrape, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=230)]
 
@@ -277,6 +282,74 @@ OPERATOR_WRITTEN = (
     "validatingadmissionpolicies,validatingadmissionpolicybindings,"
     "mutatingadmissionpolicies,mutatingadmissionpolicybindings",
 )
+
+
+#: The name the metrics-tls component's ServiceMonitor checks; the certificate must carry it.
+METRICS_SERVER_NAME = "gpuslice-metrics.gpuslice-system.svc"
+
+
+def _https_metrics(ip: str, ca: Path, token: str | None) -> int:
+    """GET /metrics over TLS at a pod's address, checking the certificate against `ca` and the
+    component's server name (as Prometheus does with its tlsConfig); the HTTP status."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPConnection(ip, 8080, timeout=20)
+    conn.sock = ctx.wrap_socket(
+        socket.create_connection((ip, 8080), timeout=20), server_hostname=METRICS_SERVER_NAME
+    )
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    return conn.getresponse().status
+
+
+def test_the_metrics_tls_component_serves_both_ports_over_https_only(
+    deployed: tuple[DevCluster, Path], tmp_path: Path
+) -> None:
+    """The README's TLS steps on the deployed product: a kubernetes.io/tls Secret with the CA, the
+    metrics-tls component added to the overlay; both ports then answer HTTPS (the token gate
+    unchanged: no token 401, the reader's 200) with the Secret's certificate, and refuse plain HTTP."""
+    c, overlay = deployed
+    ca = LocalCA(tmp_path / "ca")
+    pair = ca.issue("metrics", METRICS_SERVER_NAME, server=True, hosts=[METRICS_SERVER_NAME])
+    data = {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": ca.cert_path}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": "gpuslice-metrics-tls", "namespace": NAMESPACE},
+        "data": {k: base64.b64encode(v.read_bytes()).decode() for k, v in data.items()},
+    }
+    apply_docs(c, [secret])
+    # A layer over the installed overlay, as a platform adds the component over its own: the
+    # component's patches come after the devcluster overlay's (which set the agent's args whole).
+    layer = tmp_path / "with-tls"
+    layer.mkdir()
+    (layer / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(overlay, layer)],
+                "components": [os.path.relpath(REPO / "manifests/components/metrics-tls", layer)],
+            }
+        )
+    )
+    kubectl(c, "apply", "--server-side", "-k", str(layer))
+    rollout(c, "deploy/gpuslice-operator")
+    rollout(c, "ds/gpuslice-agent")
+    pods = get_json(c, "pods", "-n", NAMESPACE)["items"]
+    ips = {
+        p["metadata"]["name"]: p["status"]["podIP"]
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"
+    }
+    assert any(n.startswith("gpuslice-agent") for n in ips) and any(
+        n.startswith("gpuslice-operator") for n in ips
+    )
+    with metrics_readers(c) as readers:
+        for name, ip in ips.items():
+            assert _https_metrics(ip, ca.cert_path, None) == 401, name
+            assert _https_metrics(ip, ca.cert_path, readers.prometheus) == 200, name
+            with pytest.raises(OSError):  # plain HTTP: the TLS handshake fails, no answer
+                scrape(f"http://{ip}:8080/metrics", readers.prometheus, timeout=10)
 
 
 def _leftovers(c: DevCluster) -> dict[str, list[str]]:

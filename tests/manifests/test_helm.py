@@ -3,9 +3,11 @@ kustomizations list, linked under files/ and crds/), changed only where values s
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,40 @@ def test_default_values_render_exactly_the_kustomize_base(helm: Path, base: list
 
 def test_monitoring_on_renders_exactly_the_monitoring_overlay(helm: Path, with_monitoring: list[Doc]) -> None:
     assert by_key(template(helm, "--set", "monitoring.enabled=true")) == by_key(with_monitoring)
+
+
+METRICS_SERVER_NAME = "gpuslice-metrics.gpuslice-system.svc"
+
+
+def test_metrics_tls_on_renders_the_monitoring_tls_overlay_and_a_self_signed_secret(
+    helm: Path, renderer: Callable[[Path], list[Doc]]
+) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    rendered = by_key(template(helm, "--set", "monitoring.enabled=true,metrics.tls.enabled=true"))
+    secret = rendered.pop(("Secret", "gpuslice-system", "gpuslice-metrics-tls"))
+    assert rendered == by_key(renderer(REPO / "manifests/overlays/monitoring-tls"))
+    # The Secret the pods mount and the ServiceMonitor trusts: a serving certificate for the name it
+    # checks, signed by its ca.crt, with its own key.
+    assert secret["type"] == "kubernetes.io/tls"
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    cert, ca = (x509.load_pem_x509_certificate(data[k]) for k in ("tls.crt", "ca.crt"))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [METRICS_SERVER_NAME]
+    cert.verify_directly_issued_by(ca)
+    key = serialization.load_pem_private_key(data["tls.key"], password=None)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
+
+
+def test_metrics_tls_with_a_secret_of_ones_own_renders_no_secret(helm: Path) -> None:
+    rendered = template(helm, "--set", "metrics.tls.enabled=true,metrics.tls.selfSigned=false")
+    assert not [d for d in rendered if d["kind"] == "Secret"]
+    (agent,) = [d for d in rendered if d["kind"] == "DaemonSet"]
+    assert (
+        "--metrics-tls-cert-file=/etc/gpuslice/metrics-tls/tls.crt"
+        in agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
 
 
 def test_values_change_only_what_they_name(helm: Path, base: list[Doc]) -> None:

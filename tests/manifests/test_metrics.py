@@ -27,6 +27,8 @@ OPERATOR = {
     "gpuslice_operator_status_updates": ("counter", ("kind",)),
     "gpuslice_slice_allocated": ("gauge", ("namespace", "package", "slice", "pod", "node", "gpu_uuid")),
     "gpuslice_package_price_per_hour": ("gauge", ("package", "currency")),
+    "gpuslice_namespace_entitled_slices": ("gauge", ("namespace", "package")),
+    "gpuslice_namespace_held_slices": ("gauge", ("namespace", "package")),
     "gpuslice_ledger_write_errors": ("counter", ("reason",)),
 }
 AGENT = {

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -40,8 +41,10 @@ from support import metrics_readers, scrape, wait_for
 
 pytestmark = pytest.mark.cluster
 
-SERVER_NAME = "gpuslice-agent-metrics.gpuslice-system.svc"
-CA_IN_POD = "/etc/prometheus/secrets/gpuslice-metrics-tls/ca.crt"
+#: What the metrics-tls component's ServiceMonitor checks (its tlsConfig.serverName).
+SERVER_NAME = "gpuslice-metrics.gpuslice-system.svc"
+#: Its tlsConfig.ca: the Secret's ca.crt, which the Prometheus Operator mounts for Prometheus.
+CA_IN_POD = "secret/gpuslice-metrics-tls/ca.crt"
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Served:
     prometheus: str
     token_file: Path
     work: Path
+    cluster: DevCluster
 
     @property
     def url(self) -> str:
@@ -89,7 +93,7 @@ def served(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         with metrics_readers(cluster) as readers:
             token_file = work / "token"
             token_file.write_text(readers.prometheus)
-            yield Served(port, ca, mounted, readers.tenant, readers.prometheus, token_file, work)
+            yield Served(port, ca, mounted, readers.tenant, readers.prometheus, token_file, work, cluster)
     finally:
         server.shutdown()
         asyncio.run_coroutine_threadsafe(api.close(), loop).result(10)
@@ -137,11 +141,29 @@ def test_plain_http_is_refused(served: Served) -> None:
         scrape(f"http://127.0.0.1:{served.port}/metrics", served.prometheus, timeout=10)
 
 
+def _servicemonitor(cluster: DevCluster, work: Path, components: list[str]) -> dict[str, Any]:
+    """The ServiceMonitor as `kubectl kustomize` renders it with these components of manifests/."""
+    layer = work / ("kustomize-" + "-".join(components))
+    layer.mkdir(exist_ok=True)
+    (layer / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "components": [os.path.relpath(MANIFESTS / "components" / n, layer) for n in components],
+            }
+        )
+    )
+    rendered = cluster.kubectl("kustomize", str(layer)).stdout
+    (sm,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceMonitor"]
+    return dict(sm)
+
+
 def _scrape_config(s: Served, scheme: str) -> dict[str, Any]:
-    sm = prom.load_servicemonitor(MANIFESTS / "components/monitoring/servicemonitor.yaml")
-    for ep in sm["spec"]["endpoints"]:
-        ep["scheme"] = scheme
-        ep["tlsConfig"] = {"caFile": CA_IN_POD, "serverName": SERVER_NAME}
+    """https: the ServiceMonitor with the metrics-tls component; http: the monitoring one alone."""
+    with_tls = ["monitoring", "metrics-tls"] if scheme == "https" else ["monitoring"]
+    sm = _servicemonitor(s.cluster, s.work, with_tls)
+    assert sm["spec"]["endpoints"][0].get("scheme", "http") == scheme
     creds = prom.Credentials(
         api_server="https://127.0.0.1:1",
         api_ca_file=s.ca.cert_path,

@@ -36,7 +36,7 @@ from gpuslice.domain.tenancy import (
 )
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
-from gpuslice.metrics import set_namespace_entitlements
+from gpuslice.operator.entitlement_metrics import set_namespace_entitlements
 from gpuslice.operator.indexes import MANAGED, Indexes, ns_of
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import mark_quota_waiters

@@ -32,6 +32,9 @@ Arguments: obj (the parsed object), labels (what the kustomization's `labels` ad
 {{- $_ := set $c "imagePullPolicy" $v.image.pullPolicy -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- if $v.metrics.tls.enabled -}}
+{{- include "gpuslice.metricsTls" (dict "obj" $obj "tls" $v.metrics.tls) -}}
 {{- end }}
 ---
 {{ toYaml $obj }}
@@ -46,5 +49,32 @@ Arguments: obj (the parsed object), labels (what the kustomization's `labels` ad
 {{- if and $obj.kind (not $obj.Error) -}}
 {{- include "gpuslice.object" (dict "obj" $obj "labels" $labels "Values" $root.Values) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+
+{{/*
+What manifests/components/metrics-tls patches, for values metrics.tls: the first container of the
+operator Deployment and the agent DaemonSet serves the Secret's certificate; the ServiceMonitor
+scrapes over HTTPS. Arguments: obj, tls (the values).
+*/}}
+{{- define "gpuslice.metricsTls" -}}
+{{- $obj := .obj -}}
+{{- if has $obj.kind (list "Deployment" "DaemonSet") -}}
+{{- $pod := $obj.spec.template.spec -}}
+{{- $c := first $pod.containers -}}
+{{- $dir := "/etc/gpuslice/metrics-tls" -}}
+{{- $args := list (printf "--metrics-tls-cert-file=%s/tls.crt" $dir) (printf "--metrics-tls-private-key-file=%s/tls.key" $dir) -}}
+{{- $_ := set $c "args" (concat (default list $c.args) $args) -}}
+{{- $_ := set $c "volumeMounts" (append (default list $c.volumeMounts) (dict "name" "metrics-tls" "mountPath" $dir "readOnly" true)) -}}
+{{- $_ := set $pod "volumes" (append (default list $pod.volumes) (dict "name" "metrics-tls" "secret" (dict "secretName" .tls.secretName "defaultMode" 288))) -}}
+{{- if eq $obj.kind "Deployment" -}}
+{{- $_ := set $pod.securityContext "fsGroup" 65532 -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $obj.kind "ServiceMonitor" -}}
+{{- $ep := first $obj.spec.endpoints -}}
+{{- $_ := set $ep "scheme" "https" -}}
+{{- $_ := set $ep "tlsConfig" (dict "ca" (dict "secret" (dict "name" .tls.secretName "key" "ca.crt")) "serverName" "gpuslice-metrics.gpuslice-system.svc") -}}
 {{- end -}}
 {{- end -}}
