@@ -429,6 +429,8 @@ class Demo:
         dir_flag = "" if self.cluster.dir == _default_dir() else f" --dir {self.cluster.dir}"
         # Print runnable paths: under `make demo` neither the venv nor the kubectl cache is on PATH.
         gs = shutil.which("gpuslice") or str(Path(sys.executable).parent / "gpuslice")
+        # The devcluster is the dev tooling's command, not the product's.
+        dev = shutil.which("gpuslice-dev") or str(Path(sys.executable).parent / "gpuslice-dev")
         kubectl = self.cluster.bins.kubectl
         print(
             f"""
@@ -438,7 +440,7 @@ The cluster is still running. Try:
   {gs} explain team-b/big-{self.nodes - 1}
   {kubectl} exec -n team-a llm-worker -- gpuslice-probe smi
   {kubectl} exec -it -n team-a llm-worker -- sh
-Stop everything with:  {gs} devcluster down{dir_flag}
+Stop everything with:  {dev} devcluster down{dir_flag}
 """,
             flush=True,
         )

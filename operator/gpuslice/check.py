@@ -252,17 +252,32 @@ def evaluate_packages(packages: Iterable[Mapping[str, Any]], models: Iterable[st
     return ok(name, f"{len(items)} package(s), each offered by at least one GPU")
 
 
-def evaluate_runtime_class(present: bool | None) -> Result:
-    name = f"RuntimeClass {RUNTIME_CLASS}"
+def agent_runtime_class(daemonset: Mapping[str, Any] | None) -> str | None:
+    """The RuntimeClass the agent pods ask for: the deployed DaemonSet's, or, before it is deployed,
+    the base manifests' (nvidia). None: the deployed agent names none."""
+    if daemonset is None:
+        return RUNTIME_CLASS
+    pod = ((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}
+    name = pod.get("runtimeClassName")
+    return str(name) if name else None
+
+
+def evaluate_runtime_class(wanted: str | None, present: bool | None, deployed: bool) -> Result:
+    """`wanted` (agent_runtime_class) exists? `present`: None when RuntimeClasses may not be read."""
+    if wanted is None:
+        return ok("RuntimeClass", "the deployed agent uses none (its pods get NVML without one)")
+    name = f"RuntimeClass {wanted}"
     if present is None:
         return skip(name, "you may not read RuntimeClasses")
     if present:
         return ok(name)
+    whose = "the deployed agent's pods use it" if deployed else "the agent pods of the base manifests use it"
     return fail(
         name,
-        f"no RuntimeClass {RUNTIME_CLASS}: the agent pods use it to get NVML",
+        f"no RuntimeClass {wanted}: {whose} to get NVML",
         "install the NVIDIA GPU Operator, or kubectl apply -f - <<<"
-        '\'{"apiVersion":"node.k8s.io/v1","kind":"RuntimeClass","metadata":{"name":"nvidia"},"handler":"nvidia"}\'',
+        f'\'{{"apiVersion":"node.k8s.io/v1","kind":"RuntimeClass","metadata":{{"name":"{wanted}"}},'
+        '"handler":"nvidia"}\'',
     )
 
 
@@ -426,8 +441,16 @@ async def _gather(kubeconfig: str | None) -> tuple[str, list[Result]]:
             ).get("items") or []
         results.append(evaluate_packages(packages, models))
 
-        runtime_class = await get_or_none(client.NodeV1Api(api).read_runtime_class(RUNTIME_CLASS))
-        results.append(evaluate_runtime_class(runtime_class is not None))
+        agents = await get_or_none(
+            client.AppsV1Api(api).read_namespaced_daemon_set("gpuslice-agent", NAMESPACE)
+        )
+        wanted = agent_runtime_class(api.sanitize_for_serialization(agents) if agents is not None else None)
+        runtime_class = (
+            await get_or_none(client.NodeV1Api(api).read_runtime_class(wanted))
+            if wanted is not None
+            else None
+        )
+        results.append(evaluate_runtime_class(wanted, runtime_class is not None, agents is not None))
         results.append(
             skip(
                 "CDI in the container runtime, NVIDIA toolkit settings",

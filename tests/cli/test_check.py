@@ -16,10 +16,12 @@ import pytest
 
 from gpuslice.check import (
     Outcome,
+    agent_runtime_class,
     evaluate_agents,
     evaluate_operator,
     evaluate_packages,
     evaluate_probe,
+    evaluate_runtime_class,
     evaluate_version,
     exit_code,
     fail,
@@ -85,6 +87,26 @@ def test_gpu_nodes_without_slices_and_packages_without_gpus_are_named() -> None:
     unmatched = evaluate_packages(pkgs, {V100})
     assert unmatched.outcome == Outcome.FAIL and "a100 ('NVIDIA A100-SXM4-40GB')" in unmatched.detail
     assert evaluate_packages([], {V100}).outcome == Outcome.SKIP
+
+
+def test_the_runtime_class_asked_for_is_the_deployed_agents() -> None:
+    def agent(runtime_class: str | None) -> dict[str, Any]:
+        pod: dict[str, Any] = {"containers": [{"name": "agent"}]}
+        if runtime_class:
+            pod["runtimeClassName"] = runtime_class
+        return {"spec": {"template": {"spec": pod}}}
+
+    # Not deployed yet: the base manifests' nvidia.
+    assert agent_runtime_class(None) == "nvidia"
+    assert evaluate_runtime_class("nvidia", False, deployed=False).outcome is Outcome.FAIL
+    # Deployed without one (the devcluster overlay): nothing to ask for.
+    assert agent_runtime_class(agent(None)) is None
+    assert evaluate_runtime_class(None, None, deployed=True).outcome is Outcome.OK
+    # Deployed with another (a platform's own handler name): that one is checked, and named.
+    assert agent_runtime_class(agent("nvidia-cdi")) == "nvidia-cdi"
+    missing = evaluate_runtime_class("nvidia-cdi", False, deployed=True)
+    assert missing.outcome is Outcome.FAIL and "nvidia-cdi" in missing.detail and "nvidia-cdi" in missing.fix
+    assert evaluate_runtime_class("nvidia-cdi", True, deployed=True).outcome is Outcome.OK
 
 
 def test_output_is_one_line_per_check_with_the_fix_under_a_failure() -> None:

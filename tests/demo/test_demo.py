@@ -49,5 +49,10 @@ def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) 
         assert f"export KUBECONFIG={d.resolve() / 'kubeconfig'}" in out
         status = DevCluster(d).status()
         assert status.get("operator") and status.get("kube-apiserver")
+        # The closing hint's stop command, run as printed, stops it.
+        (stop,) = re.findall(r"^Stop everything with: +(.+)$", out, re.MULTILINE)
+        done = subprocess.run(stop.split(), capture_output=True, text=True, timeout=180, check=False)
+        assert done.returncode == 0, f"{stop}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        assert not DevCluster(d).status().get("kube-apiserver"), DevCluster(d).status()
     finally:
         DevCluster(d).down()

@@ -284,6 +284,18 @@ OPERATOR_WRITTEN = (
 )
 
 
+def test_gpuslice_check_passes_on_the_deployed_product(deployed: tuple[DevCluster, Path]) -> None:
+    """The README's check, run on this deploy flow, judges what is deployed: this overlay's agent
+    uses no RuntimeClass (the devcluster node has no NVIDIA runtime), so none is asked for."""
+    c, _ = deployed
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuslice", "check", f"--kubeconfig={c.kubeconfig}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "RuntimeClass: the deployed agent uses none" in proc.stdout, proc.stdout
+
+
 #: The name the metrics-tls component's ServiceMonitor checks; the certificate must carry it.
 METRICS_SERVER_NAME = "gpuslice-metrics.gpuslice-system.svc"
 
