@@ -32,6 +32,7 @@
 
 #include "fake_common.h"
 #include "fake_health.h"
+#include "fake_mig.h"
 
 #define MAX_CLIENTS 4096
 
@@ -284,6 +285,7 @@ int main(int argc, char **argv)
     if (!s) return 1; /* the loader said why */
     reclaim_orphans(s);
     if (fake_health_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no card health file\n");
+    if (fake_mig_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no MIG state file\n");
 
     int dirfd = open(s->state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0) {

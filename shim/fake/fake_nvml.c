@@ -13,6 +13,7 @@
 #include "fake_common.h"
 #include "fake_health.h"
 #include "fake_nvml.h"
+#include "fake_nvml_mig.h"
 
 static _Atomic int init_count;
 
@@ -114,6 +115,9 @@ FAKE_EXPORT const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
     default: return "Unknown Error";
     }
 }
@@ -187,6 +191,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
     CHECK_INIT();
     if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
     if (fake_health_any_lost()) return NVML_ERROR_GPU_IS_LOST; /* as documented: "if any GPU" is lost */
+    if (strncasecmp(uuid, "MIG-", 4) == 0) return fake_nvml_mig_by_uuid(uuid, device);
     fake_system *s = fake_system_get();
     for (int i = 0; i < s->count; i++)
         if (strcasecmp(s->gpus[i].uuid, uuid) == 0) {
@@ -218,8 +223,27 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, 
 }
 
 CARD_VALUE(nvmlDeviceGetIndex, unsigned int, (unsigned int)index_of(g))
-CARD_STRING(nvmlDeviceGetName, g->name)
-CARD_STRING(nvmlDeviceGetUUID, g->uuid)
+/* A MIG device handle answers with its own name and UUID (fake_nvml_mig.c). */
+static nvmlReturn_t card_string(nvmlDevice_t dev, char *out, unsigned int length, int uuid)
+{
+    if (fake_nvml_is_mig_handle(dev)) {
+        fake_nvml_mig_info m;
+        nvmlReturn_t rc = fake_nvml_mig_describe(dev, &m);
+        return rc != NVML_SUCCESS ? rc : copy_str(out, length, uuid ? m.uuid : m.name);
+    }
+    GET_GPU(dev, g);
+    return copy_str(out, length, uuid ? g->uuid : g->name);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *out, unsigned int length)
+{
+    return card_string(dev, out, length, 0);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *out, unsigned int length)
+{
+    return card_string(dev, out, length, 1);
+}
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char *serial, unsigned int length)
 {
@@ -252,15 +276,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t dev, nvmlDeviceA
     return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending)
-{
-    GET_GPU(dev, g);
-    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
-    if (g->cc_major < 8) return NVML_ERROR_NOT_SUPPORTED; /* MIG exists from Ampere on */
-    *current = NVML_DEVICE_MIG_DISABLE;
-    *pending = NVML_DEVICE_MIG_DISABLE;
-    return NVML_SUCCESS;
-}
+/* nvmlDeviceGetMigMode and the rest of MIG: fake_nvml_mig.c. */
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci)
 {
@@ -288,11 +304,19 @@ static uint64_t used_on(const fake_gpu *g)
     fake_lock(s);
     uint64_t used = fake_used_locked(s);
     fake_unlock(s);
-    return used;
+    return used + fake_nvml_mig_card_used(index_of(g)); /* the card's memory includes its GPU instances' */
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory)
 {
+    if (fake_nvml_is_mig_handle(dev)) { /* a MIG device: its GPU instance's memory */
+        fake_nvml_mig_info m;
+        nvmlReturn_t rc = fake_nvml_mig_describe(dev, &m);
+        if (rc != NVML_SUCCESS || !memory) return rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT;
+        uint64_t used = m.used_bytes < m.memory_bytes ? m.used_bytes : m.memory_bytes;
+        *memory = (nvmlMemory_t){m.memory_bytes, m.memory_bytes - used, used};
+        return NVML_SUCCESS;
+    }
     GET_GPU(dev, g);
     if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t used = used_on(g);
@@ -304,6 +328,14 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t 
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory)
 {
+    if (fake_nvml_is_mig_handle(dev)) {
+        nvmlMemory_t m;
+        nvmlReturn_t rc = nvmlDeviceGetMemoryInfo(dev, &m);
+        if (rc != NVML_SUCCESS || !memory) return rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT;
+        if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        memory->total = m.total, memory->reserved = 0, memory->used = m.used, memory->free = m.free;
+        return NVML_SUCCESS;
+    }
     GET_GPU(dev, g);
     if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;

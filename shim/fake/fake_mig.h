@@ -1,0 +1,85 @@
+/*
+ * The driver double's MIG state, shared by libnvidia-ml (which changes it, as nvidia-smi and the
+ * node agent do through NVML), libcuda (which shows a process its MIG device) and the host daemon.
+ *
+ * Like the real driver's, the state outlives the process that made it: "<config>.state/mig.bin"
+ * holds each card's MIG mode (current and pending) and its GPU and compute instances. Changing it
+ * takes write access to the file, as changing MIG takes root on the driver: the file is mode 0644,
+ * so root (or the daemon's user) may, any other process gets NVML_ERROR_NO_PERMISSION, and a pod,
+ * which gets the state directory mounted read-only, never may. Writers serialize on flock and
+ * bump a sequence number readers use to take a consistent copy.
+ *
+ * Each GPU instance has its own memory, like a card: "<config>.state/gpu<N>.gi<id>.bin" is a
+ * device state file (fake_dev_state) whose capacity is the instance's memory. A process on a MIG
+ * device charges its allocations there, so one instance never takes another's memory and an
+ * allocation past the instance fails in the driver itself.
+ */
+#ifndef FAKE_MIG_H
+#define FAKE_MIG_H
+
+#include <stdint.h>
+
+#include "fake_common.h"
+#include "mig_profiles.h"
+
+#define FAKE_MIG_MAX_GI 8
+#define FAKE_MIG_MAX_CI 8
+
+typedef struct {
+    uint32_t live;
+    uint32_t id;          /* unique within its GPU instance, from 0 */
+    uint32_t profile;     /* NVML_COMPUTE_INSTANCE_PROFILE_* (also its profile id) */
+    uint32_t start, size; /* compute slices within the GPU instance */
+    uint32_t generation;  /* the card's creation counter when it was made */
+    char uuid[48];        /* the MIG device's "MIG-xxxxxxxx-xxxx-5xxx-xxxx-xxxxxxxxxxxx" */
+    unsigned char uuid_bytes[16];
+} fake_mig_ci;
+
+typedef struct {
+    uint32_t live;
+    uint32_t id;          /* unique on the card, from 1 */
+    uint32_t profile;     /* NVML_GPU_INSTANCE_PROFILE_* index */
+    uint32_t start, size; /* memory slices */
+    uint32_t generation;  /* handles to a destroyed instance stay invalid after a new one takes its slot */
+    fake_mig_ci ci[FAKE_MIG_MAX_CI];
+} fake_mig_gi;
+
+typedef struct {
+    char uuid[48]; /* the card the slot describes */
+    uint32_t current, pending; /* NVML_DEVICE_MIG_DISABLE / _ENABLE */
+    uint32_t generation;
+    uint32_t pad;
+    fake_mig_gi gi[FAKE_MIG_MAX_GI];
+} fake_mig_card;
+
+typedef struct {
+    char magic[8]; /* "FAKEMIG1" */
+    uint32_t size;
+    _Atomic uint32_t seq; /* odd while a writer changes it */
+    fake_mig_card cards[FAKE_MAX_GPUS]; /* by the GPU's place on the node */
+} fake_mig_state;
+
+/* A consistent copy of the MIG state of visible GPU `index` (all zero: MIG never enabled). */
+void fake_mig_snapshot(fake_system *s, int index, fake_mig_card *out);
+
+/* Writer side: the state mapped read-write and locked against other writers, or NULL (errno EACCES
+ * when this process may not change MIG). fake_mig_write_end publishes and unlocks. */
+fake_mig_state *fake_mig_write_begin(fake_system *s);
+void fake_mig_write_end(fake_mig_state *m);
+/* The daemon creates the (empty) file at start; without one the first writer does. */
+int fake_mig_prepare(fake_system *s);
+
+/* "<state_dir>/gpu<slot>.gi<id>.bin" */
+void fake_mig_gi_path(const fake_system *s, int slot, unsigned gi_id, char *out, size_t n);
+/* A fresh memory state file for a new GPU instance (writer side); 0 or -1. */
+int fake_mig_gi_file_create(fake_system *s, int slot, unsigned gi_id);
+/* Whether a process holds memory or a context on the GPU instance. */
+int fake_mig_gi_busy(fake_system *s, int slot, unsigned gi_id);
+/* Memory used on the GPU instance by live processes. */
+uint64_t fake_mig_gi_used(fake_system *s, int slot, unsigned gi_id);
+
+/* The MIG UUID of a new compute instance (deterministic in its card, ids and generation). */
+void fake_mig_make_uuid(const char *card_uuid, unsigned gi, unsigned ci, unsigned generation, char *out, size_t n,
+                        unsigned char bytes[16]);
+
+#endif

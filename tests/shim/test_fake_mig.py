@@ -1,0 +1,319 @@
+"""MIG on the driver double, judged by NVIDIA's own software: pynvml (nvidia-ml-py) manages it as
+nvidia-smi and the node agent do (MIG mode, GPU and compute instances with the real profiles and
+placements, MIG devices), and NVIDIA's CUDA runtime (libcudart 12.9 from PyPI) run with
+CUDA_VISIBLE_DEVICES=MIG-<uuid> sees exactly that instance. Every step runs in its own process: the
+MIG layout is the node's, as the real driver's is, not a process's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuslice_dev.gpusim import cudart, simulate
+from gpuslice_dev.gpusim.build import ShimPaths
+
+MIB = 1024**2
+GIB = 1024**3
+A100_80 = "1x NVIDIA A100-SXM4-80GB"
+
+# nvidia-smi mig -lgip on an A100-SXM4-80GB: profile index -> (id, name, slices, instances, MiB, SMs)
+A100_80_PROFILES = {
+    0: (19, "MIG 1g.10gb", 1, 7, 9728, 14),
+    7: (20, "MIG 1g.10gb+me", 1, 1, 9728, 14),
+    9: (15, "MIG 1g.20gb", 1, 4, 19968, 14),
+    1: (14, "MIG 2g.20gb", 2, 3, 19968, 28),
+    2: (9, "MIG 3g.40gb", 3, 2, 40192, 42),
+    3: (5, "MIG 4g.40gb", 4, 1, 40192, 56),
+    4: (0, "MIG 7g.80gb", 7, 1, 80896, 98),
+}
+
+PRELUDE = textwrap.dedent(
+    """
+    import json, sys, pynvml as N
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    out = {}
+    def err(f, *a):
+        try:
+            r = f(*a)
+            return None if r is None or isinstance(r, (int, str, list)) else r
+        except N.NVMLError as e:
+            return e.value
+    def mig_devices():
+        devs = []
+        for k in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except N.NVMLError_NotFound:
+                break
+            devs.append({"name": N.nvmlDeviceGetName(m), "uuid": N.nvmlDeviceGetUUID(m),
+                         "total": N.nvmlDeviceGetMemoryInfo(m).total, "used": N.nvmlDeviceGetMemoryInfo(m).used,
+                         "gi": N.nvmlDeviceGetGpuInstanceId(m), "ci": N.nvmlDeviceGetComputeInstanceId(m),
+                         "parent": N.nvmlDeviceGetUUID(N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)),
+                         "by_uuid": N.nvmlDeviceGetName(N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(m)))})
+        return devs
+    """
+)
+
+
+def _env(config: Path, built: ShimPaths, **extra: str) -> dict[str, str]:
+    return {**os.environ, **simulate.fake_driver_env(config, built.fake_dir), **extra}
+
+
+def _nvml(env: dict[str, str], body: str, *args: str) -> dict:
+    script = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def a100(tmp_path: Path, built: ShimPaths) -> dict[str, str]:
+    config = simulate.write_fake_config(simulate.parse_gpu_spec(A100_80, seed="mig"), tmp_path / "fake-gpus.conf")
+    return _env(config, built)
+
+
+def _enable(env: dict[str, str]) -> None:
+    out = _nvml(env, 'out["status"] = N.nvmlDeviceSetMigMode(h, 1); out["mode"] = N.nvmlDeviceGetMigMode(h)')
+    assert out == {"status": 0, "mode": [1, 1]}
+
+
+def test_mig_mode_and_the_real_profiles(tmp_path: Path, built: ShimPaths, a100: dict[str, str]) -> None:
+    v100 = simulate.write_fake_config(simulate.parse_gpu_spec("1x Tesla V100-SXM2-32GB", seed="v"), tmp_path / "v.conf")
+    assert _nvml(_env(v100, built), 'out["mode"] = err(N.nvmlDeviceGetMigMode, h)') == {"mode": N_NOT_SUPPORTED}
+
+    before = _nvml(a100, 'out["mode"] = N.nvmlDeviceGetMigMode(h); out["v2"] = err(N.nvmlDeviceGetGpuInstanceProfileInfo, h, 0)')
+    assert before == {"mode": [0, 0], "v2": N_NOT_SUPPORTED}  # `nvidia-smi mig -lgip`: no MIG-enabled device
+    _enable(a100)
+    table = _nvml(
+        a100,
+        """
+        out["profiles"] = {}
+        for idx in range(17):
+            try:
+                p = N.nvmlDeviceGetGpuInstanceProfileInfo(h, idx)
+            except N.NVMLError_NotSupported:
+                continue
+            out["profiles"][idx] = [p.id, p.name, p.sliceCount, p.instanceCount, p.memorySizeMB, p.multiprocessorCount]
+        out["beyond"] = err(N.nvmlDeviceGetGpuInstanceProfileInfo, h, 17, 1)
+        out["placements"] = {}
+        for pid in (19, 15, 14, 9, 5, 0):
+            count = N.c_uint(0)
+            N.nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, None, N.byref(count))
+            arr = (N.c_nvmlGpuInstancePlacement_t * count.value)()
+            N.nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, arr, N.byref(count))
+            out["placements"][pid] = [[p.start, p.size] for p in arr]
+        """,
+    )
+    assert {int(k): tuple(v) for k, v in table["profiles"].items()} == A100_80_PROFILES
+    assert table["beyond"] == N_INVALID_ARGUMENT  # the end of the profile list, as NVML documents
+    # `nvidia-smi mig -lgipp`: {0,1,2,3,4,5,6}:1, {0,2,4,6}:2, {0,2,4}:2, {0,4}:4, {0}:4, {0}:8
+    assert table["placements"] == {
+        "19": [[s, 1] for s in range(7)],
+        "15": [[0, 2], [2, 2], [4, 2], [6, 2]],
+        "14": [[0, 2], [2, 2], [4, 2]],
+        "9": [[0, 4], [4, 4]],
+        "5": [[0, 4]],
+        "0": [[0, 8]],
+    }
+
+
+N_NOT_SUPPORTED, N_INVALID_ARGUMENT, N_IN_USE, N_INSUFFICIENT_RESOURCES, N_NO_PERMISSION = 3, 2, 19, 23, 4
+
+CREATE = """
+p1 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+p3 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+gi1 = N.nvmlDeviceCreateGpuInstanceWithPlacement(h, p1.id, N.byref(N.c_nvmlGpuInstancePlacement_t(6, 1)))
+gi3 = N.nvmlDeviceCreateGpuInstance(h, p3.id)
+for gi, ci_profile in ((gi1, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE), (gi3, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)):
+    cp = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_profile, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+    N.nvmlGpuInstanceCreateComputeInstance(gi, cp.id)
+out["placements"] = [[i.placement.start, i.placement.size] for i in map(N.nvmlGpuInstanceGetInfo, (gi1, gi3))]
+"""
+
+
+def _create(env: dict[str, str]) -> list[dict]:
+    _enable(env)
+    assert _nvml(env, CREATE) == {"placements": [[6, 1], [0, 4]]}
+    return _nvml(env, 'out["devices"] = mig_devices()')["devices"]
+
+
+def test_a_1g_and_a_3g_instance_side_by_side_overlap_refused_then_destroyed(a100: dict[str, str]) -> None:
+    devices = _create(a100)
+    # another process lists them, as nvidia-smi -L does
+    assert [(d["name"], d["total"], d["gi"], d["ci"]) for d in devices] == [
+        ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9728 * MIB, 1, 0),
+        ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40192 * MIB, 2, 0),
+    ]
+    for d in devices:
+        assert d["uuid"].startswith("MIG-") and len(d["uuid"]) == 40 and d["uuid"][18] == "5"
+        assert d["by_uuid"] == d["name"] and d["used"] == 0
+    assert devices[0]["parent"] == devices[1]["parent"] and devices[0]["uuid"] != devices[1]["uuid"]
+
+    refused = _nvml(
+        a100,
+        """
+        p1 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+        p3 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+        p7 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+        at = lambda p, s, n: err(N.nvmlDeviceCreateGpuInstanceWithPlacement, h, p.id, N.byref(N.c_nvmlGpuInstancePlacement_t(s, n)))
+        out["1g_inside_3g"] = at(p1, 1, 1)
+        out["3g_over_1g"] = at(p3, 4, 4)
+        out["second_3g"] = err(N.nvmlDeviceCreateGpuInstance, h, p3.id)
+        out["7g"] = err(N.nvmlDeviceCreateGpuInstance, h, p7.id)
+        out["not_a_placement"] = at(p3, 2, 4)
+        out["remaining_1g"] = N.nvmlDeviceGetGpuInstanceRemainingCapacity(h, p1.id)
+        out["mode_off"] = [N.nvmlDeviceSetMigMode(h, 0), N.nvmlDeviceGetMigMode(h)]
+        """,
+    )
+    assert refused == {
+        "1g_inside_3g": N_INSUFFICIENT_RESOURCES,
+        "3g_over_1g": N_INSUFFICIENT_RESOURCES,
+        "second_3g": N_INSUFFICIENT_RESOURCES,
+        "7g": N_INSUFFICIENT_RESOURCES,
+        "not_a_placement": N_INVALID_ARGUMENT,
+        "remaining_1g": 2,  # at memory slices 4 and 5: no 1g placement starts at 7, 6 is the 1g's
+        "mode_off": [N_IN_USE, [1, 0]],  # not while instances exist: pending only
+    }
+
+    destroyed = _nvml(
+        a100,
+        """
+        p3 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+        gis = (N.c_nvmlGpuInstance_t * 2)(); n = N.c_uint(0)
+        N.nvmlDeviceGetGpuInstances(h, p3.id, gis, N.byref(n))
+        gi = gis[0]
+        out["with_ci"] = err(N.nvmlGpuInstanceDestroy, gi)
+        cis = (N.c_nvmlComputeInstance_t * 3)(); m = N.c_uint(0)
+        N.nvmlGpuInstanceGetComputeInstances(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, cis, N.byref(m))
+        N.nvmlComputeInstanceDestroy(cis[0])
+        N.nvmlGpuInstanceDestroy(gi)
+        out["stale_handle"] = err(N.nvmlGpuInstanceGetInfo, gi)
+        out["devices"] = [d["name"] for d in mig_devices()]
+        out["3g_again"] = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceCreateGpuInstance(h, p3.id)).placement.start
+        """,
+    )
+    assert destroyed == {
+        "with_ci": N_IN_USE,
+        "stale_handle": N_INVALID_ARGUMENT,
+        "devices": ["NVIDIA A100-SXM4-80GB MIG 1g.10gb"],
+        "3g_again": 0,
+    }
+
+
+def test_mig_mode_stays_pending_while_a_process_uses_the_card(built: ShimPaths, a100: dict[str, str]) -> None:
+    holder = subprocess.Popen(
+        [str(built.fake_dir.parent / "probe" / "gpuslice-probe"), "hold", "1Gi", "0"],
+        env=a100, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and "held" in holder.stdout.readline()
+        busy = _nvml(a100, 'out["set"] = [N.nvmlDeviceSetMigMode(h, 1), N.nvmlDeviceGetMigMode(h)]')
+        assert busy == {"set": [N_IN_USE, [0, 1]]}  # activationStatus: idle the card and retry
+    finally:
+        holder.terminate()
+        holder.wait(timeout=30)
+    _enable(a100)
+
+
+def test_changing_mig_takes_root(built: ShimPaths) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    with tempfile.TemporaryDirectory() as d:  # pytest's tmp_path is private to root
+        os.chmod(d, 0o755)
+        config = simulate.write_fake_config(simulate.parse_gpu_spec(A100_80, seed="mig"), Path(d) / "fake-gpus.conf")
+        os.chmod(config, 0o644)
+        daemon = simulate.start_fake_driverd(config)  # the state is the daemon's, read-only to clients
+        try:
+            env = _env(config, built)
+            _enable(env)  # root may change MIG; uid 1000 reads it and may not
+            _as_uid_1000(env)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+
+
+def _as_uid_1000(a100: dict[str, str]) -> None:
+    proc = subprocess.run(
+        ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", sys.executable, "-c",
+         PRELUDE + 'out = [N.nvmlDeviceGetMigMode(h), err(N.nvmlDeviceCreateGpuInstance, h, 19)]\nprint(json.dumps(out))'],
+        env=a100, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[1, 1], N_NO_PERMISSION]
+
+
+CUDART = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    rt = ctypes.CDLL(sys.argv[1])
+    out = {}
+    n = ctypes.c_int(-1)
+    out["count_rc"] = rt.cudaGetDeviceCount(ctypes.byref(n))
+    out["count"] = n.value
+    if n.value > 0:
+        prop = ctypes.create_string_buffer(4096)
+        rt.cudaGetDeviceProperties_v2(prop, 0)
+        out["name"] = prop.raw[:256].split(b"\\0")[0].decode()
+        out["uuid"] = prop.raw[256:272].hex()
+        out["total"] = ctypes.c_size_t.from_buffer(prop, 288).value
+        sm = ctypes.c_int()
+        rt.cudaDeviceGetAttribute(ctypes.byref(sm), 16, 0)  # cudaDevAttrMultiProcessorCount
+        out["sms"] = sm.value
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+        out["meminfo_total"] = total.value
+        ptr = ctypes.c_void_p()
+        out["allocs"] = [rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(int(s))) for s in sys.argv[2:]]
+        import pynvml as N
+        N.nvmlInit()
+        mig = N.nvmlDeviceGetHandleByUUID("MIG-" + "-".join([out["uuid"][:8], out["uuid"][8:12], out["uuid"][12:16],
+                                                             out["uuid"][16:20], out["uuid"][20:]]))
+        out["nvml_used"] = N.nvmlDeviceGetMemoryInfo(mig).used
+    print(json.dumps(out))
+    """
+)
+
+
+def _cudart(env: dict[str, str], visible: str | None, *sizes: int) -> dict:
+    lib = cudart.runtime_dir("12") / "lib" / "libcudart.so.12"
+    env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    proc = subprocess.run(
+        [sys.executable, "-c", CUDART, str(lib), *map(str, sizes)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_cuda_runtime_sees_only_its_instance(a100: dict[str, str]) -> None:
+    small, large = _create(a100)
+    # 9 GiB fits the 1g.10gb (9.5 GiB); one more GiB does not: refused by the driver, no shim loaded
+    seen = _cudart(a100, small["uuid"], 9 * GIB, 1 * GIB)
+    assert seen["count"] == 1 and seen["name"] == "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+    assert "MIG-" + "-".join([seen["uuid"][:8], seen["uuid"][8:12]]) == small["uuid"][:17]
+    assert seen["total"] == seen["meminfo_total"] == 9728 * MIB and seen["sms"] == 14
+    assert seen["allocs"] == [0, 2]  # cudaSuccess, cudaErrorMemoryAllocation
+    assert seen["nvml_used"] >= 9 * GIB  # NVML's MIG device showed it while the process held it
+
+    # the other instance's memory is its own: 30 GiB there, whatever the 1g holds
+    other = _cudart(a100, large["uuid"], 30 * GIB, 9 * GIB, 2 * GIB)
+    assert (other["count"], other["name"], other["total"], other["sms"]) == (
+        1, "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40192 * MIB, 42,
+    )  # fmt: skip
+    assert other["allocs"] == [0, 0, 2]
+
+    # CUDA enumerates one MIG device per process, however many are named or visible: no peers
+    assert _cudart(a100, f"{large['uuid']},{small['uuid']}")["name"].endswith("MIG 3g.40gb")
+    assert _cudart(a100, None)["count"] == 1
+    # the card itself is not a CUDA device in MIG mode; an entry naming nothing ends the list
+    assert _cudart(a100, "nonsense," + small["uuid"])["count"] == 0
+    assert _cudart(a100, "0")["name"].endswith("MIG 1g.10gb")
