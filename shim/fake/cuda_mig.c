@@ -160,6 +160,11 @@ void fake_cuda_select_devices(fake_system *s)
         const mig_gi_profile *gp = mig_profile_by_index(mig_model_of(s->gpus[c.card].name), g->profile);
         char path[4608], prof[64];
         fake_mig_gi_path(s, s->state_index[c.card], g->id, path, sizeof(path));
+        int dev = FAKE_MIG_DEV(s->state_index[c.card], g->id);
+        if (s->daemon_mode) { /* the daemon keeps the instance's memory (and makes its state file) */
+            index[k] = dev;
+            if (fake_daemon_slot(dev) != 0) gp = NULL;
+        }
         fake_dev_state *d = gp ? fake_map_state_file(path, s->daemon_mode ? FAKE_MAP_CLIENT : FAKE_MAP_DIRECT) : NULL;
         if (!d) { /* the instance went away meanwhile: the device is not there */
             fprintf(stderr, "fake NVIDIA driver: MIG device %s: no GPU instance state at %s\n", ci->uuid, path);

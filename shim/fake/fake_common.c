@@ -798,3 +798,10 @@ uint64_t fake_busy_between(fake_dev_state *s, int32_t pid, uint64_t from_ns, uin
     if (to_ns > from_ns && busy > to_ns - from_ns) busy = to_ns - from_ns;
     return busy;
 }
+
+/* Makes the daemon set up the caller's slot on `dev` (a MIG GPU instance's state comes into being so). */
+int fake_daemon_slot(int dev)
+{
+    fake_rep rep;
+    return request(FAKE_OP_SLOT, dev, 0, &rep, NULL) == 0 && rep.rc == 0 ? 0 : -1;
+}

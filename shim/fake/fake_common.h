@@ -189,5 +189,7 @@ enum { MAP_DIRECT, MAP_DAEMON, MAP_CLIENT };
 #define FAKE_MAP_DAEMON MAP_DAEMON
 #define FAKE_MAP_CLIENT MAP_CLIENT
 fake_dev_state *fake_map_state_file(const char *path, int how);
+/* With the daemon: has it make the caller's slot on `dev` (a card's place or FAKE_MIG_DEV); 0 or -1. */
+int fake_daemon_slot(int dev);
 
 #endif

@@ -216,3 +216,59 @@ void fake_mig_make_uuid(const char *card_uuid, unsigned gi, unsigned ci, unsigne
              bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7], bytes[8], bytes[9], bytes[10], bytes[11],
              bytes[12], bytes[13], bytes[14], bytes[15]);
 }
+
+/* ---------------------------------------------------------------- the daemon's GPU instance states */
+
+typedef struct {
+    int slot;
+    uint32_t gi_id, generation;
+    fake_dev_state *d;
+} daemon_gi;
+static daemon_gi daemon_gis[FAKE_MAX_GPUS * FAKE_MIG_MAX_GI];
+
+int fake_mig_daemon_device(fake_system *s, int dev, fake_dev_state **d, uint64_t *cap)
+{
+    if (dev < 0 || (dev & ~0x1ffff) || !(dev & 0x10000)) return -1;
+    int slot = FAKE_MIG_DEV_CARD(dev);
+    unsigned gi_id = (unsigned)dev & 0xff;
+    if (slot >= s->count) return -1;
+    fake_mig_card st;
+    fake_mig_snapshot(s, slot, &st); /* the daemon sees every card: its index is the card's place */
+    const fake_mig_gi *g = NULL;
+    for (int k = 0; k < FAKE_MIG_MAX_GI && !g; k++)
+        if (st.current && st.gi[k].live && st.gi[k].id == gi_id) g = &st.gi[k];
+    const mig_gi_profile *p = g ? mig_profile_by_index(mig_model_of(s->gpus[slot].name), g->profile) : NULL;
+    daemon_gi *e = &daemon_gis[slot * FAKE_MIG_MAX_GI + (gi_id % FAKE_MIG_MAX_GI)];
+    if (e->d && (!g || e->slot != slot || e->gi_id != gi_id || e->generation != g->generation)) {
+        munmap(e->d, sizeof(*e->d)); /* the instance is gone; its processes' memory with it */
+        memset(e, 0, sizeof(*e));
+    }
+    if (!p) return -1;
+    if (!e->d) { /* a new instance: its memory starts empty */
+        char path[4608];
+        fake_mig_gi_path(s, slot, gi_id, path, sizeof(path));
+        unlink(path);
+        e->d = fake_map_state_file(path, FAKE_MAP_DAEMON);
+        if (!e->d) return -1;
+        *e = (daemon_gi){slot, gi_id, g->generation, e->d};
+    }
+    *d = e->d;
+    *cap = p->memory_mb << 20;
+    return 0;
+}
+
+void fake_mig_daemon_release(int32_t pid, uint64_t start_time)
+{
+    for (size_t k = 0; k < sizeof(daemon_gis) / sizeof(daemon_gis[0]); k++) {
+        fake_dev_state *d = daemon_gis[k].d;
+        if (!d) continue;
+        for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+            fake_proc *p = &d->procs[i];
+            if (p->pid != pid || !p->managed || p->start_time != start_time) continue;
+            atomic_fetch_sub(&d->used_total, atomic_exchange(&p->used, 0));
+            atomic_store(&p->contexts, 0);
+            p->managed = 0;
+            p->pid = 0;
+        }
+    }
+}

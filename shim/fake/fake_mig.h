@@ -78,6 +78,16 @@ int fake_mig_gi_busy(fake_system *s, int slot, unsigned gi_id);
 /* Memory used on the GPU instance by live processes. */
 uint64_t fake_mig_gi_used(fake_system *s, int slot, unsigned gi_id);
 
+/* What a process on a MIG device names in its requests to the daemon: the GPU instance of the card
+ * at node place `slot`, beyond every card's place. */
+#define FAKE_MIG_DEV(slot, gi_id) (0x10000 | ((slot) << 8) | (int)(gi_id))
+#define FAKE_MIG_DEV_CARD(dev) (((dev) >> 8) & 0xff)
+/* Daemon side: the memory state and capacity of such a GPU instance while it exists (its file made
+ * afresh for each new instance); 0, or -1 when it names none. */
+int fake_mig_daemon_device(fake_system *s, int dev, fake_dev_state **d, uint64_t *cap);
+/* Daemon side: frees what a disconnected process held on GPU instances. */
+void fake_mig_daemon_release(int32_t pid, uint64_t start_time);
+
 /* The MIG UUID of a new compute instance (deterministic in its card, ids and generation). */
 void fake_mig_make_uuid(const char *card_uuid, unsigned gi, unsigned ci, unsigned generation, char *out, size_t n,
                         unsigned char bytes[16]);

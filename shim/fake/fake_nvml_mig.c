@@ -401,7 +401,8 @@ static nvmlReturn_t create_gi(nvmlDevice_t dev, unsigned profileId, const nvmlGp
             for (int k = 0; k < FAKE_MIG_MAX_GI; k++)
                 if (c->gi[k].live && c->gi[k].id == id) id++, again = 1;
         }
-        if (fake_mig_gi_file_create(s, slot, id) != 0) {
+        /* its memory: a fresh state file (with a daemon, the daemon makes it at the first request) */
+        if (!s->daemon_mode && fake_mig_gi_file_create(s, slot, id) != 0) {
             rc = NVML_ERROR_UNKNOWN;
         } else {
             c->gi[gi] = (fake_mig_gi){.live = 1, .id = id, .profile = p->index, .start = (unsigned)start,

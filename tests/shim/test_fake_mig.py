@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,9 @@ PRELUDE = textwrap.dedent(
                 m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
             except N.NVMLError_NotFound:
                 break
+            mem = N.nvmlDeviceGetMemoryInfo(m)
             devs.append({"name": N.nvmlDeviceGetName(m), "uuid": N.nvmlDeviceGetUUID(m),
-                         "total": N.nvmlDeviceGetMemoryInfo(m).total, "used": N.nvmlDeviceGetMemoryInfo(m).used,
+                         "total": mem.total, "used": mem.used,
                          "gi": N.nvmlDeviceGetGpuInstanceId(m), "ci": N.nvmlDeviceGetComputeInstanceId(m),
                          "parent": N.nvmlDeviceGetUUID(N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)),
                          "by_uuid": N.nvmlDeviceGetName(N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(m)))})
@@ -69,15 +71,27 @@ def _env(config: Path, built: ShimPaths, **extra: str) -> dict[str, str]:
 
 def _nvml(env: dict[str, str], body: str, *args: str) -> dict:
     script = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
-    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture
-def a100(tmp_path: Path, built: ShimPaths) -> dict[str, str]:
-    config = simulate.write_fake_config(simulate.parse_gpu_spec(A100_80, seed="mig"), tmp_path / "fake-gpus.conf")
-    return _env(config, built)
+@pytest.fixture(params=["no-daemon", "driverd"])
+def a100(request: pytest.FixtureRequest, tmp_path: Path, built: ShimPaths) -> Iterator[dict[str, str]]:
+    """One simulated A100-SXM4-80GB; with `driverd` the double's host daemon owns the state, as on a
+    node (instances' memory charged through it, read-only to every process)."""
+    config = simulate.write_fake_config(
+        simulate.parse_gpu_spec(A100_80, seed="mig"), tmp_path / "fake-gpus.conf"
+    )
+    daemon = simulate.start_fake_driverd(config) if request.param == "driverd" else None
+    try:
+        yield _env(config, built)
+    finally:
+        if daemon:
+            daemon.terminate()
+            daemon.wait(timeout=30)
 
 
 def _enable(env: dict[str, str]) -> None:
@@ -86,10 +100,18 @@ def _enable(env: dict[str, str]) -> None:
 
 
 def test_mig_mode_and_the_real_profiles(tmp_path: Path, built: ShimPaths, a100: dict[str, str]) -> None:
-    v100 = simulate.write_fake_config(simulate.parse_gpu_spec("1x Tesla V100-SXM2-32GB", seed="v"), tmp_path / "v.conf")
-    assert _nvml(_env(v100, built), 'out["mode"] = err(N.nvmlDeviceGetMigMode, h)') == {"mode": N_NOT_SUPPORTED}
+    v100 = simulate.write_fake_config(
+        simulate.parse_gpu_spec("1x Tesla V100-SXM2-32GB", seed="v"), tmp_path / "v.conf"
+    )
+    assert _nvml(_env(v100, built), 'out["mode"] = err(N.nvmlDeviceGetMigMode, h)') == {
+        "mode": N_NOT_SUPPORTED
+    }
 
-    before = _nvml(a100, 'out["mode"] = N.nvmlDeviceGetMigMode(h); out["v2"] = err(N.nvmlDeviceGetGpuInstanceProfileInfo, h, 0)')
+    before = _nvml(
+        a100,
+        'out["mode"] = N.nvmlDeviceGetMigMode(h)\n'
+        'out["v2"] = err(N.nvmlDeviceGetGpuInstanceProfileInfo, h, 0)',
+    )
     assert before == {"mode": [0, 0], "v2": N_NOT_SUPPORTED}  # `nvidia-smi mig -lgip`: no MIG-enabled device
     _enable(a100)
     table = _nvml(
@@ -101,7 +123,8 @@ def test_mig_mode_and_the_real_profiles(tmp_path: Path, built: ShimPaths, a100: 
                 p = N.nvmlDeviceGetGpuInstanceProfileInfo(h, idx)
             except N.NVMLError_NotSupported:
                 continue
-            out["profiles"][idx] = [p.id, p.name, p.sliceCount, p.instanceCount, p.memorySizeMB, p.multiprocessorCount]
+            out["profiles"][idx] = [p.id, p.name, p.sliceCount, p.instanceCount, p.memorySizeMB,
+                                    p.multiprocessorCount]
         out["beyond"] = err(N.nvmlDeviceGetGpuInstanceProfileInfo, h, 17, 1)
         out["placements"] = {}
         for pid in (19, 15, 14, 9, 5, 0):
@@ -132,8 +155,10 @@ p1 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_1_SLIC
 p3 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
 gi1 = N.nvmlDeviceCreateGpuInstanceWithPlacement(h, p1.id, N.byref(N.c_nvmlGpuInstancePlacement_t(6, 1)))
 gi3 = N.nvmlDeviceCreateGpuInstance(h, p3.id)
-for gi, ci_profile in ((gi1, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE), (gi3, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)):
-    cp = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_profile, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+SHARED = N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+CI1, CI3 = N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, N.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
+for gi, ci_profile in ((gi1, CI1), (gi3, CI3)):
+    cp = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_profile, SHARED)
     N.nvmlGpuInstanceCreateComputeInstance(gi, cp.id)
 out["placements"] = [[i.placement.start, i.placement.size] for i in map(N.nvmlGpuInstanceGetInfo, (gi1, gi3))]
 """
@@ -163,7 +188,8 @@ def test_a_1g_and_a_3g_instance_side_by_side_overlap_refused_then_destroyed(a100
         p1 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
         p3 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
         p7 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
-        at = lambda p, s, n: err(N.nvmlDeviceCreateGpuInstanceWithPlacement, h, p.id, N.byref(N.c_nvmlGpuInstancePlacement_t(s, n)))
+        place = lambda s, n: N.byref(N.c_nvmlGpuInstancePlacement_t(s, n))
+        at = lambda p, s, n: err(N.nvmlDeviceCreateGpuInstanceWithPlacement, h, p.id, place(s, n))
         out["1g_inside_3g"] = at(p1, 1, 1)
         out["3g_over_1g"] = at(p3, 4, 4)
         out["second_3g"] = err(N.nvmlDeviceCreateGpuInstance, h, p3.id)
@@ -228,7 +254,9 @@ def test_changing_mig_takes_root(built: ShimPaths) -> None:
         pytest.skip("needs root to drop to another user")
     with tempfile.TemporaryDirectory() as d:  # pytest's tmp_path is private to root
         os.chmod(d, 0o755)
-        config = simulate.write_fake_config(simulate.parse_gpu_spec(A100_80, seed="mig"), Path(d) / "fake-gpus.conf")
+        config = simulate.write_fake_config(
+            simulate.parse_gpu_spec(A100_80, seed="mig"), Path(d) / "fake-gpus.conf"
+        )
         os.chmod(config, 0o644)
         daemon = simulate.start_fake_driverd(config)  # the state is the daemon's, read-only to clients
         try:
@@ -243,7 +271,8 @@ def test_changing_mig_takes_root(built: ShimPaths) -> None:
 def _as_uid_1000(a100: dict[str, str]) -> None:
     proc = subprocess.run(
         ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", sys.executable, "-c",
-         PRELUDE + 'out = [N.nvmlDeviceGetMigMode(h), err(N.nvmlDeviceCreateGpuInstance, h, 19)]\nprint(json.dumps(out))'],
+         PRELUDE + 'out = [N.nvmlDeviceGetMigMode(h), err(N.nvmlDeviceCreateGpuInstance, h, 19)]\n'
+         'print(json.dumps(out))'],
         env=a100, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -274,8 +303,8 @@ CUDART = textwrap.dedent(
         out["allocs"] = [rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(int(s))) for s in sys.argv[2:]]
         import pynvml as N
         N.nvmlInit()
-        mig = N.nvmlDeviceGetHandleByUUID("MIG-" + "-".join([out["uuid"][:8], out["uuid"][8:12], out["uuid"][12:16],
-                                                             out["uuid"][16:20], out["uuid"][20:]]))
+        u = out["uuid"]
+        mig = N.nvmlDeviceGetHandleByUUID("MIG-" + "-".join([u[:8], u[8:12], u[12:16], u[16:20], u[20:]]))
         out["nvml_used"] = N.nvmlDeviceGetMemoryInfo(mig).used
     print(json.dumps(out))
     """
@@ -288,7 +317,11 @@ def _cudart(env: dict[str, str], visible: str | None, *sizes: int) -> dict:
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     proc = subprocess.run(
-        [sys.executable, "-c", CUDART, str(lib), *map(str, sizes)], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", CUDART, str(lib), *map(str, sizes)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -317,3 +350,32 @@ def test_the_cuda_runtime_sees_only_its_instance(a100: dict[str, str]) -> None:
     # the card itself is not a CUDA device in MIG mode; an entry naming nothing ends the list
     assert _cudart(a100, "nonsense," + small["uuid"])["count"] == 0
     assert _cudart(a100, "0")["name"].endswith("MIG 1g.10gb")
+
+
+def test_a_killed_process_frees_its_instance(built: ShimPaths, a100: dict[str, str]) -> None:
+    """While a process holds memory on a MIG device its instances cannot go; once it is killed the
+    driver frees its memory (the daemon, however it died) and they can."""
+    small, _ = _create(a100)
+    holder = subprocess.Popen(
+        [str(built.fake_dir.parent / "probe" / "gpuslice-probe"), "hold", "4Gi", "0"],
+        env={**a100, "CUDA_VISIBLE_DEVICES": small["uuid"]}, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    destroy = """
+    p1 = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    gi = N.nvmlDeviceGetGpuInstanceById(h, 1)
+    cis = (N.c_nvmlComputeInstance_t * 1)(); n = N.c_uint(0)
+    N.nvmlGpuInstanceGetComputeInstances(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, cis, N.byref(n))
+    out["used"] = mig_devices()[0]["used"]
+    out["card_used"] = N.nvmlDeviceGetMemoryInfo(h).used
+    out["ci"] = err(N.nvmlComputeInstanceDestroy, cis[0]) if n.value else "gone"
+    out["gi"] = err(N.nvmlGpuInstanceDestroy, gi)
+    """
+    try:
+        assert holder.stdout is not None and "held" in holder.stdout.readline()
+        held = _nvml(a100, destroy)
+        assert held == {"used": 4 * GIB, "card_used": 4 * GIB, "ci": N_IN_USE, "gi": N_IN_USE}
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    freed = _nvml(a100, destroy)
+    assert (freed["used"], freed["ci"], freed["gi"]) == (0, None, None)
