@@ -457,7 +457,22 @@ static size_t rec_size(int layout)
  * empty (the driver's answer on a headless data-center card: NVML_SUCCESS, count 0). */
 static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, int layout, unsigned int mode)
 {
-    GET_GPU(dev, g);
+    /* Whose processes: a card's own and, in MIG mode, its GPU instances' (with their instance ids); a
+     * MIG device's: its GPU instance's (fake_nvml_mig.c). */
+    fake_nvml_mig_procs lists[1 + FAKE_NVML_MIG_MAX_LISTS];
+    int nl, card, mig = fake_nvml_is_mig_handle(dev);
+    if (mig) {
+        nvmlReturn_t why;
+        nl = fake_nvml_mig_proc_lists(dev, -1, lists, FAKE_NVML_MIG_MAX_LISTS, &card, &why);
+        if (nl < 0) return why;
+    } else {
+        GET_CARD(dev, i);
+        card = i;
+        lists[0] = (fake_nvml_mig_procs){fake_system_get()->state[i], 0xFFFFFFFFu, 0xFFFFFFFFu};
+        nvmlReturn_t why;
+        nl = 1 + fake_nvml_mig_proc_lists(dev, i, lists + 1, FAKE_NVML_MIG_MAX_LISTS, &card, &why);
+    }
+    const fake_gpu *g = &fake_system_get()->gpus[card];
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     if (mode == NVML_PROCESS_MODE_MPS && g->cc_major < 7) return NVML_ERROR_NOT_SUPPORTED; /* Volta on */
     unsigned int n = 0, cap = *count;
@@ -466,34 +481,40 @@ static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, 
         *count = 0;
         return NVML_SUCCESS;
     }
-    fake_dev_state *s = fake_system_get()->state[index_of(g)];
     size_t stride = rec_size(layout);
-    fake_lock(s);
-    (void)fake_used_locked(s);
-    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
-        fake_proc *p = &s->procs[i];
-        if (!p->pid) continue;
-        uint64_t used = atomic_load(&p->used);
-        /* Like the real driver: a process is listed from its first context on, memory or not. */
-        if (used == 0 && atomic_load(&p->contexts) == 0) continue;
-        if (infos && n < cap) {
-            char *slot = (char *)infos + n * stride;
-            if (layout == REC_V1) {
-                nvmlProcessInfo_v1_t e = {(unsigned int)p->pid, used};
-                memcpy(slot, &e, sizeof(e));
-            } else if (layout == REC_V2) {
-                nvmlProcessInfo_v2_t e = {(unsigned int)p->pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu};
-                memcpy(slot, &e, sizeof(e));
-            } else {
-                nvmlProcessDetail_v1_t e = {(unsigned int)p->pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu, 0};
-                memcpy(slot, &e, sizeof(e));
-            }
-        } else {
-            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+    for (int l = 0; l < nl; l++) {
+        fake_dev_state *s = lists[l].state;
+        unsigned gi = lists[l].gi, ci = lists[l].ci;
+        int own = l == 0 && !mig; /* the card's own state; instances' are read-only views here */
+        if (own) {
+            fake_lock(s);
+            (void)fake_used_locked(s);
         }
-        n++;
+        for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+            fake_proc *p = &s->procs[i];
+            if (!p->pid || (!own && !fake_proc_alive(p))) continue;
+            uint64_t used = atomic_load(&p->used);
+            /* Like the real driver: a process is listed from its first context on, memory or not. */
+            if (used == 0 && atomic_load(&p->contexts) == 0) continue;
+            if (infos && n < cap) {
+                char *slot = (char *)infos + n * stride;
+                if (layout == REC_V1) {
+                    nvmlProcessInfo_v1_t e = {(unsigned int)p->pid, used};
+                    memcpy(slot, &e, sizeof(e));
+                } else if (layout == REC_V2) {
+                    nvmlProcessInfo_v2_t e = {(unsigned int)p->pid, used, gi, ci};
+                    memcpy(slot, &e, sizeof(e));
+                } else {
+                    nvmlProcessDetail_v1_t e = {(unsigned int)p->pid, used, gi, ci, 0};
+                    memcpy(slot, &e, sizeof(e));
+                }
+            } else {
+                rc = NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            n++;
+        }
+        if (own) fake_unlock(s);
     }
-    fake_unlock(s);
     *count = n;
     return rc;
 }

@@ -937,3 +937,65 @@ uint64_t fake_nvml_mig_card_used(int card)
         if (st.gi[g].live) used += fake_mig_gi_used(s, s->state_index[card], st.gi[g].id);
     return used;
 }
+
+/* Read-only views of the GPU instances' memory states, kept per (card, instance slot) while the instance
+ * lives. In a process holding no lock across calls, an instance destroyed meanwhile shows its last state. */
+static struct {
+    fake_dev_state *d;
+    uint32_t id, generation;
+} views[FAKE_MAX_GPUS][FAKE_MIG_MAX_GI];
+static pthread_mutex_t views_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static fake_dev_state *view_of(int card, int gi, const fake_mig_gi *g)
+{
+    fake_system *s = fake_system_get();
+    pthread_mutex_lock(&views_lock);
+    if (views[card][gi].d && (views[card][gi].id != g->id || views[card][gi].generation != g->generation)) {
+        munmap(views[card][gi].d, sizeof(fake_dev_state));
+        views[card][gi].d = NULL;
+    }
+    if (!views[card][gi].d) {
+        char path[4608];
+        fake_mig_gi_path(s, s->state_index[card], g->id, path, sizeof(path));
+        views[card][gi].d = fake_map_state_file(path, FAKE_MAP_CLIENT);
+        views[card][gi].id = g->id;
+        views[card][gi].generation = g->generation;
+    }
+    fake_dev_state *d = views[card][gi].d;
+    pthread_mutex_unlock(&views_lock);
+    return d;
+}
+
+/* The id NVML reports with a process of a GPU instance: its (first) compute instance's. */
+static unsigned first_ci(const fake_mig_gi *g)
+{
+    unsigned best = 0xFFFFFFFFu;
+    for (int c = 0; c < FAKE_MIG_MAX_CI; c++)
+        if (g->ci[c].live && g->ci[c].id < best) best = g->ci[c].id;
+    return best;
+}
+
+int fake_nvml_mig_proc_lists(nvmlDevice_t dev, int card, fake_nvml_mig_procs *out, int cap, int *card_out,
+                             nvmlReturn_t *rc)
+{
+    fake_mig_card st;
+    int n = 0;
+    if (card < 0) {
+        const mig_device *m;
+        *rc = resolve_mig(dev, &st, &m);
+        if (*rc != NVML_SUCCESS) return -1;
+        *card_out = m->card;
+        fake_dev_state *d = view_of(m->card, m->gi, &st.gi[m->gi]);
+        if (d && cap > 0) out[n++] = (fake_nvml_mig_procs){d, st.gi[m->gi].id, st.gi[m->gi].ci[m->ci].id};
+        return n;
+    }
+    *card_out = card;
+    if (!model_of_card(card)) return 0;
+    fake_mig_snapshot(fake_system_get(), card, &st);
+    for (int g = 0; st.current && g < FAKE_MIG_MAX_GI && n < cap; g++) {
+        if (!st.gi[g].live) continue;
+        fake_dev_state *d = view_of(card, g, &st.gi[g]);
+        if (d) out[n++] = (fake_nvml_mig_procs){d, st.gi[g].id, first_ci(&st.gi[g])};
+    }
+    return n;
+}

@@ -367,15 +367,23 @@ def test_a_killed_process_frees_its_instance(built: ShimPaths, a100: dict[str, s
     N.nvmlGpuInstanceGetComputeInstances(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, cis, N.byref(n))
     out["used"] = mig_devices()[0]["used"]
     out["card_used"] = N.nvmlDeviceGetMemoryInfo(h).used
+    mig = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+    procs = lambda d: [[p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId]
+                       for p in N.nvmlDeviceGetComputeRunningProcesses(d)]
+    other = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 1)
+    out["procs"] = {"card": procs(h), "mig": procs(mig), "other": procs(other)}
     out["ci"] = err(N.nvmlComputeInstanceDestroy, cis[0]) if n.value else "gone"
     out["gi"] = err(N.nvmlGpuInstanceDestroy, gi)
     """
     try:
         assert holder.stdout is not None and "held" in holder.stdout.readline()
         held = _nvml(a100, destroy)
+        # NVML lists the process with its instance's ids, on the card and on its MIG device only
+        listed = [[holder.pid, 4 * GIB, 1, 0]]
+        assert held.pop("procs") == {"card": listed, "mig": listed, "other": []}
         assert held == {"used": 4 * GIB, "card_used": 4 * GIB, "ci": N_IN_USE, "gi": N_IN_USE}
     finally:
         holder.kill()
         holder.wait(timeout=30)
     freed = _nvml(a100, destroy)
-    assert (freed["used"], freed["ci"], freed["gi"]) == (0, None, None)
+    assert (freed["used"], freed["procs"]["card"], freed["ci"], freed["gi"]) == (0, [], None, None)
