@@ -387,3 +387,43 @@ def test_a_killed_process_frees_its_instance(built: ShimPaths, a100: dict[str, s
         holder.wait(timeout=30)
     freed = _nvml(a100, destroy)
     assert (freed["used"], freed["procs"]["card"], freed["ci"], freed["gi"]) == (0, [], None, None)
+
+
+# nvidia-smi mig -lgip of the other models: (id, name, instances, MiB, SMs) by profile index
+OTHER_MODELS = {
+    "NVIDIA A100-SXM4-40GB": {
+        0: (19, "MIG 1g.5gb", 7, 4864, 14), 7: (20, "MIG 1g.5gb+me", 1, 4864, 14),
+        9: (15, "MIG 1g.10gb", 4, 9856, 14), 1: (14, "MIG 2g.10gb", 3, 9856, 28),
+        2: (9, "MIG 3g.20gb", 2, 19968, 42), 3: (5, "MIG 4g.20gb", 1, 19968, 56),
+        4: (0, "MIG 7g.40gb", 1, 40192, 98),
+    },
+    "NVIDIA H100 80GB HBM3": {
+        0: (19, "MIG 1g.10gb", 7, 9984, 16), 7: (20, "MIG 1g.10gb+me", 1, 9984, 16),
+        9: (15, "MIG 1g.20gb", 4, 20096, 26), 1: (14, "MIG 2g.20gb", 3, 20096, 32),
+        2: (9, "MIG 3g.40gb", 2, 40448, 60), 3: (5, "MIG 4g.40gb", 1, 40448, 64),
+        4: (0, "MIG 7g.80gb", 1, 81152, 132),
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", OTHER_MODELS)
+def test_the_other_models_profiles(tmp_path: Path, built: ShimPaths, model: str) -> None:
+    config = simulate.write_fake_config(simulate.parse_gpu_spec(f"1x {model}", seed="m"), tmp_path / "f.conf")
+    env = _env(config, built)
+    _enable(env)
+    table = _nvml(
+        env,
+        """
+        out["name"] = N.nvmlDeviceGetName(h)
+        out["cc"] = list(N.nvmlDeviceGetCudaComputeCapability(h))
+        out["profiles"] = {}
+        for idx in range(17):
+            try:
+                p = N.nvmlDeviceGetGpuInstanceProfileInfo(h, idx)
+            except N.NVMLError_NotSupported:
+                continue
+            out["profiles"][idx] = [p.id, p.name, p.instanceCount, p.memorySizeMB, p.multiprocessorCount]
+        """,
+    )
+    assert table["name"] == model and table["cc"] == ([9, 0] if "H100" in model else [8, 0])
+    assert {int(k): tuple(v) for k, v in table["profiles"].items()} == OTHER_MODELS[model]
