@@ -597,6 +597,15 @@ static const nvml_model *model_of(const fake_gpu *g)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1Memory_t *bar1)
 {
+    if (fake_nvml_is_mig_handle(dev)) { /* a MIG device: its memory slices' share of the card's aperture */
+        fake_nvml_mig_info m;
+        nvmlReturn_t rc = fake_nvml_mig_describe(dev, &m);
+        if (rc != NVML_SUCCESS || !bar1) return rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT;
+        uint64_t total = ((unsigned long long)model_of(&fake_system_get()->gpus[m.card])->bar1_mib << 20) *
+                         m.memory_slices / 8;
+        *bar1 = (nvmlBAR1Memory_t){total, total, 0};
+        return NVML_SUCCESS;
+    }
     GET_GPU(dev, g);
     if (!bar1) return NVML_ERROR_INVALID_ARGUMENT;
     bar1->bar1Total = (unsigned long long)model_of(g)->bar1_mib << 20;

@@ -924,6 +924,7 @@ nvmlReturn_t fake_nvml_mig_describe(nvmlDevice_t dev, fake_nvml_mig_info *out)
     snprintf(out->uuid, sizeof(out->uuid), "%s", c->uuid);
     out->memory_bytes = gp->memory_mb << 20;
     out->used_bytes = fake_mig_gi_used(s, s->state_index[m->card], g->id);
+    out->memory_slices = g->size;
     return NVML_SUCCESS;
 }
 

@@ -15,6 +15,7 @@ typedef struct {
     char name[160]; /* "NVIDIA A100-SXM4-80GB MIG 1g.10gb", as the driver names it */
     char uuid[48];  /* "MIG-..." */
     uint64_t memory_bytes, used_bytes; /* the GPU instance's */
+    unsigned memory_slices;            /* of the card's 8 */
 } fake_nvml_mig_info;
 
 /* The MIG device behind a handle (still existing), or the error NVML answers for it. */

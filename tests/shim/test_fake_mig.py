@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import pytest
 
 from gpuslice_dev.gpusim import cudart, simulate
 from gpuslice_dev.gpusim.build import ShimPaths
+from shim.matrix import nvitop_pythonpath
 
 MIB = 1024**2
 GIB = 1024**3
@@ -427,3 +429,29 @@ def test_the_other_models_profiles(tmp_path: Path, built: ShimPaths, model: str)
     )
     assert table["name"] == model and table["cc"] == ([9, 0] if "H100" in model else [8, 0])
     assert {int(k): tuple(v) for k, v in table["profiles"].items()} == OTHER_MODELS[model]
+
+
+def test_nvitop_shows_the_mig_devices_and_their_process(built: ShimPaths, a100: dict[str, str]) -> None:
+    """The monitor tenants and admins run (nvitop 1.7.2 on nvidia-ml-py): its screen lists the card's
+    MIG devices with their instance ids, memory and BAR1, and a process on one of them."""
+    small, _ = _create(a100)
+    holder = subprocess.Popen(
+        [str(built.fake_dir.parent / "probe" / "gpuslice-probe"), "hold", "2Gi", "0"],
+        env={**a100, "CUDA_VISIBLE_DEVICES": small["uuid"]}, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and "held" in holder.stdout.readline()
+        env = {**a100, "PYTHONPATH": nvitop_pythonpath(), "COLUMNS": "160", "TERM": "dumb"}
+        screen = subprocess.run(
+            [sys.executable, "-m", "nvitop", "--once"], env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        holder.terminate()
+        holder.wait(timeout=30)
+    assert screen.returncode == 0, screen.stderr
+    rows = [line for line in screen.stdout.splitlines() if "GI/CI" in line]
+    assert len(rows) == 2, screen.stdout
+    assert re.search(r"1g\.10gb @ GI/CI: 1/0 │ +2048MiB / +9728MiB │ BAR1:", rows[0]), rows[0]
+    assert re.search(r"3g\.40gb @ GI/CI: 2/0 │ +0B / 39\.25GiB │", rows[1]), rows[1]
+    # listed under its MIG device (GPU 0, MIG device 0)
+    assert re.search(rf"│ 0:0\s+{holder.pid} C\s+\S+\s+2048MiB", screen.stdout), screen.stdout
