@@ -20,7 +20,8 @@ import pytest
 
 from gpuslice_dev.gpusim import cudart, simulate
 from gpuslice_dev.gpusim.build import ShimPaths
-from shim.matrix import nvitop_pythonpath
+from gpuslice_dev.wheels import ensure_unpacked
+from shim.matrix import TORCH, nvitop_pythonpath
 
 MIB = 1024**2
 GIB = 1024**3
@@ -455,3 +456,41 @@ def test_nvitop_shows_the_mig_devices_and_their_process(built: ShimPaths, a100: 
     assert re.search(r"3g\.40gb @ GI/CI: 2/0 │ +0B / 39\.25GiB │", rows[1]), rows[1]
     # listed under its MIG device (GPU 0, MIG device 0)
     assert re.search(rf"│ 0:0\s+{holder.pid} C\s+\S+\s+2048MiB", screen.stdout), screen.stdout
+
+
+TORCH_ON_MIG = """
+import json, torch
+p = torch.cuda.get_device_properties(0)
+out = {"count": torch.cuda.device_count(), "name": p.name, "total": p.total_memory,
+       "sms": p.multi_processor_count, "free": torch.cuda.mem_get_info()[0]}
+held = torch.empty(9 * 2**30, dtype=torch.uint8, device="cuda")
+try:
+    torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    out["oom"] = None
+except torch.cuda.OutOfMemoryError as e:
+    out["oom"] = str(e).splitlines()[0]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow(seconds=15)
+def test_pytorch_on_a_mig_device_runs_out_at_the_instance(a100: dict[str, str]) -> None:
+    """PyTorch (its CUDA 12 build) given CUDA_VISIBLE_DEVICES=MIG-...: one device of the instance's
+    size, and torch.cuda.OutOfMemoryError past it, from the driver (no shim loaded)."""
+    small, _ = _create(a100)
+    roots = [ensure_unpacked(name, version) for name, version in TORCH]
+    libs = sorted(str(d) for root in roots for d in (root / "nvidia").glob("*/lib"))
+    env = {
+        **a100,
+        "CUDA_VISIBLE_DEVICES": small["uuid"],
+        "PYTHONPATH": os.pathsep.join(map(str, roots)),
+        "LD_LIBRARY_PATH": os.pathsep.join([*libs, a100["LD_LIBRARY_PATH"]]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", TORCH_ON_MIG], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["count"] == 1 and seen["name"] == "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+    assert seen["total"] == seen["free"] == 9728 * MIB and seen["sms"] == 14
+    assert seen["oom"] and "total capacity of 9.50 GiB" in seen["oom"], seen["oom"]
