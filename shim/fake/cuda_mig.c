@@ -159,7 +159,7 @@ void fake_cuda_select_devices(fake_system *s)
         const fake_mig_ci *ci = &g->ci[c.ci];
         const mig_gi_profile *gp = mig_profile_by_index(mig_model_of(s->gpus[c.card].name), g->profile);
         char path[4608], prof[64];
-        fake_mig_gi_path(s, s->state_index[c.card], g->id, path, sizeof(path));
+        fake_mig_gi_path(s, s->state_index[c.card], g, path, sizeof(path));
         int dev = FAKE_MIG_DEV(s->state_index[c.card], g->id);
         if (s->daemon_mode) { /* the daemon keeps the instance's memory (and makes its state file) */
             index[k] = dev;

@@ -292,6 +292,7 @@ int main(int argc, char **argv)
     reclaim_orphans(s);
     if (fake_health_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no card health file\n");
     if (fake_mig_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no MIG state file\n");
+    fake_mig_daemon_start(s);
 
     int dirfd = open(s->state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0) {

@@ -137,16 +137,16 @@ int fake_mig_prepare(fake_system *s)
     return 0;
 }
 
-void fake_mig_gi_path(const fake_system *s, int slot, unsigned gi_id, char *out, size_t n)
+void fake_mig_gi_path(const fake_system *s, int slot, const fake_mig_gi *g, char *out, size_t n)
 {
-    snprintf(out, n, "%s/gpu%d.gi%u.bin", s->state_dir, slot, gi_id);
+    snprintf(out, n, "%s/gpu%d.gi%u.%u.bin", s->state_dir, slot, g->id, g->generation);
 }
 
-int fake_mig_gi_file_create(fake_system *s, int slot, unsigned gi_id)
+int fake_mig_gi_file_create(fake_system *s, int slot, const fake_mig_gi *g)
 {
     char path[4608];
-    fake_mig_gi_path(s, slot, gi_id, path, sizeof(path));
-    unlink(path); /* a previous instance's memory is gone with it */
+    fake_mig_gi_path(s, slot, g, path, sizeof(path));
+    unlink(path); /* left over from a state the layout file no longer has */
     /* Shared read-write without a daemon (like the cards' files); the daemon's own otherwise. */
     fake_dev_state *d = fake_map_state_file(path, s->daemon_mode ? FAKE_MAP_DAEMON : FAKE_MAP_DIRECT);
     if (!d) return -1;
@@ -155,16 +155,16 @@ int fake_mig_gi_file_create(fake_system *s, int slot, unsigned gi_id)
     return 0;
 }
 
-static fake_dev_state *map_gi_readonly(fake_system *s, int slot, unsigned gi_id)
+static fake_dev_state *map_gi_readonly(fake_system *s, int slot, const fake_mig_gi *g)
 {
     char path[4608];
-    fake_mig_gi_path(s, slot, gi_id, path, sizeof(path));
+    fake_mig_gi_path(s, slot, g, path, sizeof(path));
     return fake_map_state_file(path, FAKE_MAP_CLIENT);
 }
 
-static uint64_t gi_scan(fake_system *s, int slot, unsigned gi_id, int *busy)
+static uint64_t gi_scan(fake_system *s, int slot, const fake_mig_gi *g, int *busy)
 {
-    fake_dev_state *d = map_gi_readonly(s, slot, gi_id);
+    fake_dev_state *d = map_gi_readonly(s, slot, g);
     uint64_t used = 0;
     *busy = 0;
     if (!d) return 0;
@@ -179,17 +179,17 @@ static uint64_t gi_scan(fake_system *s, int slot, unsigned gi_id, int *busy)
     return used;
 }
 
-int fake_mig_gi_busy(fake_system *s, int slot, unsigned gi_id)
+int fake_mig_gi_busy(fake_system *s, int slot, const fake_mig_gi *g)
 {
     int busy;
-    (void)gi_scan(s, slot, gi_id, &busy);
+    (void)gi_scan(s, slot, g, &busy);
     return busy;
 }
 
-uint64_t fake_mig_gi_used(fake_system *s, int slot, unsigned gi_id)
+uint64_t fake_mig_gi_used(fake_system *s, int slot, const fake_mig_gi *g)
 {
     int busy;
-    return gi_scan(s, slot, gi_id, &busy);
+    return gi_scan(s, slot, g, &busy);
 }
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
@@ -244,13 +244,17 @@ int fake_mig_daemon_device(fake_system *s, int dev, fake_dev_state **d, uint64_t
         memset(e, 0, sizeof(*e));
     }
     if (!p) return -1;
-    if (!e->d) { /* a new instance: its memory starts empty */
+    if (!e->d) { /* a new instance (empty), or one a previous daemon served */
         char path[4608];
-        fake_mig_gi_path(s, slot, gi_id, path, sizeof(path));
-        unlink(path);
+        fake_mig_gi_path(s, slot, g, path, sizeof(path));
         e->d = fake_map_state_file(path, FAKE_MAP_DAEMON);
         if (!e->d) return -1;
         *e = (daemon_gi){slot, gi_id, g->generation, e->d};
+        for (int i = 0; i < FAKE_MAX_PROCS; i++) { /* processes that ended while no daemon watched */
+            fake_proc *q = &e->d->procs[i];
+            if (q->managed && q->pid > 0 && fake_start_time(q->pid) != q->start_time)
+                fake_mig_daemon_release(q->pid, q->start_time);
+        }
     }
     *d = e->d;
     *cap = p->memory_mb << 20;
@@ -269,6 +273,19 @@ void fake_mig_daemon_release(int32_t pid, uint64_t start_time)
             atomic_store(&p->contexts, 0);
             p->managed = 0;
             p->pid = 0;
+        }
+    }
+}
+
+void fake_mig_daemon_start(fake_system *s)
+{
+    for (int slot = 0; slot < s->count; slot++) {
+        fake_mig_card st;
+        fake_mig_snapshot(s, slot, &st);
+        for (int g = 0; st.current && g < FAKE_MIG_MAX_GI; g++) {
+            fake_dev_state *d;
+            uint64_t cap;
+            if (st.gi[g].live) (void)fake_mig_daemon_device(s, FAKE_MIG_DEV(slot, (int)st.gi[g].id), &d, &cap);
         }
     }
 }

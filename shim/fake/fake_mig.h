@@ -9,7 +9,7 @@
  * which gets the state directory mounted read-only, never may. Writers serialize on flock and
  * bump a sequence number readers use to take a consistent copy.
  *
- * Each GPU instance has its own memory, like a card: "<config>.state/gpu<N>.gi<id>.bin" is a
+ * Each GPU instance has its own memory, like a card: "<config>.state/gpu<N>.gi<id>.<gen>.bin" is a
  * device state file (fake_dev_state) whose capacity is the instance's memory. A process on a MIG
  * device charges its allocations there, so one instance never takes another's memory and an
  * allocation past the instance fails in the driver itself.
@@ -69,14 +69,14 @@ void fake_mig_write_end(fake_mig_state *m);
 /* The daemon creates the (empty) file at start; without one the first writer does. */
 int fake_mig_prepare(fake_system *s);
 
-/* "<state_dir>/gpu<slot>.gi<id>.bin" */
-void fake_mig_gi_path(const fake_system *s, int slot, unsigned gi_id, char *out, size_t n);
-/* A fresh memory state file for a new GPU instance (writer side); 0 or -1. */
-int fake_mig_gi_file_create(fake_system *s, int slot, unsigned gi_id);
+/* "<state_dir>/gpu<slot>.gi<id>.<generation>.bin": every instance made has a file of its own */
+void fake_mig_gi_path(const fake_system *s, int slot, const fake_mig_gi *g, char *out, size_t n);
+/* The memory state file of a new GPU instance (writer side, no daemon); 0 or -1. */
+int fake_mig_gi_file_create(fake_system *s, int slot, const fake_mig_gi *g);
 /* Whether a process holds memory or a context on the GPU instance. */
-int fake_mig_gi_busy(fake_system *s, int slot, unsigned gi_id);
+int fake_mig_gi_busy(fake_system *s, int slot, const fake_mig_gi *g);
 /* Memory used on the GPU instance by live processes. */
-uint64_t fake_mig_gi_used(fake_system *s, int slot, unsigned gi_id);
+uint64_t fake_mig_gi_used(fake_system *s, int slot, const fake_mig_gi *g);
 
 /* What a process on a MIG device names in its requests to the daemon: the GPU instance of the card
  * at node place `slot`, beyond every card's place. */
@@ -85,6 +85,9 @@ uint64_t fake_mig_gi_used(fake_system *s, int slot, unsigned gi_id);
 /* Daemon side: the memory state and capacity of such a GPU instance while it exists (its file made
  * afresh for each new instance); 0, or -1 when it names none. */
 int fake_mig_daemon_device(fake_system *s, int dev, fake_dev_state **d, uint64_t *cap);
+/* Daemon side, at start: serves the instances there are, freeing what processes that ended while no
+ * daemon watched held on them (as it does for the cards). */
+void fake_mig_daemon_start(fake_system *s);
 /* Daemon side: frees what a disconnected process held on GPU instances. */
 void fake_mig_daemon_release(int32_t pid, uint64_t start_time);
 

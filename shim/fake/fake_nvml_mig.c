@@ -155,7 +155,7 @@ static int card_busy(int card, const fake_mig_card *c)
         if (p->pid && fake_proc_alive(p) && (atomic_load(&p->used) || atomic_load(&p->contexts))) return 1;
     }
     for (int g = 0; g < FAKE_MIG_MAX_GI; g++)
-        if (c->gi[g].live && fake_mig_gi_busy(s, s->state_index[card], c->gi[g].id)) return 1;
+        if (c->gi[g].live && fake_mig_gi_busy(s, s->state_index[card], &c->gi[g])) return 1;
     return 0;
 }
 
@@ -401,12 +401,14 @@ static nvmlReturn_t create_gi(nvmlDevice_t dev, unsigned profileId, const nvmlGp
             for (int k = 0; k < FAKE_MIG_MAX_GI; k++)
                 if (c->gi[k].live && c->gi[k].id == id) id++, again = 1;
         }
-        /* its memory: a fresh state file (with a daemon, the daemon makes it at the first request) */
-        if (!s->daemon_mode && fake_mig_gi_file_create(s, slot, id) != 0) {
+        fake_mig_gi made = {.live = 1, .id = id, .profile = p->index, .start = (unsigned)start, .size = p->size,
+                            .generation = c->generation + 1};
+        /* its memory: a state file of its own (with a daemon, the daemon makes it at the first request) */
+        if (!s->daemon_mode && fake_mig_gi_file_create(s, slot, &made) != 0) {
             rc = NVML_ERROR_UNKNOWN;
         } else {
-            c->gi[gi] = (fake_mig_gi){.live = 1, .id = id, .profile = p->index, .start = (unsigned)start,
-                                      .size = p->size, .generation = ++c->generation};
+            c->generation++;
+            c->gi[gi] = made;
             *out = gi_handle(card, gi, &c->gi[gi]);
             rc = NVML_SUCCESS;
         }
@@ -447,11 +449,11 @@ FAKE_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t h)
     for (int k = 0; k < FAKE_MIG_MAX_CI; k++) cis |= g->ci[k].live != 0;
     if (!g->live || g->id != h->id || g->generation != h->generation) {
         rc = NVML_ERROR_INVALID_ARGUMENT; /* destroyed meanwhile */
-    } else if (cis || fake_mig_gi_busy(s, slot, g->id)) {
+    } else if (cis || fake_mig_gi_busy(s, slot, g)) {
         rc = NVML_ERROR_IN_USE;
     } else {
         char path[4608];
-        fake_mig_gi_path(s, slot, g->id, path, sizeof(path));
+        fake_mig_gi_path(s, slot, g, path, sizeof(path));
         unlink(path);
         memset(g, 0, sizeof(*g));
     }
@@ -726,7 +728,7 @@ FAKE_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t h)
     fake_mig_ci *c = &g->ci[h->ci];
     if (!g->live || g->generation != h->gi_generation || !c->live || c->generation != h->generation)
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    else if (fake_mig_gi_busy(s, slot, g->id))
+    else if (fake_mig_gi_busy(s, slot, g))
         rc = NVML_ERROR_IN_USE;
     else
         memset(c, 0, sizeof(*c));
@@ -923,7 +925,7 @@ nvmlReturn_t fake_nvml_mig_describe(nvmlDevice_t dev, fake_nvml_mig_info *out)
     snprintf(out->name, sizeof(out->name), "%s %s", s->gpus[m->card].name, ci);
     snprintf(out->uuid, sizeof(out->uuid), "%s", c->uuid);
     out->memory_bytes = gp->memory_mb << 20;
-    out->used_bytes = fake_mig_gi_used(s, s->state_index[m->card], g->id);
+    out->used_bytes = fake_mig_gi_used(s, s->state_index[m->card], g);
     out->memory_slices = g->size;
     return NVML_SUCCESS;
 }
@@ -935,7 +937,7 @@ uint64_t fake_nvml_mig_card_used(int card)
     fake_mig_snapshot(s, card, &st);
     uint64_t used = 0;
     for (int g = 0; g < FAKE_MIG_MAX_GI; g++)
-        if (st.gi[g].live) used += fake_mig_gi_used(s, s->state_index[card], st.gi[g].id);
+        if (st.gi[g].live) used += fake_mig_gi_used(s, s->state_index[card], &st.gi[g]);
     return used;
 }
 
@@ -957,7 +959,7 @@ static fake_dev_state *view_of(int card, int gi, const fake_mig_gi *g)
     }
     if (!views[card][gi].d) {
         char path[4608];
-        fake_mig_gi_path(s, s->state_index[card], g->id, path, sizeof(path));
+        fake_mig_gi_path(s, s->state_index[card], g, path, sizeof(path));
         views[card][gi].d = fake_map_state_file(path, FAKE_MAP_CLIENT);
         views[card][gi].id = g->id;
         views[card][gi].generation = g->generation;

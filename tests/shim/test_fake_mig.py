@@ -494,3 +494,36 @@ def test_pytorch_on_a_mig_device_runs_out_at_the_instance(a100: dict[str, str]) 
     assert seen["count"] == 1 and seen["name"] == "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
     assert seen["total"] == seen["free"] == 9728 * MIB and seen["sms"] == 14
     assert seen["oom"] and "total capacity of 9.50 GiB" in seen["oom"], seen["oom"]
+
+
+def test_an_instances_memory_outlives_a_restart_of_the_daemon(tmp_path: Path, built: ShimPaths) -> None:
+    """The daemon keeps no MIG state of its own: a new one serves the instances and the memory that
+    live processes hold on them as the old one left them, and frees what dead ones held."""
+    config = simulate.write_fake_config(simulate.parse_gpu_spec(A100_80, seed="mig"), tmp_path / "f.conf")
+    env = _env(config, built)
+    daemon = simulate.start_fake_driverd(config)
+    probe = str(built.fake_dir.parent / "probe" / "gpuslice-probe")
+    holders: list[subprocess.Popen[str]] = []
+    try:
+        small, _ = _create(env)
+        on_small = {**env, "CUDA_VISIBLE_DEVICES": small["uuid"]}
+        for size in ("3Gi", "2Gi"):
+            holders.append(
+                subprocess.Popen([probe, "hold", size, "0"], env=on_small, stdout=subprocess.PIPE, text=True)
+            )
+            assert holders[-1].stdout is not None and "held" in holders[-1].stdout.readline()
+        daemon.terminate()
+        daemon.wait(timeout=30)
+        holders[1].kill()  # dies while no daemon watches
+        holders[1].wait(timeout=30)
+        daemon = simulate.start_fake_driverd(config)
+        after = _nvml(env, 'out["used"] = [d["used"] for d in mig_devices()]')
+        assert after["used"] == [3 * GIB, 0]  # the live holder's; the dead one's freed
+        more = _cudart(env, small["uuid"], 6 * GIB, 1 * GIB)
+        assert more["allocs"] == [0, 2]  # 3 GiB still held by the live holder + 6 GiB = 9 of 9.5 GiB
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait(timeout=30)
+        daemon.terminate()
+        daemon.wait(timeout=30)
