@@ -168,7 +168,6 @@ static int init_mutex(pthread_mutex_t *m)
     return rc;
 }
 
-enum { MAP_DIRECT, MAP_DAEMON, MAP_CLIENT };
 
 static int state_ok(const fake_dev_state *s)
 {
@@ -177,10 +176,21 @@ static int state_ok(const fake_dev_state *s)
 
 /* MAP_DIRECT: shared read-write by every process (no daemon); MAP_DAEMON: the daemon's own, mode
  * 0644; MAP_CLIENT: read-only, a daemon serves the state. */
+static fake_dev_state *map_state_path(const char *path, int how);
 static fake_dev_state *map_state(const char *dir, int idx, int how)
 {
     char path[4608];
     snprintf(path, sizeof(path), "%s/gpu%d.bin", dir, idx);
+    return map_state_path(path, how);
+}
+
+fake_dev_state *fake_map_state_file(const char *path, int how)
+{
+    return map_state_path(path, how);
+}
+
+static fake_dev_state *map_state_path(const char *path, int how)
+{
     struct stat st;
     if (how == MAP_CLIENT) {
         int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -787,4 +797,11 @@ uint64_t fake_busy_between(fake_dev_state *s, int32_t pid, uint64_t from_ns, uin
     /* merged segments may overlap a little: the device is never more than fully busy */
     if (to_ns > from_ns && busy > to_ns - from_ns) busy = to_ns - from_ns;
     return busy;
+}
+
+/* Makes the daemon set up the caller's slot on `dev` (a MIG GPU instance's state comes into being so). */
+int fake_daemon_slot(int dev)
+{
+    fake_rep rep;
+    return request(FAKE_OP_SLOT, dev, 0, &rep, NULL) == 0 && rep.rc == 0 ? 0 : -1;
 }

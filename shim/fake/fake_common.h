@@ -182,4 +182,14 @@ uint64_t fake_busy_until(fake_dev_state *s);
  * segments with it): joins the previous interval when it continues it, moves busy_until. */
 void fake_ring_append(fake_dev_state *s, int32_t pid, uint64_t start_ns, uint64_t end_ns);
 
+/* Maps a device state file by path (a MIG GPU instance's, fake_mig.h): FAKE_MAP_DIRECT shared read-write
+ * (no daemon), FAKE_MAP_DAEMON the daemon's own (mode 0644), FAKE_MAP_CLIENT read-only. NULL with errno. */
+enum { MAP_DIRECT, MAP_DAEMON, MAP_CLIENT };
+#define FAKE_MAP_DIRECT MAP_DIRECT
+#define FAKE_MAP_DAEMON MAP_DAEMON
+#define FAKE_MAP_CLIENT MAP_CLIENT
+fake_dev_state *fake_map_state_file(const char *path, int how);
+/* With the daemon: has it make the caller's slot on `dev` (a card's place or FAKE_MIG_DEV); 0 or -1. */
+int fake_daemon_slot(int dev);
+
 #endif

@@ -205,6 +205,7 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
     fake_system *s = sys();
     if (s == NULL) return CUDA_ERROR_NO_DEVICE;
     pthread_mutex_lock(&primary_lock);
+    if (!atomic_load(&initialized)) fake_cuda_select_devices(s); /* MIG devices, CUDA_VISIBLE_DEVICES */
     if (!atomic_load(&initialized))
         for (int i = 0; i < s->count; i++) {
             primary_ctx[i] = (struct CUctx_st){CTX_MAGIC, i, 1, 0, {0}};

@@ -206,4 +206,8 @@ CUresult stream_dev(CUstream s, CUdevice *dev);
 /* Books `duration_ns` on the device's timeline; blocks when the launch queue is full. */
 CUresult occupy(CUdevice dev, uint64_t duration_ns);
 
+/* Narrows the loaded cards to the devices CUDA shows this process: MIG devices of cards in MIG mode,
+ * CUDA_VISIBLE_DEVICES (cuda_mig.c). Once, at the first cuInit. */
+void fake_cuda_select_devices(fake_system *s);
+
 #endif

@@ -32,6 +32,7 @@
 
 #include "fake_common.h"
 #include "fake_health.h"
+#include "fake_mig.h"
 
 #define MAX_CLIENTS 4096
 
@@ -205,21 +206,26 @@ static int serve(fake_system *s, client *clients, int n, client *c, const fake_r
         else fd = c->seg_fd;
         return reply(c, rep, fd);
     }
-    if (rq->dev < 0 || rq->dev >= s->count || rq->op < FAKE_OP_SLOT || rq->op > FAKE_OP_CONTEXTS) {
+    /* a card, or a MIG GPU instance of one (its own memory, fake_mig.h) */
+    int card = rq->dev;
+    fake_dev_state *d = NULL;
+    uint64_t cap = 0;
+    if (rq->dev >= 0 && rq->dev < s->count) d = s->state[card], cap = s->gpus[card].memory_bytes;
+    else if (fake_mig_daemon_device(s, rq->dev, &d, &cap) == 0) card = FAKE_MIG_DEV_CARD(rq->dev);
+    if (!d || rq->op < FAKE_OP_SLOT || rq->op > FAKE_OP_CONTEXTS) {
         rep.rc = 1;
         return reply(c, rep, -1);
     }
-    fake_dev_state *d = s->state[rq->dev];
     fake_lock(d);
     fake_proc *p = slot_locked(d, c, 0);
     if (!p && rq->op != FAKE_OP_UNCHARGE) {
-        if (!reachable(s, rq->dev, c->pid)) rep.rc = 4;
+        if (!reachable(s, card, c->pid)) rep.rc = 4;
         else if (!(p = slot_locked(d, c, 1))) rep.rc = 3;
     }
     if (p) switch (rq->op) {
         case FAKE_OP_SLOT: rep.val = (uint64_t)(p - d->procs); break;
         case FAKE_OP_CHARGE: {
-            uint64_t size = (uint64_t)rq->arg, cap = s->gpus[rq->dev].memory_bytes;
+            uint64_t size = (uint64_t)rq->arg;
             if (rq->arg < 0) {
                 rep.rc = 1;
                 break;
@@ -263,6 +269,7 @@ static void drop(fake_system *s, client *clients, int *n, int i)
     int still = 0; /* libcuda and libnvidia-ml each hold a connection: free after the last */
     for (int k = 0; k < *n; k++) still |= clients[k].pid == gone.pid && clients[k].start == gone.start;
     if (!still) fake_release_process(s, gone.pid, gone.start);
+    if (!still) fake_mig_daemon_release(gone.pid, gone.start);
 }
 
 int main(int argc, char **argv)
@@ -284,6 +291,8 @@ int main(int argc, char **argv)
     if (!s) return 1; /* the loader said why */
     reclaim_orphans(s);
     if (fake_health_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no card health file\n");
+    if (fake_mig_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no MIG state file\n");
+    fake_mig_daemon_start(s);
 
     int dirfd = open(s->state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0) {

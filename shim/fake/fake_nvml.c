@@ -13,6 +13,7 @@
 #include "fake_common.h"
 #include "fake_health.h"
 #include "fake_nvml.h"
+#include "fake_nvml_mig.h"
 
 static _Atomic int init_count;
 
@@ -114,6 +115,9 @@ FAKE_EXPORT const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
     default: return "Unknown Error";
     }
 }
@@ -187,6 +191,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
     CHECK_INIT();
     if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
     if (fake_health_any_lost()) return NVML_ERROR_GPU_IS_LOST; /* as documented: "if any GPU" is lost */
+    if (strncasecmp(uuid, "MIG-", 4) == 0) return fake_nvml_mig_by_uuid(uuid, device);
     fake_system *s = fake_system_get();
     for (int i = 0; i < s->count; i++)
         if (strcasecmp(s->gpus[i].uuid, uuid) == 0) {
@@ -218,8 +223,27 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, 
 }
 
 CARD_VALUE(nvmlDeviceGetIndex, unsigned int, (unsigned int)index_of(g))
-CARD_STRING(nvmlDeviceGetName, g->name)
-CARD_STRING(nvmlDeviceGetUUID, g->uuid)
+/* A MIG device handle answers with its own name and UUID (fake_nvml_mig.c). */
+static nvmlReturn_t card_string(nvmlDevice_t dev, char *out, unsigned int length, int uuid)
+{
+    if (fake_nvml_is_mig_handle(dev)) {
+        fake_nvml_mig_info m;
+        nvmlReturn_t rc = fake_nvml_mig_describe(dev, &m);
+        return rc != NVML_SUCCESS ? rc : copy_str(out, length, uuid ? m.uuid : m.name);
+    }
+    GET_GPU(dev, g);
+    return copy_str(out, length, uuid ? g->uuid : g->name);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *out, unsigned int length)
+{
+    return card_string(dev, out, length, 0);
+}
+
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *out, unsigned int length)
+{
+    return card_string(dev, out, length, 1);
+}
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t dev, char *serial, unsigned int length)
 {
@@ -252,15 +276,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t dev, nvmlDeviceA
     return NVML_SUCCESS;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending)
-{
-    GET_GPU(dev, g);
-    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
-    if (g->cc_major < 8) return NVML_ERROR_NOT_SUPPORTED; /* MIG exists from Ampere on */
-    *current = NVML_DEVICE_MIG_DISABLE;
-    *pending = NVML_DEVICE_MIG_DISABLE;
-    return NVML_SUCCESS;
-}
+/* nvmlDeviceGetMigMode and the rest of MIG: fake_nvml_mig.c. */
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci)
 {
@@ -288,11 +304,19 @@ static uint64_t used_on(const fake_gpu *g)
     fake_lock(s);
     uint64_t used = fake_used_locked(s);
     fake_unlock(s);
-    return used;
+    return used + fake_nvml_mig_card_used(index_of(g)); /* the card's memory includes its GPU instances' */
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory)
 {
+    if (fake_nvml_is_mig_handle(dev)) { /* a MIG device: its GPU instance's memory */
+        fake_nvml_mig_info m;
+        nvmlReturn_t rc = fake_nvml_mig_describe(dev, &m);
+        if (rc != NVML_SUCCESS || !memory) return rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT;
+        uint64_t used = m.used_bytes < m.memory_bytes ? m.used_bytes : m.memory_bytes;
+        *memory = (nvmlMemory_t){m.memory_bytes, m.memory_bytes - used, used};
+        return NVML_SUCCESS;
+    }
     GET_GPU(dev, g);
     if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t used = used_on(g);
@@ -304,6 +328,14 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t 
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory)
 {
+    if (fake_nvml_is_mig_handle(dev)) {
+        nvmlMemory_t m;
+        nvmlReturn_t rc = nvmlDeviceGetMemoryInfo(dev, &m);
+        if (rc != NVML_SUCCESS || !memory) return rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT;
+        if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        memory->total = m.total, memory->reserved = 0, memory->used = m.used, memory->free = m.free;
+        return NVML_SUCCESS;
+    }
     GET_GPU(dev, g);
     if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -425,7 +457,22 @@ static size_t rec_size(int layout)
  * empty (the driver's answer on a headless data-center card: NVML_SUCCESS, count 0). */
 static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, int layout, unsigned int mode)
 {
-    GET_GPU(dev, g);
+    /* Whose processes: a card's own and, in MIG mode, its GPU instances' (with their instance ids); a
+     * MIG device's: its GPU instance's (fake_nvml_mig.c). */
+    fake_nvml_mig_procs lists[1 + FAKE_NVML_MIG_MAX_LISTS];
+    int nl, card, mig = fake_nvml_is_mig_handle(dev);
+    if (mig) {
+        nvmlReturn_t why;
+        nl = fake_nvml_mig_proc_lists(dev, -1, lists, FAKE_NVML_MIG_MAX_LISTS, &card, &why);
+        if (nl < 0) return why;
+    } else {
+        GET_CARD(dev, i);
+        card = i;
+        lists[0] = (fake_nvml_mig_procs){fake_system_get()->state[i], 0xFFFFFFFFu, 0xFFFFFFFFu};
+        nvmlReturn_t why;
+        nl = 1 + fake_nvml_mig_proc_lists(dev, i, lists + 1, FAKE_NVML_MIG_MAX_LISTS, &card, &why);
+    }
+    const fake_gpu *g = &fake_system_get()->gpus[card];
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     if (mode == NVML_PROCESS_MODE_MPS && g->cc_major < 7) return NVML_ERROR_NOT_SUPPORTED; /* Volta on */
     unsigned int n = 0, cap = *count;
@@ -434,34 +481,40 @@ static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos, 
         *count = 0;
         return NVML_SUCCESS;
     }
-    fake_dev_state *s = fake_system_get()->state[index_of(g)];
     size_t stride = rec_size(layout);
-    fake_lock(s);
-    (void)fake_used_locked(s);
-    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
-        fake_proc *p = &s->procs[i];
-        if (!p->pid) continue;
-        uint64_t used = atomic_load(&p->used);
-        /* Like the real driver: a process is listed from its first context on, memory or not. */
-        if (used == 0 && atomic_load(&p->contexts) == 0) continue;
-        if (infos && n < cap) {
-            char *slot = (char *)infos + n * stride;
-            if (layout == REC_V1) {
-                nvmlProcessInfo_v1_t e = {(unsigned int)p->pid, used};
-                memcpy(slot, &e, sizeof(e));
-            } else if (layout == REC_V2) {
-                nvmlProcessInfo_v2_t e = {(unsigned int)p->pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu};
-                memcpy(slot, &e, sizeof(e));
-            } else {
-                nvmlProcessDetail_v1_t e = {(unsigned int)p->pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu, 0};
-                memcpy(slot, &e, sizeof(e));
-            }
-        } else {
-            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+    for (int l = 0; l < nl; l++) {
+        fake_dev_state *s = lists[l].state;
+        unsigned gi = lists[l].gi, ci = lists[l].ci;
+        int own = l == 0 && !mig; /* the card's own state; instances' are read-only views here */
+        if (own) {
+            fake_lock(s);
+            (void)fake_used_locked(s);
         }
-        n++;
+        for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+            fake_proc *p = &s->procs[i];
+            if (!p->pid || (!own && !fake_proc_alive(p))) continue;
+            uint64_t used = atomic_load(&p->used);
+            /* Like the real driver: a process is listed from its first context on, memory or not. */
+            if (used == 0 && atomic_load(&p->contexts) == 0) continue;
+            if (infos && n < cap) {
+                char *slot = (char *)infos + n * stride;
+                if (layout == REC_V1) {
+                    nvmlProcessInfo_v1_t e = {(unsigned int)p->pid, used};
+                    memcpy(slot, &e, sizeof(e));
+                } else if (layout == REC_V2) {
+                    nvmlProcessInfo_v2_t e = {(unsigned int)p->pid, used, gi, ci};
+                    memcpy(slot, &e, sizeof(e));
+                } else {
+                    nvmlProcessDetail_v1_t e = {(unsigned int)p->pid, used, gi, ci, 0};
+                    memcpy(slot, &e, sizeof(e));
+                }
+            } else {
+                rc = NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            n++;
+        }
+        if (own) fake_unlock(s);
     }
-    fake_unlock(s);
     *count = n;
     return rc;
 }
@@ -544,6 +597,15 @@ static const nvml_model *model_of(const fake_gpu *g)
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t dev, nvmlBAR1Memory_t *bar1)
 {
+    if (fake_nvml_is_mig_handle(dev)) { /* a MIG device: its memory slices' share of the card's aperture */
+        fake_nvml_mig_info m;
+        nvmlReturn_t rc = fake_nvml_mig_describe(dev, &m);
+        if (rc != NVML_SUCCESS || !bar1) return rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT;
+        uint64_t total = ((unsigned long long)model_of(&fake_system_get()->gpus[m.card])->bar1_mib << 20) *
+                         m.memory_slices / 8;
+        *bar1 = (nvmlBAR1Memory_t){total, total, 0};
+        return NVML_SUCCESS;
+    }
     GET_GPU(dev, g);
     if (!bar1) return NVML_ERROR_INVALID_ARGUMENT;
     bar1->bar1Total = (unsigned long long)model_of(g)->bar1_mib << 20;

@@ -180,7 +180,7 @@ def test_any_uid_gets_its_slice_and_cannot_change_the_doubles_state(shared_slice
     conf = s.workdir / "fake-gpus.conf"
     state = Path(f"{conf}.state")
     files = {p.name: oct(p.stat().st_mode & 0o777) for p in state.glob("*.bin")}
-    assert files == {"gpu0.bin": "0o644", "health.bin": "0o644"}
+    assert files == {"gpu0.bin": "0o644", "health.bin": "0o644", "mig.bin": "0o644"}
     assert oct(state.stat().st_mode & 0o777) == "0o755", "only the daemon adds or replaces state files"
 
     holder = subprocess.Popen(

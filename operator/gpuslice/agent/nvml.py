@@ -19,6 +19,7 @@ import pynvml
 
 from gpuslice import logs
 from gpuslice.domain.gpu_processes import GpuProcess
+from gpuslice.domain.mig import MigProfile
 
 log = logs.get(__name__)
 
@@ -223,3 +224,189 @@ class XidWatch:
                 pynvml.nvmlEventSetFree(self._set)
             self._set = None
         pynvml.nvmlShutdown()
+
+
+# ---------------------------------------------------------------- MIG
+# A card's MIG mode, its profiles and placements as the driver reports them, and GPU + compute
+# instances made and removed at a placement (dynamic MIG: made at prepare, removed at unprepare).
+# Both operations are idempotent, so an agent that restarts between NVML's answer and its own
+# checkpoint converges: `mig_create` at a placement where an instance of that profile already stands
+# returns that instance (its MIG UUID), `mig_destroy` of a MIG device that is gone returns False.
+# Call inside `session()`.
+
+#: NVML_GPU_INSTANCE_PROFILE_* indexes, and the compute instance profile spanning n slices
+_GI_PROFILE_INDEXES = range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
+_CI_PROFILE_OF_SLICES = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+}
+
+
+class MigError(Exception):
+    """A MIG operation the driver refused; `code` is NVML's (23: the placement is taken)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A GPU instance with its compute instance, i.e. one MIG device."""
+
+    gpu_uuid: str
+    profile_id: int
+    start: int
+    size: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str  # "MIG-..."; what CUDA_VISIBLE_DEVICES names
+
+
+def mig_mode(gpu_uuid: str) -> tuple[bool, bool] | None:
+    """(current, pending) MIG mode, or None for a card without MIG."""
+    try:
+        current, pending = pynvml.nvmlDeviceGetMigMode(handle(gpu_uuid))
+    except pynvml.NVMLError_NotSupported:
+        return None
+    return bool(current), bool(pending)
+
+
+def _profile_infos(h: Any) -> list[Any]:
+    out = []
+    for index in _GI_PROFILE_INDEXES:
+        try:
+            out.append(pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index))
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+            continue
+    return out
+
+
+def mig_profiles(gpu_uuid: str) -> list[MigProfile]:
+    """The card's GPU instance profiles with their placements; empty while MIG mode is off."""
+    h = handle(gpu_uuid)
+    out = []
+    for info in _profile_infos(h):
+        count = ctypes.c_uint(0)
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, None, ctypes.byref(count))
+        arr = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(count))
+        out.append(
+            MigProfile(
+                id=int(info.id),
+                name=_text(info.name).removeprefix("MIG "),
+                slices=int(info.sliceCount),
+                instances=int(info.instanceCount),
+                memory_mib=int(info.memorySizeMB),
+                multiprocessors=int(info.multiprocessorCount),
+                placements=tuple((int(p.start), int(p.size)) for p in arr[: count.value]),
+            )
+        )
+    return out
+
+
+def _mig_uuids(h: Any) -> dict[tuple[int, int], str]:
+    """MIG device UUID by (GPU instance id, compute instance id)."""
+    out = {}
+    for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+        try:
+            m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+        except pynvml.NVMLError_NotFound:
+            continue
+        gi = int(pynvml.nvmlDeviceGetGpuInstanceId(m))
+        ci = int(pynvml.nvmlDeviceGetComputeInstanceId(m))
+        out[(gi, ci)] = _text(pynvml.nvmlDeviceGetUUID(m))
+    return out
+
+
+def _gpu_instances(h: Any) -> list[tuple[Any, Any]]:
+    """(GPU instance handle, its nvmlGpuInstanceInfo_t) of every instance on the card."""
+    out: list[tuple[Any, Any]] = []
+    for info in _profile_infos(h):
+        arr = (pynvml.c_nvmlGpuInstance_t * max(1, int(info.instanceCount)))()
+        n = ctypes.c_uint(0)
+        pynvml.nvmlDeviceGetGpuInstances(h, info.id, arr, ctypes.byref(n))
+        out.extend((arr[i], pynvml.nvmlGpuInstanceGetInfo(arr[i])) for i in range(n.value))
+    return out
+
+
+def _compute_instances(gi: Any) -> list[Any]:
+    out: list[Any] = []
+    for ci_profile in _CI_PROFILE_OF_SLICES.values():
+        arr = (pynvml.c_nvmlComputeInstance_t * 8)()
+        n = ctypes.c_uint(0)
+        try:
+            pynvml.nvmlGpuInstanceGetComputeInstances(gi, ci_profile, arr, ctypes.byref(n))
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+            continue
+        out.extend(arr[i] for i in range(n.value))
+    return out
+
+
+def mig_instances(gpu_uuid: str) -> list[MigInstance]:
+    """The card's MIG devices: GPU instances that have a compute instance."""
+    h = handle(gpu_uuid)
+    uuids = _mig_uuids(h)
+    out = []
+    for gi, info in _gpu_instances(h):
+        for ci in _compute_instances(gi):
+            ci_id = int(pynvml.nvmlComputeInstanceGetInfo(ci).id)
+            uuid = uuids.get((int(info.id), ci_id))
+            if uuid:
+                start, size = int(info.placement.start), int(info.placement.size)
+                out.append(MigInstance(gpu_uuid, int(info.profileId), start, size, int(info.id), ci_id, uuid))
+    return out
+
+
+def mig_create(gpu_uuid: str, profile: MigProfile, start: int) -> MigInstance:
+    """A GPU instance of `profile` at memory slice `start` with one compute instance spanning it; the
+    one already there if a previous attempt made it. Raises MigError when the driver refuses (the
+    placement overlaps an instance: code 23, NVML_ERROR_INSUFFICIENT_RESOURCES)."""
+    for existing in mig_instances(gpu_uuid):
+        if existing.profile_id == profile.id and existing.start == start:
+            return existing
+    h = handle(gpu_uuid)
+    size = next((sz for st, sz in profile.placements if st == start), None)
+    if size is None:
+        raise MigError(
+            f"{profile.name} has no placement at memory slice {start}", pynvml.NVML_ERROR_INVALID_ARGUMENT
+        )
+    placement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
+    try:
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, profile.id, ctypes.byref(placement))
+    except pynvml.NVMLError as exc:
+        raise MigError(f"creating {profile.name} at {start}:{size} on {gpu_uuid}: {exc}", exc.value) from exc
+    try:
+        ci_profile = _CI_PROFILE_OF_SLICES[profile.slices]
+        info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, ci_profile, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        )
+        pynvml.nvmlGpuInstanceCreateComputeInstance(gi, info.id)
+    except (KeyError, pynvml.NVMLError) as exc:
+        pynvml.nvmlGpuInstanceDestroy(gi)  # no half-made instance is left behind
+        code = exc.value if isinstance(exc, pynvml.NVMLError) else pynvml.NVML_ERROR_NOT_SUPPORTED
+        raise MigError(f"compute instance for {profile.name} on {gpu_uuid}: {exc}", code) from exc
+    made = next(i for i in mig_instances(gpu_uuid) if i.profile_id == profile.id and i.start == start)
+    log.info("MIG instance created", gpu=gpu_uuid, profile=profile.name, start=start, mig=made.uuid)
+    return made
+
+
+def mig_destroy(gpu_uuid: str, mig_uuid: str) -> bool:
+    """Removes the MIG device (its compute instances, then its GPU instance). False when it is not
+    there (already removed); MigError (code 19, NVML_ERROR_IN_USE) while a process still uses it."""
+    h = handle(gpu_uuid)
+    target = next((i for i in mig_instances(gpu_uuid) if i.uuid == mig_uuid), None)
+    if target is None:
+        return False
+    gi = pynvml.nvmlDeviceGetGpuInstanceById(h, target.gpu_instance_id)
+    try:
+        for ci in _compute_instances(gi):
+            pynvml.nvmlComputeInstanceDestroy(ci)
+        pynvml.nvmlGpuInstanceDestroy(gi)
+    except pynvml.NVMLError as exc:
+        raise MigError(f"destroying {mig_uuid} on {gpu_uuid}: {exc}", exc.value) from exc
+    log.info("MIG instance destroyed", gpu=gpu_uuid, mig=mig_uuid)
+    return True
