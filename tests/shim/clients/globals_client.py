@@ -52,12 +52,12 @@ def main() -> int:
     out["unknown"] = cu.cuModuleGetGlobal_v2(ctypes.byref(ctypes.c_uint64()), None, mod, b"no_such_variable")
     out["kernel_name"] = cu.cuModuleGetGlobal_v2(ctypes.byref(ctypes.c_uint64()), None, mod, b"touch")
     if "counter" in addrs:
-        value = ctypes.c_uint32(0xC0FFEE)
-        out["write"] = cu.cuMemcpyHtoD_v2(ctypes.c_uint64(addrs["counter"]), ctypes.byref(value), ctypes.c_size_t(4))
-        back = ctypes.c_uint32()
-        out["read"] = cu.cuMemcpyDtoH_v2(ctypes.byref(back), ctypes.c_uint64(addrs["counter"]), ctypes.c_size_t(4))
+        at, four = ctypes.c_uint64(addrs["counter"]), ctypes.c_size_t(4)
+        value, back = ctypes.c_uint32(0xC0FFEE), ctypes.c_uint32()
+        out["write"] = cu.cuMemcpyHtoD_v2(at, ctypes.byref(value), four)
+        out["read"] = cu.cuMemcpyDtoH_v2(ctypes.byref(back), at, four)
         out["read_back"] = hex(back.value)
-        out["mem_free_global"] = cu.cuMemFree_v2(ctypes.c_uint64(addrs["counter"]))  # not the client's to free
+        out["mem_free_global"] = cu.cuMemFree_v2(at)  # the driver's memory, not the client's to free
     fn = ctypes.c_void_p()
     out["get_function"] = cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"touch")
     out["unload"] = cu.cuModuleUnload(mod)
