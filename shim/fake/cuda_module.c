@@ -112,8 +112,7 @@ static CUresult module_vars_list(struct CUmod_st *m, image_global **out, int *co
     }
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {
-        uint64_t a = g[i].align && g[i].align <= 4096 ? g[i].align : 8;
-        at = (at + a - 1) / a * a;
+        at = image_global_place(at, &g[i]);
         m->globals[i].name = strdup(g[i].name);
         if (!m->globals[i].name) {
             free(g);

@@ -70,6 +70,19 @@ int cubin_globals(const void *elf, size_t size, image_global *out, int max)
     return n; /* no symbol table: no variables */
 }
 
+uint64_t image_global_place(uint64_t at, const image_global *g)
+{
+    uint64_t a = g->align && g->align <= 4096 && (g->align & (g->align - 1)) == 0 ? g->align : 8;
+    return (at + a - 1) / a * a;
+}
+
+uint64_t image_globals_bytes(const image_global *g, int n)
+{
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) at = image_global_place(at, &g[i]) + g[i].size;
+    return at;
+}
+
 /* ---------------------------------------------------------------- PTX */
 
 static int ident_char(char c)

@@ -37,6 +37,14 @@ int cubin_globals(const void *elf, size_t size, image_global *out, int max);
 /* The same for a PTX text of `size` bytes. */
 int ptx_globals(const char *ptx, size_t size, image_global *out, int max);
 
+/* Where a variable goes when the module's variables are laid out one after another from offset `at`
+ * (its alignment, 8 when it has none or an odd one); the driver double lays them out so, and the shim
+ * charges a slice the same total. */
+uint64_t image_global_place(uint64_t at, const image_global *g);
+
+/* The bytes a module's variables take laid out so: what the double charges to the card at its load. */
+uint64_t image_globals_bytes(const image_global *g, int n);
+
 /* Writes a PTX variable's initial bytes (g->size of them) into `out`: its initializer's numbers in
  * order (nested braces flattened), zeros past them and for what is not a number (an address such as
  * `generic(x)`: the double does not relocate). */

@@ -163,11 +163,10 @@ class Tenant:
     def given_back(self, free_after: int, free_at_start: int) -> bool:
         """Whether a path gave back what it took. The driver keeps a loaded module's variables
         (__device__, __constant__) in device memory until the module is unloaded, and frameworks never
-        unload their kernels: alone on the double (which charges them to the card as a driver does)
-        they may stay, up to MODULE_VARIABLES_SLACK; the slice does not count them, so under the shim
-        every byte comes back."""
+        unload their kernels: on the double (which charges them to the card as a driver does, and the
+        shim to the slice) they may stay, up to MODULE_VARIABLES_SLACK."""
         room = self.available(free_at_start)
-        if self.real or self.shim:
+        if self.real:
             return free_after == room
         return room - MODULE_VARIABLES_SLACK <= free_after <= room
 

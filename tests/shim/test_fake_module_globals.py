@@ -105,3 +105,45 @@ def test_module_variables_have_device_memory_while_loaded(make_slice, images, me
         assert sum(SIZES.values()) <= before - loaded < sum(SIZES.values()) + 4096
         assert int(v["library_loaded_free"]) == loaded
     assert int(v["free_unloaded"]) == int(v["free_end"]) == before
+
+
+#: a module whose one variable is a 6 GiB __device__ array (`__device__ char big[6 << 30];`)
+BIG_PTX = b""".version 7.0
+.target sm_70
+.address_size 64
+.visible .global .align 8 .b8 big[6442450944];
+.visible .entry touch()
+{
+\tret;
+}
+"""
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+@pytest.mark.parametrize("memory", [None, 8 * GIB], ids=["alone", "slice-8GiB"])
+def test_module_variables_take_memory_of_the_card_and_of_the_slice(make_slice, tmp_path, memory):
+    """A module's variables are device memory: on the whole card two modules of 6 GiB fit; under an
+    8 GiB slice the first takes 6 GiB of it and the second, and a library of the same image, are
+    refused with CUDA_ERROR_OUT_OF_MEMORY as a card of 8 GiB refuses them; unloading gives it back."""
+    image = tmp_path / "big.ptx"
+    image.write_bytes(BIG_PTX)
+    s = make_slice(memory_bytes=memory)
+    proc = subprocess.run(
+        [sys.executable, str(CLIENT), str(image), "twice"], env=env_of(s, shim=memory is not None),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    v = values(proc.stdout)
+    before = int(v["free_before"])
+    assert (v["init"], v["ctx"], v["load1"]) == ("0", "0", "0"), proc.stdout
+    assert int(v["free_load1"]) == before - 6 * GIB
+    if memory is None:
+        assert (v["load2"], v["library_load"], v["unloads"]) == ("0", "0", "0,0")
+        assert int(v["free_load2"]) == before - 12 * GIB
+        assert v["library_unload"] == "0"
+    else:
+        assert before == memory
+        oom = str(CUDA_ERROR_OUT_OF_MEMORY)
+        assert (v["load2"], v["library_load"], v["unloads"]) == (oom, oom, "0")
+        assert int(v["free_load2"]) == before - 6 * GIB
+    assert int(v["free_end"]) == before

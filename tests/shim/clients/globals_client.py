@@ -13,7 +13,40 @@ from pathlib import Path
 NAMES = ["counter", "table", "scale", "limits", "hidden", "wide"]
 
 
+def twice(path: str) -> int:
+    """Loads one image twice (a module each time, each with its own variables), then unloads both:
+    what the device shows free after each step, and each call's CUresult."""
+    image = ctypes.create_string_buffer(Path(path).read_bytes() + b"\0")
+    cu = ctypes.CDLL("libcuda.so.1")
+    ctx = ctypes.c_void_p()
+    out: dict[str, object] = {"init": cu.cuInit(0), "ctx": cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)}
+    cu.cuCtxSetCurrent(ctx)
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    out["free_before"] = free.value
+    mods = []
+    for i in (1, 2):
+        mod = ctypes.c_void_p()
+        out[f"load{i}"] = cu.cuModuleLoadData(ctypes.byref(mod), image)
+        cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+        out[f"free_load{i}"] = free.value
+        if out[f"load{i}"] == 0:
+            mods.append(mod)
+    lib = ctypes.c_void_p()
+    out["library_load"] = cu.cuLibraryLoadData(ctypes.byref(lib), image, None, None, 0, None, None, 0)
+    out["unloads"] = ",".join(str(cu.cuModuleUnload(m)) for m in mods)
+    if out["library_load"] == 0:
+        out["library_unload"] = cu.cuLibraryUnload(lib)
+    cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    out["free_end"] = free.value
+    for k, v in out.items():
+        print(f"{k}={v}")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[2:] == ["twice"]:
+        return twice(sys.argv[1])
     image = Path(sys.argv[1]).read_bytes() + b"\0"
     cu = ctypes.CDLL("libcuda.so.1")
     out: dict[str, object] = {}
