@@ -325,7 +325,13 @@ static const void *hooks_table[7] = {
     (void *)unknown_hooks_4,      (void *)unknown_hooks_5, (void *)hooks_buffer_2,
 };
 
-static const void *tools_tls_table[4] = {(void *)(4 * sizeof(void *)), NULL, NULL, NULL};
+/* Tools TLS: its size; its slots are undocumented (cuBLASLt 12.8 calls slot 2 before a heuristic
+ * query: an answer, not a NULL to jump through). */
+UNKNOWN_SLOT(tools_tls, 1)
+UNKNOWN_SLOT(tools_tls, 2)
+UNKNOWN_SLOT(tools_tls, 3)
+static const void *tools_tls_table[4] = {(void *)(4 * sizeof(void *)), (void *)unknown_tools_tls_1,
+                                         (void *)unknown_tools_tls_2, (void *)unknown_tools_tls_3};
 
 UNKNOWN_SLOT(cls, 3)
 static const void *cls_table[4] = {(void *)cls_put, (void *)cls_delete, (void *)cls_get, (void *)unknown_cls_3};

@@ -5,18 +5,23 @@
  * found by name in the chosen cubin's symbol table or PTX's .entry list. Kernels are not executed:
  * each launch occupies the device for the module's duration (a PTX comment
  * `// gpuslice-fake: duration_us=N`, else 10 us) on the timeline NVML utilization is computed from.
+ * A module's variables (__device__, __constant__) get device memory of the module's context at the
+ * load, charged to the card like an allocation and initialized from the image; the unload, or the
+ * context's destruction, frees it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "fake_cuda.h"
 #include "fake_health.h"
 #include "fake_module.h"
 #include "../src/fatbin.h"
+#include "../src/image_globals.h"
 
 #define DEFAULT_DURATION_NS 10000ull
 #define DURATION_TAG "gpuslice-fake: duration_us="
@@ -80,6 +85,99 @@ static CUresult pick_from_fatbin(const void *fatbin, const fake_gpu *g, void **i
     return rc;
 }
 
+
+static void module_free(CUmodule m);
+
+/* ---------------------------------------------------------------- module variables */
+
+/* The module's variables from its image, laid out one after another at their alignment. */
+static CUresult module_vars_list(struct CUmod_st *m, image_global **out, int *count, uint64_t *bytes)
+{
+    *out = NULL;
+    *count = 0;
+    *bytes = 0;
+    int n = 0;
+    if (m->kind == FATBIN_CUBIN) n = cubin_globals(m->image, m->size, NULL, 0);
+    else if (m->kind == FATBIN_PTX) n = ptx_globals(m->image, m->size, NULL, 0);
+    if (n < 0) return CUDA_ERROR_INVALID_IMAGE;
+    if (n == 0) return CUDA_SUCCESS;
+    image_global *g = calloc((size_t)n, sizeof(*g));
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (m->kind == FATBIN_CUBIN) n = cubin_globals(m->image, m->size, g, n);
+    else n = ptx_globals(m->image, m->size, g, n);
+    m->globals = calloc((size_t)n, sizeof(*m->globals));
+    if (!m->globals) {
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        at = image_global_place(at, &g[i]);
+        m->globals[i].name = strdup(g[i].name);
+        if (!m->globals[i].name) {
+            free(g);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        m->globals[i].offset = at;
+        m->globals[i].size = g[i].size;
+        m->globals[i].managed = g[i].managed;
+        m->nglobals = (unsigned)i + 1;
+        at += g[i].size;
+    }
+    *out = g;
+    *count = n;
+    *bytes = at;
+    return CUDA_SUCCESS;
+}
+
+/* Device memory for the module's variables in the current context, with their initial values. */
+static CUresult module_vars_back(struct CUmod_st *m, const image_global *g, int n)
+{
+    if (m->data_bytes == 0) return CUDA_SUCCESS;
+    CUresult rc = charge(m->dev, m->data_bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    void *p = mmap(NULL, rounded(m->data_bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        uncharge(m->dev, m->data_bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; g && i < n; i++) {
+        unsigned char *dst = (unsigned char *)p + m->globals[i].offset;
+        if (g[i].init) memcpy(dst, g[i].init, g[i].size);
+        else if (g[i].ptx_init) ptx_global_init(&g[i], dst);
+    }
+    m->data = (uint64_t)(uintptr_t)p;
+    track_alloc(&(alloc){m->data, m->data_bytes, m->dev, K_MODULE, -1, (uintptr_t)m, current_ctx, 0, NULL});
+    return CUDA_SUCCESS;
+}
+
+static CUresult module_vars_load(struct CUmod_st *m)
+{
+    image_global *g = NULL;
+    int n = 0;
+    CUresult rc = module_vars_list(m, &g, &n, &m->data_bytes);
+    if (rc == CUDA_SUCCESS) rc = module_vars_back(m, g, n);
+    free(g);
+    return rc;
+}
+
+/* 1 if the module's memory is still there: a context's destruction frees its modules' memory. */
+static int module_vars_live(struct CUmod_st *m)
+{
+    alloc a;
+    return m->data && find_alloc(m->data, &a) && a.ptr == m->data && a.kind == K_MODULE &&
+           a.shared_fd_handle == (uintptr_t)m;
+}
+
+static void module_vars_free(struct CUmod_st *m)
+{
+    if (!module_vars_live(m)) return; /* gone with its context */
+    alloc *a = untrack(m->data);
+    if (a) device_free(a);
+    m->data = 0;
+}
+
 CUresult fake_module_load(CUmodule *module, const void *image, int how)
 {
     (void)how;
@@ -139,6 +237,11 @@ CUresult fake_module_load(CUmodule *module, const void *image, int how)
     m->kind = kind;
     m->dev = current_ctx->dev;
     m->duration_ns = chosen ? duration_of(chosen, size) : DEFAULT_DURATION_NS;
+    rc = module_vars_load(m);
+    if (rc != CUDA_SUCCESS) {
+        module_free(m);
+        return rc;
+    }
     *module = m;
     return CUDA_SUCCESS;
 }
@@ -159,6 +262,9 @@ static int module_has(CUmodule m, const char *name)
 static void module_free(CUmodule m)
 {
     m->magic = 0;
+    module_vars_free(m);
+    for (unsigned i = 0; i < m->nglobals; i++) free(m->globals[i].name);
+    free(m->globals);
     free(m->image);
     free(m);
 }
@@ -252,14 +358,43 @@ FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *
     return new_function(f, m, name, FUNC_MAGIC);
 }
 
+/* A variable by name: its address and size (either pointer may be NULL, not both). A library's module
+ * whose context went gets its memory again in the current one, as a library is loaded into each
+ * context that uses it; a plain module's is gone with its context. */
+static CUresult module_global(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name, int managed)
+{
+    if (!name || (!dptr && !bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(m)) return CUDA_ERROR_INVALID_HANDLE;
+    unsigned i = 0;
+    while (i < m->nglobals && (strcmp(m->globals[i].name, name) != 0 || m->globals[i].managed != managed)) i++;
+    if (i == m->nglobals) return CUDA_ERROR_NOT_FOUND;
+    if (!module_vars_live(m)) {
+        if (!m->library) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+        image_global *g = NULL;
+        int n = 0;
+        if (m->kind == FATBIN_CUBIN) n = cubin_globals(m->image, m->size, NULL, 0);
+        else n = ptx_globals(m->image, m->size, NULL, 0);
+        if (n > 0 && (g = calloc((size_t)n, sizeof(*g))) != NULL) {
+            if (m->kind == FATBIN_CUBIN) n = cubin_globals(m->image, m->size, g, n);
+            else n = ptx_globals(m->image, m->size, g, n);
+        }
+        if (n > (int)m->nglobals) n = (int)m->nglobals;
+        m->dev = current_ctx->dev;
+        m->data = 0;
+        CUresult rc = module_vars_back(m, g, g ? n : 0);
+        free(g);
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    if (dptr) *dptr = m->data + m->globals[i].offset;
+    if (bytes) *bytes = m->globals[i].size;
+    return CUDA_SUCCESS;
+}
+
 FAKE_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name)
 {
-    (void)dptr;
-    (void)bytes;
     CHECK_INIT();
-    if (!name) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_module(m)) return CUDA_ERROR_INVALID_HANDLE;
-    return CUDA_ERROR_NOT_FOUND; /* device variables are not modeled */
+    return module_global(dptr, bytes, m, name, 0);
 }
 
 FAKE_EXPORT CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
@@ -303,6 +438,7 @@ FAKE_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUj
     }
     l->magic = LIB_MAGIC;
     l->mod = m;
+    m->library = 1;
     *library = l;
     return CUDA_SUCCESS;
 }
@@ -355,17 +491,17 @@ FAKE_EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l)
 
 FAKE_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name)
 {
-    (void)dptr;
-    (void)bytes;
     CHECK_INIT();
-    if (!name) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
-    return CUDA_ERROR_NOT_FOUND;
+    return module_global(dptr, bytes, l->mod, name, 0);
 }
 
+/* __managed__ variables (PTX `.attribute(.managed)`); a cubin's are not told apart here. */
 FAKE_EXPORT CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name)
 {
-    return cuLibraryGetGlobal(dptr, bytes, l, name);
+    CHECK_INIT();
+    if (!valid_library(l)) return CUDA_ERROR_INVALID_HANDLE;
+    return module_global(dptr, bytes, l->mod, name, 1);
 }
 
 FAKE_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)

@@ -164,7 +164,7 @@ void device_free(alloc *a)
     }
     munmap((void *)(uintptr_t)a->ptr, rounded(a->size));
     if (a->shared_fd >= 0) close(a->shared_fd);
-    if (a->kind == K_LINEAR) uncharge(a->dev, a->size);
+    if (a->kind == K_LINEAR || a->kind == K_MODULE) uncharge(a->dev, a->size);
     if (a->kind == K_POOL) { /* back to its pool: still reserved */
         pthread_mutex_lock(&pool_lock);
         ((struct CUmemPoolHandle_st *)a->shared_fd_handle)->in_use -= a->size;
@@ -700,7 +700,7 @@ static CUresult free_ptr(CUdeviceptr dptr, int want_kind_linear)
     if (dptr == 0) return CUDA_SUCCESS;
     alloc *a = untrack(dptr);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
-    if (want_kind_linear && (a->kind == K_IPC || a->kind == K_VMM_MAP)) {
+    if (a->kind == K_MODULE || (want_kind_linear && (a->kind == K_IPC || a->kind == K_VMM_MAP))) {
         track_alloc(a); /* put back as it was: its context, export and backing kept */
         free(a);
         return CUDA_ERROR_INVALID_VALUE;

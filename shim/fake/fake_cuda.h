@@ -18,13 +18,13 @@ extern _Atomic int initialized;
 
 struct CUctx_st;
 extern __thread struct CUctx_st *current_ctx;
-enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3, K_VMM_MAP = 4, K_POOL = 5 };
+enum kind { K_LINEAR = 1, K_HOST_POOL = 2, K_IPC = 3, K_VMM_MAP = 4, K_POOL = 5, K_MODULE = 6 };
 
 typedef struct alloc {
     uint64_t ptr, size;
     int dev, kind;
     int shared_fd; /* memfd backing the range once exported for IPC, else -1 */
-    uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here; K_POOL: its pool */
+    uintptr_t shared_fd_handle; /* K_VMM_MAP: the vmm_alloc mapped here; K_POOL: its pool; K_MODULE: its module */
     struct CUctx_st *ctx;       /* the context it belongs to (freed with it); NULL for VMM mappings */
     int managed;                /* cuMemAllocManaged */
     struct alloc *next;
@@ -58,7 +58,14 @@ struct CUstream_st {
     int capturing; /* CUstreamCaptureStatus */
     struct CUgraph_st *capture_graph;
 };
-/* A loaded module: the image chosen for the device (decompressed, owned), to find functions in. */
+/* A module-scope variable of a loaded module: at `offset` in the module's device memory. */
+struct fake_global {
+    char *name;
+    uint64_t offset, size;
+    int managed;
+};
+/* A loaded module: the image chosen for the device (decompressed, owned), to find functions in, and
+ * the device memory its variables live in (one K_MODULE allocation of its context, `data_bytes`). */
 struct CUmod_st {
     int magic;
     uint64_t duration_ns;
@@ -66,6 +73,10 @@ struct CUmod_st {
     void *image;
     size_t size;
     CUdevice dev;
+    int library; /* a library's: its memory comes back in a later context when its context went */
+    struct fake_global *globals;
+    unsigned nglobals;
+    uint64_t data, data_bytes; /* device address (0: none), bytes charged */
 };
 #define MOD_MAGIC 0x4d4f4431
 /* Functions and kernels (a CUkernel may be passed where a CUfunction is expected: same head). */

@@ -52,7 +52,7 @@ typedef struct {
     X(cuGraphInstantiate_v2) X(cuGraphClone) X(cuGraphAddNode) X(cuGraphAddNode_v2) X(cuGraphExecDestroy)  \
     X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuImportExternalMemory) X(cuDestroyExternalMemory)          \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuLibraryLoadData)     \
-    X(cuLibraryLoadFromFile)
+    X(cuLibraryLoadFromFile) X(cuModuleUnload) X(cuLibraryUnload)
 
 #define GS_CUDA_HELPERS(X)                                                                               \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)                      \
@@ -79,6 +79,8 @@ GS_NVML_HELPERS(GS_DECLARE_REAL)
 /* A runtime asked for entry points as of `cuda_version` (cuda/module.c: records a runtime of a newer
  * CUDA major than the driver's, which will refuse to start). */
 void gs_module_runtime_version(int cuda_version);
+/* A context went: credits the variables of the modules the driver unloaded with it (cuda/module.c). */
+void gs_module_context_gone(unsigned ctx);
 
 extern _Atomic int gs_cuda_ready, gs_nvml_ready;
 int gs_cuda_resolve(void); /* resolves every real entry point of libcuda.so.1 once; 0 on success */

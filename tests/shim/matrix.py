@@ -29,6 +29,8 @@ from gpuslice_dev.gpusim.runner import PreparedSlice
 from gpuslice_dev.wheels import ensure_unpacked
 
 GIB = 1 << 30
+#: the most a client's loaded kernels' variables hold on the double (PyTorch's: under 1 KiB)
+MODULE_VARIABLES_SLACK = 1 << 20
 SLICE = 8 * GIB
 CLIENTS = Path(__file__).resolve().parent / "clients"
 
@@ -157,6 +159,16 @@ class Tenant:
     def available(self, free_at_start: int) -> int:
         """What the client can allocate: everything it is shown on the double, what is free on a card."""
         return free_at_start if self.real else self.total
+
+    def given_back(self, free_after: int, free_at_start: int) -> bool:
+        """Whether a path gave back what it took. The driver keeps a loaded module's variables
+        (__device__, __constant__) in device memory until the module is unloaded, and frameworks never
+        unload their kernels: on the double (which charges them to the card as a driver does, and the
+        shim to the slice) they may stay, up to MODULE_VARIABLES_SLACK."""
+        room = self.available(free_at_start)
+        if self.real:
+            return free_after == room
+        return room - MODULE_VARIABLES_SLACK <= free_after <= room
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {**os.environ, **self.prepared.env, **(extra or {})}

@@ -65,7 +65,7 @@ def test_allocation_to_the_edge_then_cupys_error(make_slice, mode, path):
         assert f["edge_error"] == RUNTIME_OOM
     else:
         _oom(f, "edge_error", GIB)
-    assert int(f["free_after"]) == room
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -86,7 +86,7 @@ def test_caching_allocator(make_slice, mode):
     else:
         assert f["more_ok"] == "0"
         _oom(f, "more_error", 2 * GIB)
-    assert int(f["free_after"]) == room
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
 
 
 def _kernels(t: Tenant, path: str, tmp_path: Path) -> dict[str, str]:
@@ -107,14 +107,15 @@ def test_kernels_compiled_by_nvrtc(make_slice, mode, tmp_path):
     assert (f["elementwise"], f["raw"]) == ("ok", "ok"), f
     assert f["elementwise_shape"] == f["raw_shape"] == str(1 << 20)
     assert int(f["cached_kernels"]) >= 3  # arange, the expression, the RawKernel: each NVRTC's
-    assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
 
 
 @pytest.mark.xfail(
     not REAL_GPU,
     strict=True,
-    reason="the double does not model device variables: cuModuleGetGlobal_v2 answers CUDA_ERROR_NOT_FOUND "
-    "for cuBLAS's, so cublasCreate fails (CUBLAS_STATUS_ALLOC_FAILED); shim/README.md, CuPy",
+    reason="cublasCreate works on the double (its device variable is modeled), but cupy.dot's cublasGemmEx "
+    "answers CUBLAS_STATUS_ARCH_MISMATCH after cuBLAS asks for an export table no public source documents "
+    "(da9151d3-3ae6-cc41-a5c0-4f26d533e328), which the double does not have; shim/README.md, CuPy",
 )
 @pytest.mark.parametrize("mode", MODES)
 def test_dot_through_cublas(make_slice, mode, tmp_path):
@@ -122,7 +123,7 @@ def test_dot_through_cublas(make_slice, mode, tmp_path):
     f = _kernels(t, "dot", tmp_path)
     assert f["dot"] == "ok", f["dot"]
     assert f["dot_shape"] == "1024x1024"
-    assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
 
 
 def test_two_processes_share_the_slice(make_slice):

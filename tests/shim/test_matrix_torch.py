@@ -73,7 +73,7 @@ def test_allocation_to_the_edge_then_torch_oom(clients, mode, path):
     reserved = int(f["reserved_at_edge"])
     assert int(f["edge_blocks"]) * GIB <= reserved <= room < reserved + GIB
     _oom(f, "edge_error", t)
-    assert int(f["free_after"]) == room
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -87,7 +87,7 @@ def test_caching_allocator_frees_its_cache_and_retries(clients, mode):
         assert f["more_ok"] == "1"
     else:
         _oom(f, "more_error", t)
-    assert int(f["free_after"]) == room
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -95,14 +95,43 @@ def test_cuda_graph_capture_and_replay(clients, mode):
     t, f = _ask(clients, mode, "graph")
     assert f["replayed"] == "1"
     assert int(f["free_with_graph"]) <= int(f["free_at_start"]) - GIB
-    assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_per_process_memory_fraction_is_of_what_the_device_shows(clients, mode):
+    """Half of the slice is 4 GiB under the shim (16 on the whole card): the allocator refuses
+    beyond it with its own OutOfMemoryError, counted in memory_stats."""
+    t, f = _ask(clients, mode, "fraction")
+    assert int(f["total"]) == t.total
+    assert int(f["fraction_blocks"]) * GIB <= int(f["reserved_at_cap"]) <= t.total // 2
+    half = t.total // 2 // GIB
+    assert int(f["fraction_blocks"]) <= half if t.real else int(f["fraction_blocks"]) == half
+    assert f["fraction_error"].startswith("OutOfMemoryError: CUDA out of memory."), f["fraction_error"]
+    assert int(f["ooms"]) >= 1 and f["summary_has_reserved"] == "1"
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))
+
+
+def test_two_processes_share_the_slice(clients, built):
+    """Another process of the slice holds 5 GiB: PyTorch's 5 GiB is refused, 2 GiB fits."""
+    server = clients["slice"]
+    holder = Probe(server.tenant, built, "hold", "5Gi", "0", ready="held")
+    try:
+        f = server.ask("second")
+    finally:
+        holder.close()
+    _oom(f, "second_5g", server.tenant)
+    assert f["second_2g"] == "ok"
+
+
+# Last of the paths one client serves: cuBLAS keeps its handle's memory (and PyTorch its handles)
+# for the life of the process, so a path after this one would start with less.
 @pytest.mark.xfail(
     not REAL_GPU,
     strict=True,
-    reason="the double does not model device variables: cuModuleGetGlobal_v2 answers CUDA_ERROR_NOT_FOUND "
-    "for cuBLAS's, so cublasCreate fails (CUBLAS_STATUS_ALLOC_FAILED); shim/README.md, PyTorch",
+    reason="cublasCreate works on the double (its device variable is modeled), but nn.Linear's "
+    "cublasLtMatmulAlgoGetHeuristic answers CUBLAS_STATUS_NOT_SUPPORTED: cuBLASLt calls slot 2 of the "
+    "driver's tools-TLS export table, which no public source documents; shim/README.md, PyTorch",
 )
 @pytest.mark.parametrize("mode", MODES)
 def test_a_tiny_training_loop(clients, mode):
@@ -118,30 +147,4 @@ def test_a_tiny_training_loop(clients, mode):
     assert int(f["free_while_training"]) <= int(f["free_at_start"]) - int(f["reserved"])
     assert f["summary_ooms"] == "0"
     assert (f["allocated_after"], f["reserved_after"]) == ("0", "0")
-    assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_per_process_memory_fraction_is_of_what_the_device_shows(clients, mode):
-    """Half of the slice is 4 GiB under the shim (16 on the whole card): the allocator refuses
-    beyond it with its own OutOfMemoryError, counted in memory_stats."""
-    t, f = _ask(clients, mode, "fraction")
-    assert int(f["total"]) == t.total
-    assert int(f["fraction_blocks"]) * GIB <= int(f["reserved_at_cap"]) <= t.total // 2
-    half = t.total // 2 // GIB
-    assert int(f["fraction_blocks"]) <= half if t.real else int(f["fraction_blocks"]) == half
-    assert f["fraction_error"].startswith("OutOfMemoryError: CUDA out of memory."), f["fraction_error"]
-    assert int(f["ooms"]) >= 1 and f["summary_has_reserved"] == "1"
-    assert int(f["free_after"]) == t.available(int(f["free_at_start"]))
-
-
-def test_two_processes_share_the_slice(clients, built):
-    """Another process of the slice holds 5 GiB: PyTorch's 5 GiB is refused, 2 GiB fits."""
-    server = clients["slice"]
-    holder = Probe(server.tenant, built, "hold", "5Gi", "0", ready="held")
-    try:
-        f = server.ask("second")
-    finally:
-        holder.close()
-    _oom(f, "second_5g", server.tenant)
-    assert f["second_2g"] == "ok"
+    assert t.given_back(int(f["free_after"]), int(f["free_at_start"]))

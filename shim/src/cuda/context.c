@@ -102,6 +102,7 @@ static void credit_context_memory(unsigned idx)
 static void credit_context(unsigned idx)
 {
     if (idx == 0 || atomic_load(&gs_mode) != GS_MODE_ACTIVE) return;
+    gs_module_context_gone(idx); /* the driver unloads the context's modules with it */
     for (uint64_t i = 0; i <= tab_dptr.mask; i++) {
         uint64_t k = atomic_load_explicit(&tab_dptr.slots[i].key, memory_order_acquire), v;
         if (k <= GS_TABLE_TOMB || atomic_load(&tab_dptr.slots[i].val) >> 48 != idx) continue;

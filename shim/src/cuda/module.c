@@ -8,6 +8,11 @@
  *
  * The CUDA runtime loads the fatbins nvcc registered through cuLibraryLoadData (12.x and 13.x);
  * cuModuleLoad* are the older and the explicit paths (CuPy's RawModule, NVRTC output).
+ *
+ * A module's variables (__device__, __constant__) are device memory the driver allocates at the load
+ * and frees at the unload or with the module's context: the slice is charged what they take (read
+ * from the image the driver will choose, laid out as src/image_globals.h says) before the driver is
+ * asked, so a large __device__ array cannot take memory past the slice.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -18,6 +23,7 @@
 
 #include "../fatbin.h"
 #include "../gs_cuda.h"
+#include "../image_globals.h"
 
 #define MAX_ENTRIES 64
 #define MAX_FILE_BYTES (256u << 20) /* images read back from a file path, at most */
@@ -149,46 +155,196 @@ static void *read_image(const char *path, size_t *size)
     return buf;
 }
 
-static void judge_file(const char *path, CUresult rc)
+/* ---------------------------------------------------------------- module variables */
+
+#define MAX_MODULE_RECORDS 4096
+typedef struct {
+    uintptr_t handle; /* CUmodule or CUlibrary; 0: free */
+    uint64_t bytes;
+    unsigned ctx; /* the context index it goes with (0: a library, context-independent) */
+} module_record;
+static module_record module_records[MAX_MODULE_RECORDS];
+static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The bytes the variables of one chosen image (cubin or PTX, `size` bytes) take. */
+static uint64_t chosen_vars_bytes(int kind, const void *image, size_t size)
 {
-    if (path == NULL || gs_ensure_init() != GS_MODE_ACTIVE) return;
-    size_t size = 0;
-    void *image = read_image(path, &size);
-    if (image == NULL) return;
-    judge(image, size, rc);
-    free(image);
+    int n = kind == FATBIN_CUBIN ? cubin_globals(image, size, NULL, 0) : ptx_globals(image, size, NULL, 0);
+    if (n <= 0) return 0;
+    image_global *g = calloc((size_t)n, sizeof(*g));
+    if (g == NULL) return 0;
+    n = kind == FATBIN_CUBIN ? cubin_globals(image, size, g, n) : ptx_globals(image, size, g, n);
+    uint64_t b = n > 0 ? image_globals_bytes(g, n) : 0;
+    free(g);
+    return b;
+}
+
+/* What the variables of the image the driver will load for the current device take; 0 when the
+ * image cannot be read here (a zstd-compressed entry: not charged). */
+static uint64_t image_vars_bytes(const void *image, size_t size_hint)
+{
+    int major = 0, minor = 0;
+    if (image == NULL || device_arch(&major, &minor) != 0) return 0;
+    enum image_type type = image_type_of(image);
+    if (type == IMAGE_PTX) return chosen_vars_bytes(FATBIN_PTX, image, strnlen(image, MAX_FILE_BYTES));
+    if (type == IMAGE_CUBIN) {
+        const unsigned char *p = image;
+        uint64_t shoff;
+        uint16_t shnum;
+        memcpy(&shoff, p + 0x28, 8);
+        memcpy(&shnum, p + 0x3c, 2);
+        uint64_t end = shoff + (uint64_t)shnum * 64; /* the section headers come last in a cubin */
+        if (size_hint && end > size_hint) return 0;
+        return end <= MAX_FILE_BYTES ? chosen_vars_bytes(FATBIN_CUBIN, image, (size_t)end) : 0;
+    }
+    const void *fb = fatbin_of(image);
+    if (fb == NULL) return 0;
+    fatbin_entry entries[MAX_ENTRIES];
+    unsigned isa[MAX_ENTRIES];
+    int n = fatbin_entries(fb, entries, MAX_ENTRIES);
+    if (n <= 0) return 0;
+    if (n > MAX_ENTRIES) n = MAX_ENTRIES;
+    for (int i = 0; i < n; i++) isa[i] = entry_isa(&entries[i]);
+    int why = 0;
+    int pick = fatbin_pick(entries, isa, n, major, minor, ptx_isa_max_for_driver(driver_version()), &why);
+    if (pick < 0 || entries[pick].raw_size == 0 || entries[pick].raw_size > MAX_FILE_BYTES) return 0;
+    char *buf = malloc(entries[pick].raw_size + 1);
+    if (buf == NULL) return 0;
+    uint64_t b = 0;
+    if (fatbin_entry_data(&entries[pick], buf, entries[pick].raw_size) == 0) {
+        buf[entries[pick].raw_size] = '\0';
+        b = chosen_vars_bytes(entries[pick].kind, buf, entries[pick].raw_size);
+    }
+    free(buf);
+    return b;
+}
+
+/* Reserves a module's variables on the slice before the load: the bytes reserved (0: none to
+ * charge), or UINT64_MAX when the slice has no room for them. */
+static uint64_t vars_reserve(const void *image, size_t size_hint)
+{
+    CUdevice dev;
+    if (gs_ensure_init() != GS_MODE_ACTIVE || current_device(&dev) != 0 || !device_is_slice(dev)) return 0;
+    uint64_t b = image_vars_bytes(image, size_hint);
+    if (b == 0) return 0;
+    if (gs_region_reserve(&gs_reg, b) != 0 && reserve_retry(b) != CUDA_SUCCESS) {
+        gs_region_count_refused(&gs_reg);
+        return UINT64_MAX;
+    }
+    return b;
+}
+
+/* After the load: keeps the reservation with the handle, or gives it back when the load failed. */
+static void vars_settle(uint64_t bytes, CUresult rc, uintptr_t handle, int library)
+{
+    if (bytes == 0 || bytes == UINT64_MAX) return;
+    if (rc != CUDA_SUCCESS || handle == 0) {
+        release(bytes);
+        return;
+    }
+    CUcontext c = NULL;
+    if (!library && real_cuCtxGetCurrent != NULL) (void)real_cuCtxGetCurrent(&c);
+    unsigned ctx = library ? 0 : ctx_index((uintptr_t)c);
+    pthread_mutex_lock(&module_lock);
+    int i = 0;
+    while (i < MAX_MODULE_RECORDS && module_records[i].handle != 0) i++;
+    if (i < MAX_MODULE_RECORDS) module_records[i] = (module_record){handle, bytes, ctx};
+    pthread_mutex_unlock(&module_lock);
+    if (i == MAX_MODULE_RECORDS) { /* cannot be credited later: not charged (logged) */
+        gs_log("module table full; a module's variables are not counted");
+        release(bytes);
+    }
+}
+
+static void vars_credit(uintptr_t handle)
+{
+    uint64_t b = 0;
+    pthread_mutex_lock(&module_lock);
+    for (int i = 0; i < MAX_MODULE_RECORDS; i++)
+        if (module_records[i].handle == handle) {
+            b = module_records[i].bytes;
+            module_records[i] = (module_record){0, 0, 0};
+            break;
+        }
+    pthread_mutex_unlock(&module_lock);
+    if (b) release(b);
+}
+
+/* A context went: the driver unloaded its modules and freed their variables. */
+void gs_module_context_gone(unsigned ctx)
+{
+    if (ctx == 0) return;
+    uint64_t b = 0;
+    pthread_mutex_lock(&module_lock);
+    for (int i = 0; i < MAX_MODULE_RECORDS; i++)
+        if (module_records[i].handle != 0 && module_records[i].ctx == ctx) {
+            b += module_records[i].bytes;
+            module_records[i] = (module_record){0, 0, 0};
+        }
+    pthread_mutex_unlock(&module_lock);
+    if (b) release(b);
+}
+
+/* Loads through `call` with the variables reserved first; CUDA_ERROR_OUT_OF_MEMORY when they do not fit. */
+#define LOAD_CHARGED(image, size_hint, out, library, call)                                               \
+    do {                                                                                                 \
+        uint64_t vars_ = vars_reserve(image, size_hint);                                                 \
+        if (vars_ == UINT64_MAX) return CUDA_ERROR_OUT_OF_MEMORY;                                        \
+        CUresult rc_ = (call);                                                                           \
+        vars_settle(vars_, rc_, rc_ == CUDA_SUCCESS && (out) ? (uintptr_t)*(out) : 0, library);          \
+        judge(image, size_hint, rc_);                                                                    \
+        return rc_;                                                                                      \
+    } while (0)
+
+GS_EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
+    NEED_REAL(cuModuleUnload);
+    CUresult rc = real_cuModuleUnload(hmod);
+    if (rc == CUDA_SUCCESS) vars_credit((uintptr_t)hmod);
+    return rc;
+}
+
+GS_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    NEED_REAL(cuLibraryUnload);
+    CUresult rc = real_cuLibraryUnload(library);
+    if (rc == CUDA_SUCCESS) vars_credit((uintptr_t)library);
+    return rc;
 }
 
 GS_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     NEED_REAL(cuModuleLoadData);
-    CUresult rc = real_cuModuleLoadData(module, image);
-    judge(image, 0, rc);
-    return rc;
+    LOAD_CHARGED(image, 0, module, 0, real_cuModuleLoadData(module, image));
 }
 
 GS_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
                                       CUjit_option *options, void **optionValues)
 {
     NEED_REAL(cuModuleLoadDataEx);
-    CUresult rc = real_cuModuleLoadDataEx(module, image, numOptions, options, optionValues);
-    judge(image, 0, rc);
-    return rc;
+    LOAD_CHARGED(image, 0, module, 0, real_cuModuleLoadDataEx(module, image, numOptions, options, optionValues));
 }
 
 GS_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 {
     NEED_REAL(cuModuleLoadFatBinary);
-    CUresult rc = real_cuModuleLoadFatBinary(module, fatCubin);
-    judge(fatCubin, 0, rc);
-    return rc;
+    LOAD_CHARGED(fatCubin, 0, module, 0, real_cuModuleLoadFatBinary(module, fatCubin));
 }
 
 GS_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     NEED_REAL(cuModuleLoad);
+    size_t size = 0;
+    void *image = fname != NULL && gs_ensure_init() == GS_MODE_ACTIVE ? read_image(fname, &size) : NULL;
+    uint64_t vars = vars_reserve(image, size);
+    if (vars == UINT64_MAX) {
+        free(image);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult rc = real_cuModuleLoad(module, fname);
-    judge_file(fname, rc);
+    vars_settle(vars, rc, rc == CUDA_SUCCESS && module ? (uintptr_t)*module : 0, 0);
+    if (image != NULL) judge(image, size, rc);
+    free(image);
     return rc;
 }
 
@@ -198,10 +354,9 @@ GS_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit
                                      unsigned int numLibraryOptions)
 {
     NEED_REAL(cuLibraryLoadData);
-    CUresult rc = real_cuLibraryLoadData(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
-                                         libraryOptionValues, numLibraryOptions);
-    judge(code, 0, rc);
-    return rc;
+    LOAD_CHARGED(code, 0, library, 1,
+                 real_cuLibraryLoadData(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                                        libraryOptionValues, numLibraryOptions));
 }
 
 GS_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
@@ -210,9 +365,18 @@ GS_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
                                          unsigned int numLibraryOptions)
 {
     NEED_REAL(cuLibraryLoadFromFile);
+    size_t size = 0;
+    void *image = fileName != NULL && gs_ensure_init() == GS_MODE_ACTIVE ? read_image(fileName, &size) : NULL;
+    uint64_t vars = vars_reserve(image, size);
+    if (vars == UINT64_MAX) {
+        free(image);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult rc = real_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions,
                                              libraryOptions, libraryOptionValues, numLibraryOptions);
-    judge_file(fileName, rc);
+    vars_settle(vars, rc, rc == CUDA_SUCCESS && library ? (uintptr_t)*library : 0, 1);
+    if (image != NULL) judge(image, size, rc);
+    free(image);
     return rc;
 }
 

@@ -197,6 +197,7 @@ def serve() -> None:
         except Exception as exc:  # the test sees it as a fact, the next path still runs
             print(f"path_error={first_line(exc)}")
             del exc  # its traceback holds the path's tensors
+            torch._C._cuda_clearCublasWorkspaces()  # a failed GEMM's workspace is the allocator's too
             torch.cuda.empty_cache()
         print(f"end={path}", flush=True)
 
