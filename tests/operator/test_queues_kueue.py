@@ -176,6 +176,36 @@ def _borrow_and_reclaim(
         cl.kubectl("delete", "pod", f"o{r}", "-n", owner, "--wait=true", "--timeout=60s")
         apply(cl, [_pod(f"again{r}", borrower, resource, queue)])
         wait_for(lambda: len(_running(cl, borrower)) == 4, 90, "the borrower at 4 again")
+    # A LocalQueue a tenant writes itself, pointing at the other tenant's ClusterQueue, admits
+    # nothing: each ClusterQueue selects its own namespace only.
+    sneaky = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": "sneaky", "namespace": borrower},
+        "spec": {"clusterQueue": cqs[owner]},
+    }
+    apply(cl, [sneaky])
+    # At 4 running the borrower is at its ceiling (entitlement 2 + borrowingLimit 2): the quota
+    # refuses a fifth whatever its queue.
+    over = cl.kubectl(
+        "create", "-f", "-", input=json.dumps(_pod("sneak", borrower, resource, "sneaky")), check=False
+    )
+    assert "exceeded quota" in over.stderr, over.stderr
+    cl.kubectl("delete", "pods", "--all", "-n", borrower, "--wait=true", "--timeout=60s")
+    apply(cl, [_pod("sneak", borrower, resource, "sneaky")])
+
+    def refused() -> str:
+        for wl in get(cl, "workloads", "-n", borrower)["items"]:
+            if wl["spec"].get("queueName") == "sneaky":
+                for cond in (wl.get("status") or {}).get("conditions") or []:
+                    if cond["type"] == "QuotaReserved" and cond["status"] == "False":
+                        return str(cond["message"])
+        return ""
+
+    assert wait_for(refused, 30, "the sneaky workload refused") == (
+        "Workload namespace doesn't match ClusterQueue selector"
+    )
+    assert "sneak" not in _running(cl, borrower)
     evicted = [
         e
         for e in get(cl, "events", "-n", borrower)["items"]
