@@ -76,6 +76,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="also a real Prometheus on loopback, scraping the way the shipped ServiceMonitor says",
     )
+    # --- Kueue (gpuslice_dev.devcluster.kueue) ---
+    up.add_argument(
+        "--with-kueue",
+        action="store_true",
+        help="also a real Kueue (built from sigs.k8s.io/kueue): its CRDs, RBAC, webhooks and controller",
+    )
     up.set_defaults(func=_up)
 
     down = cmds.add_parser("down", help="stop every process of the control plane")
@@ -137,6 +143,11 @@ def _up(args: argparse.Namespace) -> int:
             from gpuslice_dev.devcluster.prometheus import start_devcluster_prometheus
 
             _progress(f"prometheus on {start_devcluster_prometheus(cluster, progress=_progress)}")
+        if args.with_kueue:
+            from gpuslice_dev.devcluster.kueue import start_devcluster_kueue
+
+            start_devcluster_kueue(cluster, progress=_progress)
+            _progress("kueue ready")
     except (BuildError, DevClusterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -202,6 +213,9 @@ def _build(args: argparse.Namespace) -> int:
             from gpuslice_dev.devcluster.prometheus import ensure_prometheus
 
             built.update(vars(ensure_prometheus(_progress)))
+            from gpuslice_dev.devcluster.kueue import ensure_kueue
+
+            built.update(vars(ensure_kueue(_progress)))
             built.update({p.name: p for p in prometheus_operator_crds(_progress)})
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
+from gpuslice.api.sharing import Sharing
 from gpuslice.api.usage import Price
 
 
@@ -58,6 +59,8 @@ class GpuPackageSpec(CamelModel):
     #: The extended resource a container asks for in `resources.limits` (DeviceClass
     #: `extendedResourceName`): None means `gpuslice.io/<package>`, "" means none.
     extended_resource_name: str | None = Field(default=None, alias="extendedResourceName")
+    # --- sharing (gpuslice.api.sharing): entitlements lent through Kueue, opt-in ---
+    sharing: Sharing = Field(default_factory=Sharing)
 
     def extended_resource(self, package: str) -> str | None:
         """The product's extended resource name, or None when the package turns it off."""

@@ -92,6 +92,7 @@ def package_status(
     now: str = "",
     resource: str | None = None,
     platform: Platform | None = None,
+    extra: Sequence[Condition] = (),
 ) -> GpuPackageStatus:
     dc = c.device_class_name(name)
     conditions = health_conditions(
@@ -106,6 +107,8 @@ def package_status(
         conditions.append(feats.model_copy(update={"observed_generation": generation}))
     if blocking:
         conditions.append(deletion_condition(blocking).model_copy(update={"observed_generation": generation}))
+    # Others' conditions of the package (the Kueue queues of sharing mode Kueue).
+    conditions += [x.model_copy(update={"observed_generation": generation}) for x in extra]
     return GpuPackageStatus(
         deviceClassName=c.device_class_name(name),
         quotaKey=c.quota_key(name),

@@ -19,6 +19,7 @@ from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.domain.isolation import pod_security_labels
 from gpuslice.domain.ownership import managed_labels
 from gpuslice.domain.pod_slices import product_packages
+from gpuslice.domain.queues import quota_ceilings
 from gpuslice.domain.selectors import matches
 
 
@@ -107,6 +108,7 @@ def tenant_state(
 ) -> TenantState:
     entitled = {name: entitled_slices(spec, namespace_labels) for name, spec in packages.items()}
     tenant = any(v is not None for v in entitled.values())
+    entitled = quota_ceilings(packages, entitled)
     hard = {c.quota_key(name): str(v or 0) for name, v in sorted(entitled.items())} if tenant else {}
     if tenant:
         hard.update(extended_resource_quota(packages, entitled))

@@ -35,6 +35,10 @@ PLURALS: dict[str, str] = {
     c.SLICE_KIND: c.SLICE_PLURAL,
     c.PACKAGE_KIND: c.PACKAGE_PLURAL,
     c.USAGE_KIND: c.USAGE_PLURAL,
+    # Kueue's, for sharing mode Kueue (gpuslice.operator.queues)
+    "ResourceFlavor": "resourceflavors",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
 }
 
 

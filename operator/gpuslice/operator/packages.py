@@ -33,6 +33,9 @@ from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, SliceView
 from gpuslice.operator.pod_slices import package_specs
 from gpuslice.operator.policies import ensure_policies
+from gpuslice.operator.queues import conditions as queue_conditions
+from gpuslice.operator.queues import forget as forget_queues
+from gpuslice.operator.queues import reconcile_queues
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
 from gpuslice.operator.slices import recheck, refresh_routed
 from gpuslice.operator.state import OperatorState, now, one, values
@@ -125,6 +128,7 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
     await state.kube.delete(c.DRA_GROUP_VERSION, "DeviceClass", c.device_class_name(name))
     await reconcile_all(state, idx, exclude=name)
     forget_package(name)
+    forget_queues(name)
     state.package_capacity.pop(name, None)
     log.info("package deleted", package=name)
 
@@ -138,6 +142,7 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
         return
     spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
     recheck(state, name, idx)
+    await reconcile_queues(state, idx, name, spec)
     await _write_status(state, name, spec, body, idx)
     if not device_class_current(state, idx, name, spec):
         await ensure_device_class(state, idx, name, meta.get("uid"), spec)
@@ -183,6 +188,7 @@ async def _write_status(
         now=now(),
         resource=resource_name(state, idx, name, spec),
         platform=state.platform,
+        extra=queue_conditions(name),
     )
     desired = new.model_dump(by_alias=True, exclude_none=True)
     if same_status(current, desired):

@@ -1,0 +1,258 @@
+"""Sharing mode Kueue on the real control plane with the real Kueue: the operator writes a package's
+ClusterQueues, LocalQueues and ResourceFlavor; an idle entitlement is lent to the cohort's other
+tenant and taken back by Kueue's preemption when its owner asks. Pods ask for slices the plain way
+(`resources.limits: {gpuslice.io/<package>: 1}`) and kube-scheduler allocates them by DRA on
+published (simulated) GPUs; kwok plays the kubelet."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuslice import constants as c
+from gpuslice_dev.devcluster.cluster import DevCluster, free_port
+from support import apply, wait_for
+
+from .operator_cluster import OperatorProcess, get, module_operator, package_doc, publish_gpus
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=240)]
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuslice_dev", "devcluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def kcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    d = tmp_path_factory.mktemp("kueue-share") / "dc"
+    up = _cli("up", "--nodes", "1", "--with-kueue", "--dir", str(d))
+    try:
+        assert up.returncode == 0, up.stderr
+        yield DevCluster(d)
+    finally:
+        _cli("down", "--dir", str(d))
+
+
+@pytest.fixture(scope="module")
+def operator(kcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with module_operator(kcluster, log, f"--metrics-port={free_port()}") as op:
+        yield op
+
+
+def _pod(name: str, namespace: str, resource: str, queue: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {resource: "1"}}}],
+        },
+    }
+
+
+def _pods(cluster: DevCluster, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get(cluster, "pods", "-n", namespace)["items"]
+    return items
+
+
+def _running(cluster: DevCluster, namespace: str) -> list[str]:
+    return sorted(
+        p["metadata"]["name"]
+        for p in _pods(cluster, namespace)
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def _borrowed(cluster: DevCluster, cq: str, resource: str) -> int:
+    for flavor in ((get(cluster, "clusterqueue", cq) or {}).get("status") or {}).get("flavorsUsage") or []:
+        for r in flavor["resources"]:
+            if r["name"] == resource:
+                return int(r.get("borrowed") or 0)
+    return 0
+
+
+def _allocated_devices(cluster: DevCluster) -> list[str]:
+    """Every allocated device of any claim: the same device twice would be a slice sold twice."""
+    out = []
+    for claim in get(cluster, "resourceclaims", "-A")["items"]:
+        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+            "results"
+        ) or []:
+            out.append(f"{result['pool']}/{result['device']}")
+    return out
+
+
+def test_idle_entitlement_is_lent_and_reclaimed_by_preemption(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    cl = kcluster
+    token = uuid.uuid4().hex[:5]
+    pkg = f"q{token}-8g"
+    resource = c.extended_resource_name(pkg)
+    owner, borrower = f"owner-{token}", f"borrower-{token}"
+    for ns in (owner, borrower):
+        cl.create_namespace(ns, {"share": token})
+    doc = package_doc(pkg, 25, {"share": token}, slices=2)
+    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"gpus-{token}", "borrowingLimit": 2}
+    apply(cl, [doc])
+    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})  # one V100: 4 slices of 25 %
+
+    # The operator's queues, in Kueue's own status: active, in the package's cohort.
+    queue = f"gpuslice-{pkg}"
+    cqs = {ns: f"gpuslice-{pkg}-{ns}" for ns in (owner, borrower)}
+
+    def active(cq: str) -> bool:
+        found = get(cl, "clusterqueue", cq) or {}
+        conds = (found.get("status") or {}).get("conditions") or []
+        return any(x["type"] == "Active" and x["status"] == "True" for x in conds)
+
+    wait_for(lambda: all(active(cq) for cq in cqs.values()), 60, "the ClusterQueues active")
+    cq_spec = get(cl, "clusterqueue", cqs[owner])["spec"]
+    assert cq_spec["cohortName"] == f"gpus-{token}"
+    assert cq_spec["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == "2"
+    assert get(cl, "localqueue", queue, "-n", owner)["spec"]["clusterQueue"] == cqs[owner]
+    cond = wait_for(
+        lambda: next(
+            (
+                x
+                for x in ((get(cl, "gpupackage", pkg) or {}).get("status") or {}).get("conditions") or []
+                if x["type"] == "Queues"
+            ),
+            None,
+        ),
+        30,
+        "the package's Queues condition",
+    )
+    assert cond["status"] == "True", cond
+    # The ResourceQuota is the ceiling: entitlement 2 + borrowingLimit 2.
+    quota = wait_for(lambda: get(cl, "resourcequota", c.QUOTA_NAME, "-n", borrower), 30, "quota")
+    assert quota["spec"]["hard"][f"requests.{resource}"] == "4"
+
+    try:
+        _borrow_and_reclaim(cl, owner, borrower, resource, queue, cqs)
+    finally:
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def _borrow_and_reclaim(
+    cl: DevCluster, owner: str, borrower: str, resource: str, queue: str, cqs: dict[str, str]
+) -> None:
+    # Borrow: the owner is idle, the borrower runs 4 pods, 2 of them on the owner's entitlement.
+    for i in range(4):
+        apply(cl, [_pod(f"b{i}", borrower, resource, queue)])
+    wait_for(lambda: len(_running(cl, borrower)) == 4, 90, "4 borrower pods Running")
+    # Kueue writes a ClusterQueue's usage in its status a moment after it admits.
+    wait_for(lambda: _borrowed(cl, cqs[borrower], resource) == 2, 30, "2 slices borrowed in Kueue's status")
+    assert len(set(_allocated_devices(cl))) == len(_allocated_devices(cl)) == 4
+
+    # Reclaim, five times: the owner asks for one slice; Kueue preempts a borrower's pod and the
+    # owner's pod runs. Between rounds the owner lets go and the borrower borrows again.
+    seconds = []
+    for r in range(5):
+        started = time.monotonic()
+        apply(cl, [_pod(f"o{r}", owner, resource, queue)])
+        wait_for(lambda r=r: f"o{r}" in _running(cl, owner), 120, f"the owner's pod o{r} Running")
+        seconds.append(time.monotonic() - started)
+        assert len(_running(cl, borrower)) == 3
+        devices = _allocated_devices(cl)
+        assert len(set(devices)) == len(devices) <= 4
+        cl.kubectl("delete", "pod", f"o{r}", "-n", owner, "--wait=true", "--timeout=60s")
+        apply(cl, [_pod(f"again{r}", borrower, resource, queue)])
+        wait_for(lambda: len(_running(cl, borrower)) == 4, 90, "the borrower at 4 again")
+    # A LocalQueue a tenant writes itself, pointing at the other tenant's ClusterQueue, admits
+    # nothing: each ClusterQueue selects its own namespace only.
+    sneaky = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": "sneaky", "namespace": borrower},
+        "spec": {"clusterQueue": cqs[owner]},
+    }
+    apply(cl, [sneaky])
+    # At 4 running the borrower is at its ceiling (entitlement 2 + borrowingLimit 2): the quota
+    # refuses a fifth whatever its queue.
+    over = cl.kubectl(
+        "create", "-f", "-", input=json.dumps(_pod("sneak", borrower, resource, "sneaky")), check=False
+    )
+    assert "exceeded quota" in over.stderr, over.stderr
+    cl.kubectl("delete", "pods", "--all", "-n", borrower, "--wait=true", "--timeout=60s")
+    apply(cl, [_pod("sneak", borrower, resource, "sneaky")])
+
+    def refused() -> str:
+        for wl in get(cl, "workloads", "-n", borrower)["items"]:
+            if wl["spec"].get("queueName") == "sneaky":
+                for cond in (wl.get("status") or {}).get("conditions") or []:
+                    if cond["type"] == "QuotaReserved" and cond["status"] == "False":
+                        return str(cond["message"])
+        return ""
+
+    assert wait_for(refused, 30, "the sneaky workload refused") == (
+        "Workload namespace doesn't match ClusterQueue selector"
+    )
+    assert "sneak" not in _running(cl, borrower)
+    evicted = [
+        e
+        for e in get(cl, "events", "-n", borrower)["items"]
+        if e.get("reason") in ("Preempted", "EvictedDueToPreempted", "Stopped")
+    ]
+    assert evicted, "the borrower sees no event of its preemption"
+    print(
+        f"owner's request -> its pod Running while lent: median {statistics.median(seconds):.2f}s "
+        f"(runs {', '.join(f'{s:.2f}' for s in seconds)}); borrower's notice: "
+        f"{json.dumps(sorted({(e['reason'], e['message']) for e in evicted})[:2])}",
+        flush=True,
+    )
+
+
+def _queues_condition(cl: DevCluster, pkg: str) -> dict[str, Any] | None:
+    status = (get(cl, "gpupackage", pkg) or {}).get("status") or {}
+    return next((x for x in status.get("conditions") or [] if x["type"] == "Queues"), None)
+
+
+def test_a_platform_queue_in_the_cohort_is_never_overwritten_and_the_package_says_so(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    cl = kcluster
+    token = uuid.uuid4().hex[:5]
+    pkg = f"c{token}-8g"
+    cl.create_namespace(f"team-{token}", {"collide": token})
+    platform_cq = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": f"research-{token}"},
+        "spec": {"cohortName": f"shared-{token}", "namespaceSelector": {}, "resourceGroups": []},
+    }
+    # and one with the very name the operator would give its own queue
+    taken = {**platform_cq, "metadata": {"name": f"gpuslice-{pkg}-team-{token}"}}
+    taken["spec"] = {**platform_cq["spec"], "cohortName": f"theirs-{token}"}
+    apply(cl, [platform_cq, taken])
+    doc = package_doc(pkg, 25, {"collide": token}, slices=1)
+    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"shared-{token}", "borrowingLimit": 0}
+    apply(cl, [doc])
+    cond = wait_for(lambda: _queues_condition(cl, pkg), 30, "the package's Queues condition")
+    assert cond["status"] == "False" and cond["reason"] == "NotOwned", cond
+    assert f"ClusterQueue gpuslice-{pkg}-team-{token} exists and is not gpuslice's" in cond["message"]
+    assert f"ClusterQueue research-{token} is in cohort shared-{token}" in cond["message"]
+    # untouched: still the platform's spec, and no LocalQueue was written for it
+    assert get(cl, "clusterqueue", taken["metadata"]["name"])["spec"]["cohortName"] == f"theirs-{token}"
+    assert get(cl, "localqueues", "-n", f"team-{token}")["items"] == []
+    # the platform's queue leaves the cohort and the name: the operator writes its own
+    cl.kubectl("delete", "clusterqueue", f"research-{token}", taken["metadata"]["name"])
+    wait_for(lambda: (x := _queues_condition(cl, pkg)) and x["status"] == "True" and x, 30, "Queues True")
+    assert get(cl, "clusterqueue", f"gpuslice-{pkg}-team-{token}")["spec"]["cohortName"] == f"shared-{token}"
