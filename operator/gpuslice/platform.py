@@ -21,20 +21,30 @@ PROBE_DRIVER = "probe.check.gpuslice.io"
 GROUP_VERSIONS = (f"{c.DRA_GROUP}/{c.DRA_VERSION}", "admissionregistration.k8s.io/v1")
 
 
-def probe_slices() -> list[dict[str, Any]]:
-    """Two ResourceSlices of a driver nobody serves, carrying every gated field gpuslice relies on:
-    one with shared counters; one whose devices consume them, allow several allocations, carry a
-    taint."""
-    pool = {"name": "gpuslice-check", "generation": 1, "resourceSliceCount": 2}
+def probe_slices(node: str | None = None) -> list[dict[str, Any]]:
+    """Two ResourceSlices carrying every gated field gpuslice relies on: one with shared counters;
+    one whose devices consume them, allow several allocations, carry a taint.
+
+    node None (`gpuslice check`, an administrator): of a driver nobody serves, for all nodes. node
+    given (the agent): of that node, its pool and driver gpuslice.io, the only ResourceSlices the
+    agents' own-node admission policy lets it write, in a dry run too."""
+    pool = {"name": node or "gpuslice-check", "generation": 1, "resourceSliceCount": 2}
     meta = {"labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE}}
     api = c.DRA_GROUP_VERSION
+    where: dict[str, Any] = {"nodeName": node} if node else {"allNodes": True}
+    driver = c.DRIVER_NAME if node else PROBE_DRIVER
+
+    def name(kind: str) -> str:
+        # (nothing is stored; a name no real slice of the node has, so the dry run cannot collide)
+        return f"{node}-gpuslice-probe-{kind}" if node else f"gpuslice-check-probe-{kind}"
+
     counters = {
         "apiVersion": api,
         "kind": "ResourceSlice",
-        "metadata": {"name": "gpuslice-check-probe-counters", **meta},
+        "metadata": {"name": name("counters"), **meta},
         "spec": {
-            "driver": PROBE_DRIVER,
-            "allNodes": True,
+            "driver": driver,
+            **where,
             "pool": pool,
             "sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "32Gi"}}}],
         },
@@ -42,10 +52,10 @@ def probe_slices() -> list[dict[str, Any]]:
     devices = {
         "apiVersion": api,
         "kind": "ResourceSlice",
-        "metadata": {"name": "gpuslice-check-probe-devices", **meta},
+        "metadata": {"name": name("devices"), **meta},
         "spec": {
-            "driver": PROBE_DRIVER,
-            "allNodes": True,
+            "driver": driver,
+            **where,
             "pool": pool,
             "devices": [
                 {
@@ -109,17 +119,18 @@ async def _scheduler_reads_taint_rules(api: kubehttp.Client) -> bool | None:
 
 
 async def read_facts(
-    api: kubehttp.Client, *, device_class: bool = True, slices: bool = True
+    api: kubehttp.Client, *, device_class: bool = True, slices: bool = True, node: str | None = None
 ) -> PlatformFacts:
     """device_class, slices: whether to probe with a dry-run DeviceClass, ResourceSlices (each needs
-    create on it: the agent may not write DeviceClasses, the operator not ResourceSlices)."""
+    create on it: the agent may not write DeviceClasses, the operator not ResourceSlices). node: the
+    agent's node, whose ResourceSlices alone its admission policy admits (probe_slices)."""
     version = await api.get("/version")
     served = await _served(api)
     dropped: tuple[str, ...] | None = None
     untainted: tuple[str, ...] | None = None
     extended: bool | None = None
     if f"{c.DRA_GROUP}/{c.DRA_VERSION}/resourceslices" in served:
-        sent = probe_slices() if slices else []
+        sent = probe_slices(node) if slices else []
         stored = [await _dry_run(api, "resourceslices", b) for b in sent]
         if sent and all(s is not None for s in stored):
             pairs = [(b["spec"], (s or {}).get("spec") or {}) for b, s in zip(sent, stored, strict=True)]
@@ -138,8 +149,10 @@ async def read_facts(
     )
 
 
-async def read_platform(api: kubehttp.Client, *, device_class: bool = True, slices: bool = True) -> Platform:
-    return decide(await read_facts(api, device_class=device_class, slices=slices))
+async def read_platform(
+    api: kubehttp.Client, *, device_class: bool = True, slices: bool = True, node: str | None = None
+) -> Platform:
+    return decide(await read_facts(api, device_class=device_class, slices=slices, node=node))
 
 
 def log_platform(platform: Platform, component: str) -> None:

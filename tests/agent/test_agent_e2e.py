@@ -364,6 +364,37 @@ def test_agent_may_write_only_its_own_nodes_slices(cluster: DevCluster, agents: 
     cluster.kubectl("delete", "resourceslice", "e2e-probe-mine", kubeconfig=kubeconfig)
 
 
+def test_the_agents_start_up_probe_is_admitted_by_its_own_node_policy(
+    cluster: DevCluster, agents: list[str]
+) -> None:
+    # The agents run as their nodes' identities under the shipped own-node policy; their start-up
+    # dry-run ResourceSlices are how they learn whether the API server keeps shared counters and
+    # device taints. A probe the policy refuses leaves that unknown, and an agent on an API server
+    # that drops counters would then publish cards whose memory can be sold twice.
+    import asyncio
+
+    from gpuslice import platform
+    from gpuslice.agent.kube import api_client
+    from gpuslice.domain import features
+    from support import counters_kept
+
+    for node in agents:
+        log = (cluster.dir / "logs" / f"agent-{node}.log").read_text(errors="replace")
+        assert "a dry-run probe was refused" not in log, log[-3000:]
+
+    async def read() -> features.Platform:
+        api = api_client(agent_kubeconfig(cluster, agents[0]))
+        try:
+            return await platform.read_platform(api, device_class=False, node=agents[0])
+        finally:
+            await api.close()
+
+    found = asyncio.run(read())
+    for name in (features.PARTITIONABLE, features.DEVICE_TAINTS):
+        assert not found.feature(name).unknown, found.summary()
+    assert found.on(features.PARTITIONABLE) == counters_kept(cluster), found.summary()
+
+
 def test_package_changes_republish_the_pool_under_a_new_generation(
     cluster: DevCluster, agents: list[str]
 ) -> None:

@@ -76,7 +76,7 @@ async def _adapt_to_platform(api: kubehttp.Client, kube: Kube, publisher: Publis
     and the publish itself still checks what came back."""
     try:
         # (DeviceClasses are the operator's: the agent may not write them, not even in a dry run)
-        found = await platform.read_platform(api, device_class=False)
+        found = await platform.read_platform(api, device_class=False, node=publisher.node)
     except (kubehttp.ApiError, OSError, TimeoutError) as exc:
         log.warning("could not read what the API server serves; publishing as usual", error=str(exc))
         return
