@@ -135,9 +135,12 @@ def test_real_kueue_admits_within_quota_and_holds_the_rest_suspended(kueue_clust
     # completes a Job's pod at once; the first one's pod is kept Pending (no node matches) so that
     # it holds its quota: Kueue counts an admitted workload, whether its pods run or not.
     hold = {"gpuslice.test/no-such-node": "true"}
-    c.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(_job("first", "lq", "800m", hold)))
-    first = _get(c, "job", "first", "-n", ns)
-    assert first["spec"]["suspend"] is True
+    # The object the create returns is what admission stored: a later read races Kueue, which
+    # admits and unsuspends a Job that fits within milliseconds.
+    created = c.kubectl(
+        "create", "-n", ns, "-f", "-", "-o", "json", input=json.dumps(_job("first", "lq", "800m", hold))
+    )
+    assert json.loads(created.stdout)["spec"]["suspend"] is True
     _wait(
         "the first job to be admitted", lambda: _get(c, "job", "first", "-n", ns)["spec"]["suspend"] is False
     )
