@@ -113,10 +113,9 @@ def test_an_api_server_emulating_an_older_minor_is_judged_by_the_minor_it_emulat
     says so in emulationMajor/emulationMinor, and gpuslice must call it unsupported."""
     from gpuslice.domain.features import served_version
 
-    info = {"major": "1", "minor": "37", "emulationMajor": "1", "emulationMinor": "34", "gitVersion": "v1.37.2"}
-    version = served_version(info)
+    binary = {"major": "1", "minor": "37", "gitVersion": "v1.37.2"}
+    version = served_version({**binary, "emulationMajor": "1", "emulationMinor": "34"})
     assert version == "v1.34 (emulated by v1.37.2)"
     assert "older than gpuslice supports" in decide(facts(version)).version_problem
-    same = {"major": "1", "minor": "37", "emulationMajor": "1", "emulationMinor": "37", "gitVersion": "v1.37.2"}
-    assert served_version(same) == "v1.37.2"
+    assert served_version({**binary, "emulationMajor": "1", "emulationMinor": "37"}) == "v1.37.2"
     assert served_version({"gitVersion": "v1.30.1"}) == "v1.30.1"
