@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -330,16 +329,14 @@ async def _gather(kubeconfig: str | None) -> tuple[str, list[Result]]:
         server = api.configuration.host
         results: list[Result] = []
         try:
-            # raw JSON: the client's VersionInfo model predates the emulation fields
-            raw = await client.VersionApi(api).get_code(_preload_content=False)
-            version_info = json.loads(await raw.read())
+            version = await client.VersionApi(api).get_code()
         except (ApiException, OSError) as exc:
             return server, [
                 fail(
                     "API server reachable", str(exc)[:300], "check KUBECONFIG / --kubeconfig and the network"
                 )
             ]
-        results.append(evaluate_version(features.served_version(version_info)))
+        results.append(evaluate_version(version.git_version))
 
         authz = client.AuthorizationV1Api(api)
         denied = []
