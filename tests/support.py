@@ -83,7 +83,10 @@ def remove_operator_policies(cluster: DevCluster) -> None:
     by its identity only and refuse GPU tolerations outside tenant namespaces, so a file that started an
     operator on the shared cluster removes them, or they judge the files that run after it."""
     selector = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY_VALUE}"
-    for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
+    # one kind a call: a version that does not serve a kind (1.35 has no MutatingAdmissionPolicy by
+    # default) fails the whole call, which would leave the kinds it does serve in place
+    # bindings first, so no binding is left naming a policy already gone
+    for kind in sorted(c.ADMISSION_PLURALS.values(), key=lambda plural: not plural.endswith("bindings")):
         cluster.kubectl("delete", kind, "-l", selector, "--wait=false", check=False)
 
 

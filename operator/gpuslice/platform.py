@@ -13,6 +13,7 @@ from typing import Any
 from gpuslice import constants as c
 from gpuslice import kubehttp, logs
 from gpuslice.api.resourceslice import dropped_fields, dropped_taints
+from gpuslice.domain import features
 from gpuslice.domain.features import Platform, PlatformFacts, decide
 
 log = logs.get(__name__)
@@ -141,7 +142,7 @@ async def read_facts(
             extended = "extendedResourceName" in (dc.get("spec") or {})
     return PlatformFacts(
         scheduler_reads_taint_rules=await _scheduler_reads_taint_rules(api),
-        git_version=str(version.get("gitVersion") or "unknown"),
+        git_version=features.served_version(version),
         served=served,
         dropped_slice_fields=dropped,
         dropped_taints=untainted,

@@ -106,3 +106,16 @@ def test_device_taint_rules_served_but_gated_off_are_off() -> None:
     both = decide(facts(dropped_taints=("partition",)))
     assert "it needs DRADeviceTaints" in both.feature(f.TAINT_RULES).reason
     assert decide(facts(scheduler_reads_taint_rules=True)).off == []
+
+
+def test_an_api_server_emulating_an_older_minor_is_judged_by_the_minor_it_emulates() -> None:
+    """A 1.37 binary run with --emulated-version=kube=1.34 serves 1.34's APIs and gates: its /version
+    says so in emulationMajor/emulationMinor, and gpuslice must call it unsupported."""
+    from gpuslice.domain.features import served_version
+
+    binary = {"major": "1", "minor": "37", "gitVersion": "v1.37.2"}
+    version = served_version({**binary, "emulationMajor": "1", "emulationMinor": "34"})
+    assert version == "v1.34 (emulated by v1.37.2)"
+    assert "older than gpuslice supports" in decide(facts(version)).version_problem
+    assert served_version({**binary, "emulationMajor": "1", "emulationMinor": "37"}) == "v1.37.2"
+    assert served_version({"gitVersion": "v1.30.1"}) == "v1.30.1"

@@ -289,7 +289,12 @@ def test_a_claim_prepared_for_a_pod_that_never_started_is_given_back(node_cluste
         delete(node_cluster, "pod", "never")
         wait_for(lambda: not spec.exists(), 30, "the agent to give the claim back")
         checkpoint = dirs_of(node_cluster, NODE).base / "agent" / "state" / "checkpoint.json"
-        assert uid not in json.loads(checkpoint.read_text())["claims"]
+        # the agent removes the claim's files before it rewrites its checkpoint: wait for the record
+        wait_for(
+            lambda: uid not in json.loads(checkpoint.read_text())["claims"],
+            30,
+            "the agent's checkpoint to drop the claim",
+        )
     finally:
         delete(node_cluster, "pod", "never")
         delete(node_cluster, "gpuslice", "never")

@@ -12,9 +12,9 @@ instead. The operator (log, GpuPackage condition), the agent (publish or refuse)
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 #: Minors the product is tested on (`make test`, `make test-versions`).
 SUPPORTED_MINORS: Final = (35, 36, 37)
@@ -97,6 +97,21 @@ class Platform:
         if not parts:
             return f"Kubernetes {self.version}: every feature gpuslice uses is served"
         return f"Kubernetes {self.version}: " + "; ".join(parts)
+
+
+def served_version(info: Mapping[str, Any]) -> str:
+    """The version the API server behaves as, from its /version. A server started with
+    `--emulated-version` serves the APIs and feature gates of that older minor, whatever its binary:
+    its gitVersion alone would call a 1.37 binary emulating 1.34 supported. The emulation fields are
+    absent on servers older than 1.31 and on those that emulate nothing new."""
+    git = str(info.get("gitVersion") or "unknown")
+    major, minor = str(info.get("emulationMajor") or ""), str(info.get("emulationMinor") or "")
+    if not (major.isdigit() and minor.rstrip("+").isdigit()):
+        return git
+    emulated = (int(major), int(minor.rstrip("+")))
+    if emulated == parse_minor(git):
+        return git
+    return f"v{emulated[0]}.{emulated[1]} (emulated by {git})"
 
 
 def parse_minor(git_version: str) -> tuple[int, int] | None:
