@@ -383,7 +383,11 @@ async def _gather(kubeconfig: str | None) -> tuple[str, list[Result]]:
 
         raw = kubehttp.Client(kubehttp.load(kubeconfig), connections=2)
         try:
-            results.extend(evaluate_features(await platform_probe.read_platform(raw)))
+            platform = await platform_probe.read_platform(raw)
+            # the version the server behaves as: /version's emulation fields, which the typed
+            # client's VersionInfo leaves out (a 1.37 binary emulating 1.34 is a 1.34 here)
+            results[0] = evaluate_version(platform.version)
+            results.extend(evaluate_features(platform))
         except (kubehttp.ApiError, OSError) as exc:
             results.append(skip("Kubernetes features", f"could not be read: {exc}"))
         finally:

@@ -189,3 +189,48 @@ def test_where_device_taints_are_dropped_an_unhealthy_card_is_left_out_of_the_po
     pool = asyncio.run(publish())
     uuids = {d["attributes"]["uuid"]["string"] for s in pool for d in s["spec"].get("devices") or []}
     assert uuids == ({cards[1].uuid} if counters else set()), uuids
+
+
+@pytest.fixture(scope="module")
+def emulating_1_34(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A kube-apiserver that serves 1.34 (`--emulated-version`): its binary is the suite's minor, its
+    APIs and gates are 1.34's, as on a platform that has not upgraded."""
+    dc = DevCluster(
+        tmp_path_factory.mktemp("emulated-1.34"),
+        progress=lambda m: print(f"[emulated-1.34] {m}", file=sys.stderr),
+        emulated_version="1.34",
+    )
+    try:
+        dc.up(nodes=0)
+        yield dc
+    finally:
+        dc.down()
+
+
+def test_an_api_server_emulating_an_unsupported_minor_is_named_and_nothing_crashes(
+    emulating_1_34: DevCluster, tmp_path: Path
+) -> None:
+    proc = gpuslice_check(emulating_1_34.kubeconfig)
+    out = proc.stdout
+    print(out)
+    assert proc.returncode == 1, proc.stderr
+    line = check_line(out, "Kubernetes version")
+    # the binary's gitVersion alone would pass it: the line must judge the minor it serves
+    assert line.startswith("\u00d7 ") and "v1.34 (emulated by v1." in line, line
+    assert "older than gpuslice supports" in line
+
+    op = OperatorProcess(emulating_1_34, tmp_path / "operator.log")
+    op.start()
+    try:
+        wait_for(
+            lambda: "unsupported Kubernetes version" in (op.log.read_text() if op.log.exists() else ""),
+            60,
+            "the operator to log the version",
+        )
+        assert "v1.34 (emulated by" in op.log.read_text()
+        # it goes on serving what the API server has: its admission policies are installed
+        binding = "validatingadmissionpolicybinding"
+        wait_for(lambda: get(emulating_1_34, binding, "gpuslice-protect"), 60, "policies")
+        assert op.alive(), op.tail()
+    finally:
+        op.stop()

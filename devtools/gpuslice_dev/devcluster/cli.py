@@ -55,6 +55,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "DRADeviceTaints=false (a platform that turned one off)",
     )
     up.add_argument(
+        "--emulated-version",
+        default="",
+        metavar="MINOR",
+        help="kube-apiserver emulates this older minor (1.34 to the binaries' own), with its default "
+        "gates: a platform on a minor older than the ones built here, e.g. 1.34 (unsupported)",
+    )
+    up.add_argument(
         "--nodes", type=int, default=1, help="number of kwok fake nodes that stay Ready (default 1)"
     )
     up.add_argument(
@@ -128,7 +135,11 @@ def _up(args: argparse.Namespace) -> int:
             return 1
     try:
         cluster = DevCluster(
-            args.dir, progress=_progress, kubernetes=args.kubernetes, extra_feature_gates=args.feature_gates
+            args.dir,
+            progress=_progress,
+            kubernetes=args.kubernetes,
+            extra_feature_gates=args.feature_gates,
+            emulated_version=args.emulated_version,
         )
         cluster.up(nodes=args.nodes)
         if args.real_nodes:

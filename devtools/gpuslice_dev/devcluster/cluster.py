@@ -98,11 +98,13 @@ class DevCluster(KubectlClient):
         *,
         kubernetes: str | None = None,
         extra_feature_gates: str = "",
+        emulated_version: str = "",
     ) -> None:
         """kubernetes: the minor ("1.36"; None: the one a running cluster in `directory` runs, else
         $GPUSLICE_KUBERNETES, else the default). extra_feature_gates ("Gate=false,..."): on top of the
         minor's set (components.FEATURE_GATES_BY_MINOR) and $GPUSLICE_FEATURE_GATES, for every
-        component and kubelet."""
+        component and kubelet. emulated_version ("1.34"): kube-apiserver emulates that older minor,
+        with that minor's default gates (an alpha gate cannot be turned on under emulation)."""
         self.dir = (directory or default_dir()).resolve()
         self.progress: Progress = progress or (lambda _msg: None)
         recorded = self.state()
@@ -115,7 +117,9 @@ class DevCluster(KubectlClient):
             extra = ",".join(filter(None, (os.environ.get(FEATURE_GATES_ENV, ""), extra_feature_gates)))
             self.feature_gates = feature_gates(self.kubernetes, extra)
         #: kube-apiserver's --feature-gates (tests start one with the DRA gates off to see fields dropped).
-        self.apiserver_feature_gates = apiserver_feature_gates or self.feature_gates
+        self.emulated_version = emulated_version
+        default_gates = "" if emulated_version else self.feature_gates
+        self.apiserver_feature_gates = apiserver_feature_gates or default_gates
         self._bins: Binaries | None = None
 
     # --- public API -------------------------------------------------------------------------------
@@ -323,6 +327,7 @@ class DevCluster(KubectlClient):
                 service_accounts=pki.service_account_keys(pkidir),
                 kubelet_client=kubelet_client,
                 feature_gates=self.apiserver_feature_gates,
+                emulated_version=self.emulated_version,
             )
 
         def ready() -> bool:

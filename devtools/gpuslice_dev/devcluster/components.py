@@ -77,7 +77,11 @@ def apiserver_argv(
     service_accounts: pki.CertPair,
     kubelet_client: pki.CertPair,
     feature_gates: str,
+    emulated_version: str = "",
 ) -> list[str]:
+    """emulated_version ("1.34"): the API server serves that minor's APIs and feature gates (its
+    /version says so in emulationMajor/emulationMinor), as a platform on that minor does: the way to
+    meet a minor older than the binaries built here (kube-apiserver 1.37 emulates 1.34 to 1.37)."""
     ca = pki_dir / "ca.crt"
     return [
         str(bins.kube_apiserver),
@@ -107,6 +111,7 @@ def apiserver_argv(
         # Privileged pods must reach admission so gpuslice's policies (not this flag) reject them.
         "--allow-privileged=true",
         *_gates_flag(feature_gates),
+        *([f"--emulated-version=kube={emulated_version}"] if emulated_version else []),
         "--profiling=false",
         "--enable-priority-and-fairness=false",
         f"--cert-dir={pki_dir / 'apiserver-generated'}",
