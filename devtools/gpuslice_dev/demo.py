@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gpuslice import constants as c
+from gpuslice.domain import features
 from gpuslice_dev.paths import MANIFESTS as PRODUCT_MANIFESTS
 
 SAMPLES = PRODUCT_MANIFESTS / "samples"
@@ -38,11 +39,38 @@ class DemoError(RuntimeError):
     pass
 
 
+def lessons_skipped(platform: features.Platform) -> dict[str, str]:
+    """The demo's lessons a Kubernetes version cannot play, each with what stops it there: what the
+    operator and agent decided from the API server (README, "Kubernetes versions")."""
+    skipped = {}
+    refusal = platform.publish_refusal
+    if refusal:
+        # the agents publish no device: nothing past the admission lessons can be allocated
+        for lesson in ("chart form", "allocation", "capacity", "usage", "bypass"):
+            skipped[lesson] = f"nothing is sold here: the agents publish no devices ({refusal})"
+    elif not platform.on(features.EXTENDED_RESOURCES):
+        skipped["chart form"] = platform.feature(features.EXTENDED_RESOURCES).reason
+    return skipped
+
+
 class Demo:
-    def __init__(self, directory: Path | None, nodes: int, gpus_per_node: int) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        nodes: int,
+        gpus_per_node: int,
+        *,
+        kubernetes: str | None = None,
+        feature_gates: str = "",
+    ) -> None:
         from gpuslice_dev.devcluster.cluster import DevCluster
 
-        self.cluster = DevCluster(directory, progress=self._progress)
+        self.cluster = DevCluster(
+            directory, progress=self._progress, kubernetes=kubernetes, extra_feature_gates=feature_gates
+        )
+        #: what the API server serves, read once the operator runs (`platform_step`)
+        self.platform: features.Platform | None = None
+        self.skipped: dict[str, str] = {}
         self.nodes = nodes
         self.spec = f"{gpus_per_node}x {GPU_MODEL}"
         self.step_no = 0
@@ -116,14 +144,24 @@ class Demo:
         workload["metadata"] = {"name": pod or name, "namespace": ns}
         workload["spec"]["resourceClaims"][0]["resourceClaimName"] = name
         workload["spec"]["containers"][0]["resources"]["limits"]["memory"] = memory_limit
+        self._tolerate_gpu_nodes(workload["spec"])
         return yaml.safe_dump_all([gpuslice, workload])
+
+    def _tolerate_gpu_nodes(self, pod_spec: dict[str, Any]) -> None:
+        # Without MutatingAdmissionPolicy the operator cannot add the GPU nodes' toleration: the
+        # tenant's pod carries it, as the README says for such a platform.
+        if self.platform is not None and not self.platform.on(features.MUTATING):
+            pod_spec.setdefault("tolerations", []).append(
+                {"key": c.TAINT_GPU_KEY, "operator": "Exists", "effect": c.TAINT_GPU_EFFECT}
+            )
 
     # --- the story --------------------------------------------------------------------------------
     def run(self) -> None:
         from gpuslice_dev.devcluster.realnode import start_real_nodes
 
         self.step(
-            f"A real control plane and {self.nodes} real node(s) (kubelet, containerd), each with {self.spec}"
+            f"A real control plane (Kubernetes {self.cluster.kubernetes}) and {self.nodes} real node(s) "
+            f"(kubelet, containerd), each with {self.spec}"
         )
         if self.cluster.state() is not None:
             self._progress(f"starting from scratch: stopping and wiping the devcluster in {self.cluster.dir}")
@@ -133,15 +171,52 @@ class Demo:
         alice = self.cluster.tenant_kubeconfig("alice", ["team-a"])
         bob = self.cluster.tenant_kubeconfig("bob", ["team-b"])
         self.raw_gpu_request(alice)
-        self.chart_form(alice)
+        if self.playable("chart form", "the way charts ask: resources.limits {gpuslice.io/v100-8g: 1}"):
+            self.chart_form(alice)
         self.hand_written_template(alice)
-        self.allocate(alice)
-        self.inside_the_container(alice)
-        self.capacity_wait(bob)
-        self.usage()
-        self.bypass()
+        if self.playable("allocation", "a GpuSlice allocated and used from inside its container"):
+            self.allocate(alice)
+            self.inside_the_container(alice)
+        if self.playable("capacity", "a tenant waits for capacity"):
+            self.capacity_wait(bob)
+        if self.playable("usage", "usage and billing"):
+            self.usage()
+        if self.playable("bypass", "a process that bypasses the shim"):
+            self.bypass()
         self.tables()
         self.next_steps()
+
+    def playable(self, lesson: str, title: str) -> bool:
+        """False (and says why, as a step) where this Kubernetes cannot play `lesson`."""
+        why = self.skipped.get(lesson)
+        if why is None:
+            return True
+        self.step(f"Not on Kubernetes {self.cluster.kubernetes}: {title}")
+        self.show(textwrap.fill(why, 100))
+        return False
+
+    def platform_step(self) -> None:
+        """What this API server lets gpuslice do, read as the operator and the agents read it."""
+        import asyncio
+
+        from gpuslice import kubehttp
+        from gpuslice.platform import read_platform
+
+        async def read() -> features.Platform:
+            api = kubehttp.Client(kubehttp.load(str(self.cluster.kubeconfig)), connections=2)
+            try:
+                return await read_platform(api)
+            finally:
+                await api.close()
+
+        platform = asyncio.run(read())
+        self.step(f"What Kubernetes {platform.version} lets gpuslice do (gpuslice check says the same)")
+        for f in platform.features:
+            mark = "\u221a" if f.on else "\u00d7"
+            gate = f" ({f.gate})" if f.gate else ""
+            self.show(f"{mark} {f.name}{gate}" + ("" if f.on else f": {f.reason}"))
+        self.platform = platform
+        self.skipped = lessons_skipped(platform)
 
     def setup(self) -> None:
         from gpuslice_dev.devcluster.node_agents import start_agents
@@ -165,7 +240,11 @@ class Demo:
             access = (DEMO_MANIFESTS / "tenant-access.yaml").read_text().replace("team-a", team)
             self.cluster.apply(access)
         self.start_operator()
+        self.platform_step()
         start_agents(self.cluster, self.spec, progress=self._progress)
+        if self.platform is not None and self.platform.publish_refusal:
+            self.ok("the agents run and publish nothing, saying why (their log and a Node Event)")
+            return
         self.wait(
             "the agents' ResourceSlices and the packages' capacity",
             lambda: (
@@ -222,9 +301,11 @@ class Demo:
 
     def chart_form(self, alice: Path) -> None:
         self.step("The way charts ask: a stock Deployment with resources.limits {gpuslice.io/v100-8g: 1}")
-        proc = self.kubectl(
-            "apply", "-f", "-", user=alice, input=yaml.safe_dump_all(_manifests("chart-deployment.yaml"))
-        )
+        docs = _manifests("chart-deployment.yaml")
+        for doc in docs:
+            if doc["kind"] == "Deployment":
+                self._tolerate_gpu_nodes(doc["spec"]["template"]["spec"])
+        proc = self.kubectl("apply", "-f", "-", user=alice, input=yaml.safe_dump_all(docs))
         if proc.returncode != 0:
             raise DemoError(f"creating the Deployment failed: {proc.stderr}")
 
@@ -465,6 +546,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--dir", type=Path, default=None, help="devcluster state directory")
     p.add_argument("--nodes", type=int, default=2, help="simulated GPU nodes (default 2)")
     p.add_argument("--gpus-per-node", type=int, default=1, help="V100s per node (default 1)")
+    p.add_argument(
+        "--kubernetes",
+        default=None,
+        metavar="MINOR",
+        help="Kubernetes minor: 1.35, 1.36 or 1.37 (default: $GPUSLICE_KUBERNETES, else 1.37); the demo "
+        "says what that minor cannot do and leaves out the lessons it cannot play",
+    )
+    p.add_argument(
+        "--feature-gates",
+        default="",
+        metavar="GATES",
+        help="feature gates on top of the minor's own set, e.g. DRADeviceTaintRules=false",
+    )
     p.set_defaults(func=_run)
 
 
@@ -475,7 +569,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.gpus_per_node < 1:
         print("error: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)
         return 2
-    demo = Demo(args.dir, args.nodes, args.gpus_per_node)
+    demo = Demo(
+        args.dir, args.nodes, args.gpus_per_node, kubernetes=args.kubernetes, feature_gates=args.feature_gates
+    )
     try:
         demo.run()
     except (DemoError, DevClusterError, BuildError) as exc:

@@ -25,6 +25,10 @@ def test_demo_plays_every_lesson_and_leaves_the_cluster_running(tmp_path: Path) 
     out = proc.stdout
     try:
         assert proc.returncode == 0, f"demo failed:\n{out[-3000:]}\n{proc.stderr[-3000:]}"
+        # What the suite's minor lets gpuslice do, read as the product reads it (1.36, 1.37: all lessons).
+        assert re.search(r"What Kubernetes v1\.3\d\.\d+ lets gpuslice do", out)
+        assert "\u221a partitionable devices (DRAPartitionableDevices)" in out
+        assert "Not on Kubernetes" not in out
         # Lesson 1 and 2: rejections that say what to do instead.
         assert "a container may not request nvidia.com/gpu" in out
         assert "Create a GpuSlice instead" in out

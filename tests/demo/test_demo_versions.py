@@ -1,0 +1,47 @@
+"""`gpuslice-dev demo --kubernetes`: on each minor the demo plays what that minor lets gpuslice do and
+says, per lesson left out, what stops it (decided from what the API server serves, as the product
+decides it)."""
+
+from __future__ import annotations
+
+from gpuslice.domain import features as f
+from gpuslice.domain.features import PlatformFacts, decide
+from gpuslice_dev.demo import lessons_skipped
+
+ALL_SERVED = frozenset({f.MUTATING_POLICIES, f.VALIDATING_POLICIES, f.DEVICE_TAINT_RULES, f.RESOURCE_SLICES})
+
+
+def platform(version: str, **kw: object) -> f.Platform:
+    base: dict[str, object] = {
+        "served": ALL_SERVED,
+        "dropped_slice_fields": (),
+        "dropped_taints": (),
+        "extended_resource_kept": True,
+    }
+    base.update(kw)
+    return decide(PlatformFacts(git_version=version, **base))  # type: ignore[arg-type]
+
+
+def test_1_37_and_1_36_play_every_lesson() -> None:
+    assert lessons_skipped(platform("v1.37.2")) == {}
+    # 1.36 lacks only DeviceTaintRules, which no lesson of the demo uses
+    assert lessons_skipped(platform("v1.36.3", served=ALL_SERVED - {f.DEVICE_TAINT_RULES})) == {}
+
+
+def test_1_35_with_its_defaults_plays_only_the_admission_lessons_and_says_why() -> None:
+    p = platform(
+        "v1.35.4",
+        served=frozenset({f.VALIDATING_POLICIES, f.RESOURCE_SLICES}),
+        dropped_slice_fields=("spec.sharedCounters", "spec.devices[partition].consumesCounters"),
+        dropped_taints=("partition",),
+        extended_resource_kept=False,
+    )
+    skipped = lessons_skipped(p)
+    assert set(skipped) == {"chart form", "allocation", "capacity", "usage", "bypass"}
+    assert all("DRAPartitionableDevices" in why and "v1.35.4" in why for why in skipped.values())
+
+
+def test_without_the_extended_resource_gate_only_the_chart_form_is_left_out() -> None:
+    skipped = lessons_skipped(platform("v1.35.4", extended_resource_kept=False))
+    assert list(skipped) == ["chart form"]
+    assert "DRAExtendedResource" in skipped["chart form"]
