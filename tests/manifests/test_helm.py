@@ -100,7 +100,11 @@ def test_values_change_only_what_they_name(helm: Path, base: list[Doc]) -> None:
     values = {
         "image": {"repository": "registry.example.com/gpuslice", "tag": "0.1.1", "pullPolicy": "Always"},
         "operator": {"replicas": 3},
-        "agent": {"nodeSelector": {"gpu": "v100"}, "tolerations": []},
+        "agent": {
+            "nodeSelector": {"gpu": "v100"},
+            "tolerations": [],
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 3}},
+        },
         "podSecurity": {"enforce": "baseline"},
     }
     rendered = by_key(template(helm, "--set-json", f"image={json.dumps(values['image'])}",
@@ -115,6 +119,7 @@ def test_values_change_only_what_they_name(helm: Path, base: list[Doc]) -> None:
     ds = expected[("DaemonSet", "gpuslice-system", "gpuslice-agent")]
     ds["spec"]["template"]["spec"]["nodeSelector"] = {"gpu": "v100"}
     ds["spec"]["template"]["spec"]["tolerations"] = []
+    ds["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 3}}
     for workload in (deploy, ds):
         pod = workload["spec"]["template"]["spec"]
         for ctr in [*pod.get("initContainers", []), *pod["containers"]]:

@@ -21,6 +21,13 @@ Arguments: obj (the parsed object), labels (what the kustomization's `labels` ad
 {{- if not (kindIs "invalid" $v.agent.tolerations) -}}
 {{- $_ := set $pod "tolerations" $v.agent.tolerations -}}
 {{- end -}}
+{{- if not (kindIs "invalid" $v.agent.updateStrategy) -}}
+{{- $surge := toString (dig "rollingUpdate" "maxSurge" 0 $v.agent.updateStrategy) -}}
+{{- if not (has $surge (list "0" "0%")) -}}
+{{- fail (printf "agent.updateStrategy.rollingUpdate.maxSurge is %s: it must be 0, kubelet takes one DRA plugin per driver on a node, so a second agent pod on the node cannot serve while the old one runs" $surge) -}}
+{{- end -}}
+{{- $_ := set $obj.spec "updateStrategy" $v.agent.updateStrategy -}}
+{{- end -}}
 {{- end -}}
 {{- if has $obj.kind (list "Deployment" "DaemonSet") -}}
 {{- $pod := $obj.spec.template.spec -}}
