@@ -371,6 +371,56 @@ def test_gpuslice_top_puts_each_slice_on_its_card_with_memory_usage_and_the_enti
     assert len(frames) >= 2 and all(len(f["slices"]) == len(w.slices) for f in frames), out[-500:]
 
 
+def test_gpuslice_top_as_a_tenant_shows_its_slices_and_entitlement_and_says_why_no_cards(
+    world: World,
+) -> None:
+    w = world
+    group = f"team-{w.token}"
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "gpu-tenant", "namespace": w.namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "gpuslice-tenant",
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+    }
+    apply(w.cluster, [*_docs(REPO / "manifests/base/tenant/rbac.yaml"), binding])
+    tenant = w.cluster.tenant_kubeconfig(f"user-{w.token}", [group])
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuslice",
+        "top",
+        f"--kubeconfig={tenant}",
+        "-n",
+        w.namespace,
+        "-o",
+        "json",
+    ]
+
+    def as_tenant() -> Any:
+        # the aggregated role's rules are filled in by kube-controller-manager a moment after the apply
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    view = wait_for(as_tenant, 30, "the tenant may run gpuslice top")
+    assert view["cards"] is None
+    assert any("ResourceSlices not readable" in n for n in view["notes"])
+    assert sorted(r["slice"] for r in view["slices"]) == sorted(w.slices)
+    assert all(r["node"] in w.agents and r["gpu_uuid"] for r in view["slices"]), view["slices"]
+    (ns,) = [r for r in view["namespaces"] if r["package"] == w.pkg]
+    assert (ns["held"], ns["entitled"]) == (len(w.slices), 4)
+    # another namespace: refused by the API server, said plainly
+    other = subprocess.run(
+        [*argv[:-4], "-n", "default"], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
+    )
+    assert other.returncode == 2, other
+    assert other.stderr.startswith("gpuslice top: cannot list GpuSlices in namespace default:"), other.stderr
+
+
 def _past_a_minute_boundary(world: World) -> None:
     """Slice-hours sample once a minute, at whole minutes (a subquery's steps are aligned): wait
     until one has passed since the slices were allocated and scraped, so the estimate has a sample."""
