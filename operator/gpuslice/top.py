@@ -26,6 +26,7 @@ import aiohttp
 
 from gpuslice import constants as c
 from gpuslice import kubehttp
+from gpuslice.api.package import PackageCapacity
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.api.resourceslice import PublishedSlice, newest_generation, parse_resource_slices
 from gpuslice.domain.entitlement_use import entitlement_use
@@ -87,11 +88,25 @@ class NamespaceRow:
 
 
 @dataclass
+class PackageRow:
+    """A GpuPackage's capacity as the operator last wrote it (what `kubectl get gpupackages` shows)."""
+
+    package: str
+    gpus: int = 0
+    total: int = 0
+    allocated: int = 0
+    free: int = 0
+    unhealthy_gpus: int = 0
+
+
+@dataclass
 class View:
     slices: list[SliceRow]
     namespaces: list[NamespaceRow]
     #: None when the ResourceSlices are not readable with these credentials
     cards: list[CardRow] | None
+    #: None when the GpuPackages are not readable with these credentials
+    packages: list[PackageRow] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -242,7 +257,26 @@ def build(
     notes = []
     if resource_slices is None:
         notes.append("(ResourceSlices not readable with these credentials: no card view)")
-    return View(rows, namespace_rows(quotas, rows), cards, notes)
+    return View(rows, namespace_rows(quotas, rows), cards, package_rows(packages), notes)
+
+
+def package_rows(packages: Iterable[Mapping[str, Any]] | None) -> list[PackageRow] | None:
+    if packages is None:
+        return None
+    out = []
+    for p in packages:
+        cap = PackageCapacity.model_validate((p.get("status") or {}).get("capacity") or {})
+        out.append(
+            PackageRow(
+                str(_meta(p).get("name", "")),
+                cap.gpus,
+                cap.slices_total,
+                cap.slices_allocated,
+                cap.slices_free,
+                cap.unhealthy_gpus or 0,
+            )
+        )
+    return sorted(out, key=lambda r: r.package)
 
 
 # --- rendering ----------------------------------------------------------------------------------------
@@ -269,6 +303,7 @@ def render(view: View, output: str = "table") -> str:
                 "cards": None if view.cards is None else [asdict(k) for k in view.cards],
                 "slices": [asdict(r) for r in view.slices],
                 "namespaces": [asdict(n) for n in view.namespaces],
+                "packages": None if view.packages is None else [asdict(p) for p in view.packages],
                 "notes": view.notes,
             },
             indent=2,
@@ -327,6 +362,15 @@ def render(view: View, output: str = "table") -> str:
                     _gib(n.memory_used_bytes),
                 )
                 for n in view.namespaces
+            ),
+        )
+    if view.packages:
+        lines.append("")
+        lines += _table(
+            ("PACKAGE", "GPUS", "SLICES", "ALLOCATED", "FREE", "UNHEALTHY GPUS"),
+            (
+                (p.package, str(p.gpus), str(p.total), str(p.allocated), str(p.free), str(p.unhealthy_gpus))
+                for p in view.packages
             ),
         )
     lines += view.notes

@@ -55,7 +55,11 @@ def test_each_card_is_listed_with_its_slices_memory_and_summed_utilization() -> 
         gpuslice("b", k=1, usage={"memoryUsedBytes": 1 * GIB, "computeUtilizationPercent": 25.0}),
         gpuslice("w", phase="Pending", card=None, reason="AllGpusFull"),
     ]
-    view = build(slices, [quota("team-a", 4, 2)], resource_slices("n1", 2), [])
+    package = {
+        "metadata": {"name": PKG},
+        "status": {"capacity": {"gpus": 2, "slicesTotal": 8, "slicesAllocated": 2, "slicesFree": 6}},
+    }
+    view = build(slices, [quota("team-a", 4, 2)], resource_slices("n1", 2), [package])
     assert view.cards is not None
     first, second = view.cards
     assert (first.gpu_uuid, first.model, first.slices, first.healthy) == (uuid(0), V100, 2, True)
@@ -78,6 +82,8 @@ def test_each_card_is_listed_with_its_slices_memory_and_summed_utilization() -> 
         4,
         {"InUse": 2, "Pending": 1},
     )
+    assert view.packages is not None
+    assert [(p.package, p.gpus, p.total, p.allocated, p.free) for p in view.packages] == [(PKG, 2, 8, 2, 6)]
     text = render(view)
     assert "Pending (AllGpusFull)" in text
     assert "4.0Gi" in text and "55%" in text
@@ -122,7 +128,7 @@ def test_metrics_replace_the_status_reading_and_give_a_template_slices_pods_thei
 
 def test_without_resourceslices_a_tenant_sees_its_slices_and_quota_and_is_told_why_no_cards() -> None:
     view = build([gpuslice("a")], [quota("team-a", 2, 1)], None, None)
-    assert view.cards is None
+    assert view.cards is None and view.packages is None
     (row,) = view.slices
     assert (row.namespace, row.slice, row.gpu_uuid) == ("team-a", "a", uuid(0))
     text = render(view)

@@ -342,6 +342,17 @@ def test_gpuslice_top_puts_each_slice_on_its_card_with_memory_usage_and_the_enti
     (ns,) = [r for r in view["namespaces"] if r["package"] == w.pkg]
     assert (ns["held"], ns["entitled"], sum(ns["phases"].values())) == (len(w.slices), 4, len(w.slices))
 
+    def package() -> Any:
+        rows = [p for p in _top(w, "-n", w.namespace, "-o", "json")["packages"] if p["package"] == w.pkg]
+        return rows if rows and rows[0]["allocated"] == len(w.slices) else None
+
+    (pkg,) = wait_for(package, 60, "the package's capacity in gpuslice top")
+    assert (pkg["gpus"], pkg["total"], pkg["free"]) == (
+        NODES * GPUS,
+        NODES * GPUS * 4,
+        NODES * GPUS * 4 - len(w.slices),
+    )
+
     # From Prometheus: each slice's memory used is the agents' series, joined by its labels.
     used = f'gpuslice_slice_memory_used_bytes{{namespace="{w.namespace}"}}'
     wait_for(lambda: len(w.server.query(used)) == len(w.slices), 60, "every slice's memory used")
