@@ -1,5 +1,5 @@
-"""`gpuslice top`: each card's slices, memory and utilization, and each namespace's slices held
-against its entitlement, read from the API (and from Prometheus with `--prometheus`).
+"""`gpuslice top`: each card's slices, memory and utilization, each namespace's slices held against
+its entitlement and each package's capacity, read from the API (and from Prometheus with `--prometheus`).
 
 From the API: GpuSlices (where each is allocated, and the usage the node agent writes into its
 status), each tenant namespace's `gpuslice` ResourceQuota (slices held and entitled per package,
@@ -410,8 +410,8 @@ async def read_metrics(base: str, namespace: str | None) -> Metrics:
             for s in await _query(session, base, "min by (node, gpu_uuid) (gpuslice_gpu_healthy)"):
                 m = s["metric"]
                 out.healthy[(m.get("node", ""), m.get("gpu_uuid", ""))] = float(s["value"][1])
-    except aiohttp.ClientError as exc:
-        raise TopError(f"cannot read Prometheus at {base}: {exc}") from exc
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+        raise TopError(f"cannot read Prometheus at {base}: {exc!r}") from exc
     return out
 
 
@@ -513,7 +513,7 @@ def _main(args: argparse.Namespace) -> int:
     except TopError as exc:
         print(f"gpuslice top: {exc}", file=sys.stderr)
         return 2
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, aiohttp.ClientError) as exc:
         print(
             f"gpuslice top: cannot reach the cluster ({exc}); check --kubeconfig / $KUBECONFIG",
             file=sys.stderr,
