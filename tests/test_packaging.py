@@ -49,4 +49,4 @@ def test_the_dev_wheel_holds_the_dev_tooling_and_its_console_script(tmp_path: Pa
 def test_the_product_cli_offers_no_dev_commands() -> None:
     from gpuslice.cli import SUBCOMMANDS
 
-    assert set(SUBCOMMANDS) == {"operator", "agent", "explain", "check", "drain", "uncordon", "usage"}
+    assert set(SUBCOMMANDS) == {"operator", "agent", "explain", "check", "drain", "uncordon", "usage", "top"}

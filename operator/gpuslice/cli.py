@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "drain": "gpuslice.drain",
     "uncordon": "gpuslice.drain",
     "usage": "gpuslice.usage",
+    "top": "gpuslice.top",
 }
 
 

@@ -295,6 +295,143 @@ def test_prometheus_finds_and_scrapes_the_operator_and_every_agent_with_its_toke
             print(f"\n[prometheus] {name} {m['job']} {m['instance']}: {r['value'][1]}")
 
 
+def _top(w: World, *args: str) -> Any:
+    """`gpuslice top` as a user runs it, with the cluster's admin kubeconfig."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuslice", "top", f"--kubeconfig={w.cluster.kubeconfig}", *args],
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout) if "json" in args else out.stdout
+
+
+def _claim_devices(w: World) -> dict[str, tuple[str, str]]:
+    """slice -> (pool, device) kube-scheduler allocated to its claim."""
+    out = {}
+    for n in w.slices:
+        (result,) = _get(w.cluster, "resourceclaim", n, "-n", w.namespace)["status"]["allocation"]["devices"][
+            "results"
+        ]
+        out[n] = (result["pool"], result["device"])
+    return out
+
+
+def test_gpuslice_top_puts_each_slice_on_its_card_with_memory_usage_and_the_entitlement(world: World) -> None:
+    w = world
+    _all_up(w)
+    view = _top(w, "-n", w.namespace, "-o", "json")
+    claims = _claim_devices(w)
+    rows = {r["slice"]: r for r in view["slices"]}
+    assert sorted(rows) == sorted(w.slices)
+    # Where kube-scheduler put each claim: the card whose published device it was.
+    published = {
+        (s["spec"]["pool"]["name"], d["name"]): d["attributes"]["uuid"]["string"]
+        for s in _get(w.cluster, "resourceslices")["items"]
+        if s["spec"]["driver"] == "gpuslice.io"
+        for d in s["spec"].get("devices") or []
+    }
+    for n, (pool, device) in claims.items():
+        assert (rows[n]["node"], rows[n]["gpu_uuid"]) == (pool, published[(pool, device)]), rows[n]
+        assert rows[n]["memory_limit_bytes"] == 8 * 1024**3  # 25 % of a 32 GiB V100
+    cards = [k for k in view["cards"] if k["node"] in w.agents]
+    assert len(cards) == NODES * GPUS
+    assert {(k["model"], k["memory_total_bytes"], k["healthy"]) for k in cards} == {
+        (V100, 32 * 1024**3, True)
+    }
+    assert sum(k["slices"] for k in cards) == len(w.slices)
+    assert sum(k["memory_held_bytes"] for k in cards) == len(w.slices) * 8 * 1024**3
+    (ns,) = [r for r in view["namespaces"] if r["package"] == w.pkg]
+    assert (ns["held"], ns["entitled"], sum(ns["phases"].values())) == (len(w.slices), 4, len(w.slices))
+
+    def package() -> Any:
+        rows = [p for p in _top(w, "-n", w.namespace, "-o", "json")["packages"] if p["package"] == w.pkg]
+        return rows if rows and rows[0]["allocated"] == len(w.slices) else None
+
+    (pkg,) = wait_for(package, 60, "the package's capacity in gpuslice top")
+    assert (pkg["gpus"], pkg["total"], pkg["free"]) == (
+        NODES * GPUS,
+        NODES * GPUS * 4,
+        NODES * GPUS * 4 - len(w.slices),
+    )
+
+    # From Prometheus: each slice's memory used is the agents' series, joined by its labels.
+    used = f'gpuslice_slice_memory_used_bytes{{namespace="{w.namespace}"}}'
+    wait_for(lambda: len(w.server.query(used)) == len(w.slices), 60, "every slice's memory used")
+    scraped = {r["metric"]["slice"]: int(float(r["value"][1])) for r in w.server.query(used)}
+    view = _top(w, "-n", w.namespace, "-o", "json", "--prometheus", w.server.url)
+    rows = {r["slice"]: r for r in view["slices"]}
+    assert {n: (r["source"], r["memory_used_bytes"]) for n, r in rows.items()} == {
+        n: ("metrics", v) for n, v in scraped.items()
+    }
+
+    table = _top(w, "-n", w.namespace)
+    assert table.splitlines()[0].split()[:3] == ["NODE", "GPU", "MODEL"]
+    for n in w.slices:
+        assert any(line.split()[:3] == [w.namespace, n, w.pkg] for line in table.splitlines()), table
+    # --watch redraws: piped, one frame after another
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuslice", "top", f"--kubeconfig={w.cluster.kubeconfig}", "-n", w.namespace,
+         "-o", "json", "--watch", "--interval", "0.5"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        time.sleep(5)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    frames = [json.loads(f) for f in out.split("\n\n") if f.strip()]
+    assert len(frames) >= 2 and all(len(f["slices"]) == len(w.slices) for f in frames), out[-500:]
+
+
+def test_gpuslice_top_as_a_tenant_shows_its_slices_and_entitlement_and_says_why_no_cards(
+    world: World,
+) -> None:
+    w = world
+    group = f"team-{w.token}"
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "gpu-tenant", "namespace": w.namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "gpuslice-tenant",
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+    }
+    apply(w.cluster, [*_docs(REPO / "manifests/base/tenant/rbac.yaml"), binding])
+    tenant = w.cluster.tenant_kubeconfig(f"user-{w.token}", [group])
+    argv = [
+        sys.executable,
+        "-m",
+        "gpuslice",
+        "top",
+        f"--kubeconfig={tenant}",
+        "-n",
+        w.namespace,
+        "-o",
+        "json",
+    ]
+
+    def as_tenant() -> Any:
+        # the aggregated role's rules are filled in by kube-controller-manager a moment after the apply
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    view = wait_for(as_tenant, 30, "the tenant may run gpuslice top")
+    assert view["cards"] is None
+    assert any("ResourceSlices not readable" in n for n in view["notes"])
+    assert sorted(r["slice"] for r in view["slices"]) == sorted(w.slices)
+    assert all(r["node"] in w.agents and r["gpu_uuid"] for r in view["slices"]), view["slices"]
+    (ns,) = [r for r in view["namespaces"] if r["package"] == w.pkg]
+    assert (ns["held"], ns["entitled"]) == (len(w.slices), 4)
+    # another namespace: refused by the API server, said plainly
+    other = subprocess.run(
+        [*argv[:-4], "-n", "default"], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
+    )
+    assert other.returncode == 2, other
+    assert other.stderr.startswith("gpuslice top: cannot list GpuSlices in namespace default:"), other.stderr
+
+
 def _past_a_minute_boundary(world: World) -> None:
     """Slice-hours sample once a minute, at whole minutes (a subquery's steps are aligned): wait
     until one has passed since the slices were allocated and scraped, so the estimate has a sample."""
@@ -325,6 +462,17 @@ def test_gpu_health_and_xids_follow_an_xid_79_on_a_card(world: World) -> None:
     except AssertionError:
         raise AssertionError(json.dumps(world.server.api("rules"), indent=1)[:3000]) from None
     print(f"\n[alerts] XID 79 to GpuSliceGpuUnhealthy firing (for: 0): {time.monotonic() - faulted:.1f} s")
+
+    # `gpuslice top` shows the card unhealthy from the API alone (the agent's device taints).
+    def unhealthy_in_top() -> list[dict[str, Any]]:
+        return [
+            k
+            for k in _top(world, "-n", world.namespace, "-o", "json")["cards"]
+            if k["node"] == node and not k["healthy"]
+        ]
+
+    (card,) = wait_for(unhealthy_in_top, 30, "the card unhealthy in gpuslice top")
+    assert card["gpu_uuid"] == next(r["metric"]["gpu_uuid"] for r in world.server.query(q))
     xid = f'sum(increase(gpuslice_gpu_xid_total{{node="{node}", xid="79"}}[5m]))'
     wait_for(lambda: world.server.query(xid), 30, "XID 79 counted")
     faults.inject(config, "1", clear=True)
