@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -116,8 +117,21 @@ def _facts(
 
 def _held(idx: Indexes, ns: str, package: str) -> list[ClaimView]:
     """Claims of `package` in the namespace, of both forms and those being deleted too: the quota
-    counts them all until they are gone (only after a quota refusal: it walks every claim)."""
-    return [cl for ref, views in idx.claims.items() if ref[0] == ns for cl in views if cl.package == package]
+    counts them all until they are gone (only after a quota refusal: it walks every claim). The claim
+    of a GpuSlice being deleted (Releasing: pods still hold it) is going too, though nothing has
+    asked for its own deletion yet: the garbage collector does once the slice has gone."""
+    out = []
+    for ref, views in idx.claims.items():
+        if ref[0] != ns:
+            continue
+        for cl in views:
+            if cl.package != package:
+                continue
+            owner = one(idx.slices, (ns, cl.labels.get(c.LABEL_SLICE, "")))
+            if not cl.deleting and owner is not None and owner.deleting and owner.uid == cl.owner_uid:
+                cl = dataclasses.replace(cl, deleting=True)
+            out.append(cl)
+    return out
 
 
 async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> ClaimView | None:
