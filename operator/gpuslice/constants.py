@@ -73,6 +73,9 @@ LABEL_MONTH: Final = "gpuslice.io/month"
 LABEL_FINAL: Final = "gpuslice.io/final"
 ANNOTATION_PREFIX: Final = "gpuslice.io/"
 FINALIZER: Final = "gpuslice.io/finalizer"
+#: On a GpuSlice only while pods reserve its claim: deleted then, it stays (Terminating, phase
+#: Releasing) until the last of them ends, so a device still held is still shown, and still billed.
+FINALIZER_RELEASE: Final = "gpuslice.io/release"
 #: Kopf's progress and diff-base storage live under gpuslice's own prefix, not kopf.zalando.org.
 KOPF_PROGRESS_PREFIX: Final = "gpuslice.io"
 KOPF_DIFFBASE_ANNOTATION: Final = "gpuslice.io/last-handled-configuration"

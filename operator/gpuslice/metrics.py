@@ -83,7 +83,7 @@ RECONCILE_DURATION = Histogram(
 )
 SLICES = Gauge(
     "gpuslice_slices",
-    "GpuSlices by package and phase (Pending, Allocated, InUse, Released, Failed)",
+    "GpuSlices by package and phase (Pending, Allocated, InUse, Released, Failed, Releasing)",
     ["package", "phase"],
     registry=OPERATOR_REGISTRY,
 )

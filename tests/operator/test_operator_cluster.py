@@ -570,7 +570,9 @@ def test_a_slot_freed_at_the_entitlement_goes_to_the_next_slice_within_seconds(w
     apply(world.cluster, [pod])
     wait_status(world.cluster, ns, "b", phase="InUse")
     world.cluster.kubectl("delete", "pod", "b", "-n", ns, "--wait=false")
-    world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "b", "-n", ns)
+    # b stays (Releasing) while its stopping pod still holds its claim.
+    world.cluster.kubectl("delete", "gpuslices.gpuslice.io", "b", "-n", ns, "--wait=false")
+    wait_status(world.cluster, ns, "b", phase="Releasing")
     apply(world.cluster, [slice_doc("c", ns, pkg)])
     st = wait_status(world.cluster, ns, "c", reason="QuotaExceeded")
     assert st["quota"] == {"used": 1, "hard": 1, "quota": c.QUOTA_NAME}

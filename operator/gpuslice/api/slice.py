@@ -27,6 +27,8 @@ class Phase(StrEnum):
     IN_USE = "InUse"
     RELEASED = "Released"
     FAILED = "Failed"
+    #: Deleted while pods still use its claim: it stays until they end (`domain.releasing`).
+    RELEASING = "Releasing"
 
 
 class SliceAllocation(CamelModel):
@@ -107,3 +109,5 @@ class GpuSliceStatus(CamelModel):
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, alias="observedGeneration")
     usage: SliceUsage | None = None
+    #: While Releasing: the pods that still hold its claim.
+    held_by: list[str] | None = Field(default=None, alias="heldBy")

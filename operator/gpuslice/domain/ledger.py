@@ -488,7 +488,52 @@ def load(namespace: str, shards: Sequence[GpuUsage]) -> Ledger:
     ledger.confirmed_at = max(confirmed) if confirmed else None
     for s in ordered:
         ledger.intervals.extend(from_wire(w, s.shard) for w in s.intervals)
+    ledger.intervals = one_per_device(ledger.intervals)
     return ledger
+
+
+def one_per_device(intervals: list[Interval]) -> list[Interval]:
+    """The intervals with those of one claim that overlap merged: a claim is one device, billed once
+    however many pods share it. Operators before 0.2.0 opened a second interval when another pod
+    reserved a shared claim; a month they wrote is read (and written back, at its next write) as one.
+    Touching intervals (a price split, a month's continuation, a release and a new allocation) stay
+    apart; of two overlapping at different prices, the later price holds from its start."""
+    by_claim: dict[str, list[Interval]] = {}
+    for iv in intervals:
+        by_claim.setdefault(iv.claim_uid, []).append(iv)
+    if all(len(ivs) == 1 for ivs in by_claim.values()):
+        return intervals
+    dropped: set[int] = set()
+    for ivs in by_claim.values():
+        kept: list[Interval] = []
+        for iv in sorted(ivs, key=lambda x: (x.start, x.end is None, x.end or x.start)):
+            last = kept[-1] if kept else None
+            if last is None or (last.end is not None and iv.start >= last.end):
+                kept.append(iv)
+            elif _same_price(last.price, iv.price):
+                last.end = None if last.end is None or iv.end is None else max(last.end, iv.end)
+                _fold_duplicate(last, iv)
+                dropped.add(id(iv))
+            elif iv.end is not None and last.end is not None and iv.end <= last.end:
+                dropped.add(id(iv))  # wholly inside the one kept
+            elif last.end is None or last.end > iv.start:
+                last.end = iv.start  # the later price from its start
+                kept.append(iv)
+        for iv in kept:
+            if iv.end is not None and iv.end <= iv.start and len(kept) > 1:
+                dropped.add(id(iv))
+    return [iv for iv in intervals if id(iv) not in dropped]
+
+
+def _fold_duplicate(into: Interval, dup: Interval) -> None:
+    """A duplicate saw the same readings (they are folded into every open interval of the slice):
+    the larger figures, not their sum."""
+    into.peak_memory_bytes = max(into.peak_memory_bytes, dup.peak_memory_bytes)
+    into.memory_limit_bytes = max(into.memory_limit_bytes, dup.memory_limit_bytes)
+    into.refused_allocations = max(into.refused_allocations, dup.refused_allocations)
+    if dup.observed_seconds > into.observed_seconds:
+        into.observed_seconds = dup.observed_seconds
+        into.mean_utilization_percent = dup.mean_utilization_percent
 
 
 def _summary(rows: list[Total]) -> tuple[str, str]:

@@ -70,6 +70,10 @@ class SliceView:
     #: The status as the API server last showed it, as compact JSON: the baseline a refresh compares
     #: with. Decoded, five conditions and the allocation cost ~5 KB a slice; the text ~1.3 KB.
     status_json: str = "{}"
+    #: Its deletion asked for, its finalizers and the version seen (`domain.releasing`).
+    deleting: bool = False
+    finalizers: tuple[str, ...] = ()
+    resource_version: str = ""
 
     @property
     def ref(self) -> Ref:
@@ -163,6 +167,9 @@ def slice_view(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, 
         pod_uid=pod_owner_uid(meta),
         reason=status.get("reason"),
         status_json=json.dumps(dict(status), separators=(",", ":")),
+        deleting=meta.get("deletionTimestamp") is not None,
+        finalizers=tuple(meta.get("finalizers") or ()),
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
 
 

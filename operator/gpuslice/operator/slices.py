@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -28,12 +29,14 @@ from gpuslice.domain.conditions import same_status
 from gpuslice.domain.health import stranded_claims
 from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
 from gpuslice.domain.pod_slices import resource_of
+from gpuslice.domain.releasing import releasing as releasing_status
 from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, own_claims, slice_status
 from gpuslice.domain.software import warnings_raised
 from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
+from gpuslice.operator import releasing
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, Ref, SliceView, ns_of
 from gpuslice.operator.kube import error_message
@@ -114,8 +117,21 @@ def _facts(
 
 def _held(idx: Indexes, ns: str, package: str) -> list[ClaimView]:
     """Claims of `package` in the namespace, of both forms and those being deleted too: the quota
-    counts them all until they are gone (only after a quota refusal: it walks every claim)."""
-    return [cl for ref, views in idx.claims.items() if ref[0] == ns for cl in views if cl.package == package]
+    counts them all until they are gone (only after a quota refusal: it walks every claim). The claim
+    of a GpuSlice being deleted (Releasing: pods still hold it) is going too, though nothing has
+    asked for its own deletion yet: the garbage collector does once the slice has gone."""
+    out = []
+    for ref, views in idx.claims.items():
+        if ref[0] != ns:
+            continue
+        for cl in views:
+            if cl.package != package:
+                continue
+            owner = one(idx.slices, (ns, cl.labels.get(c.LABEL_SLICE, "")))
+            if not cl.deleting and owner is not None and owner.deleting and owner.uid == cl.owner_uid:
+                cl = dataclasses.replace(cl, deleting=True)
+            out.append(cl)
+    return out
 
 
 async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> ClaimView | None:
@@ -207,8 +223,11 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             return
         namespace = one(idx.namespaces, ns)
         if namespace is not None and namespace.terminating:
-            return  # it goes with its namespace; nothing can be created there any more, not even Events
-        created = await ensure_claim(state, entry, idx)
+            # It goes with its namespace; nothing can be created there any more, not even Events.
+            await releasing.settle(state, entry, [], namespace_terminating=True)
+            return
+        # A slice being deleted (Releasing) makes no claim again.
+        created = None if entry.deleting else await ensure_claim(state, entry, idx)
         # status.usage belongs to the node agent: neither compared nor cleared here.
         status = entry.status
         shown = {k: v for k, v in status.items() if k not in c.AGENT_STATUS_FIELDS}
@@ -224,6 +243,9 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             await protect_claims(state, facts)
         with RECONCILE_DURATION.labels("GpuSlice").time():
             new = slice_status(facts, now())
+        release = await releasing.settle(state, entry, own_claims(facts))
+        if release.held_by:
+            new = releasing_status(new, new.claim_name or name, release.held_by)
         desired = new.model_dump(by_alias=True, exclude_none=True, mode="json")
         if facts.capacity is not None and new.reason in CAPACITY_REASONS:
             # Only a verdict made on the capacity needs the package to show the same count first; the
