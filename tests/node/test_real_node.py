@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -300,36 +299,39 @@ def test_a_claim_prepared_for_a_pod_that_never_started_is_given_back(node_cluste
         delete(node_cluster, "gpuslice", "never")
 
 
-def test_a_recreated_slice_does_not_take_the_deleted_ones_claim(node_cluster: DevCluster) -> None:
-    """A GpuSlice deleted while its pod runs and created again under the same name: the old claim
-    (owned by the deleted slice's uid) stays until that pod is gone. It is not the new slice's: no
-    allocation, no usage of it; once it is gone the new slice gets a claim of its own."""
+def test_a_slice_deleted_while_its_pod_runs_is_released_before_its_name_is_taken_again(
+    node_cluster: DevCluster,
+) -> None:
+    """A GpuSlice deleted while its pod runs stays (Releasing, naming the pod) with its claim and its
+    usage until that pod is gone: the device is still held. Only then can the name be taken again,
+    and the new slice gets a claim of its own, with its own usage."""
     docs = slice_pod("again", ["sleep", "3600"])
     run_pod(node_cluster, docs)
     old = get_json(node_cluster, "resourceclaim", "again", "-n", TENANT)["metadata"]
+    old_slice = old["ownerReferences"][0]["uid"]
     try:
-        delete(node_cluster, "gpuslice", "again")  # the pod holds the claim: only marked for deletion
-        node_cluster.apply(json.dumps(docs[0]))
-        new_uid = get_json(node_cluster, "gpuslice", "again", "-n", TENANT)["metadata"]["uid"]
-        assert new_uid != old["ownerReferences"][0]["uid"]
+        node_cluster.kubectl("delete", "gpuslice", "again", "-n", TENANT, "--wait=false")
 
         def status() -> dict[str, Any]:
-            return dict(get_json(node_cluster, "gpuslice", "again", "-n", TENANT).get("status") or {})
+            return dict((get_json(node_cluster, "gpuslice", "again", "-n", TENANT) or {}).get("status") or {})
 
-        st = wait_for(lambda: (s := status()).get("reason") and s, 60, "the new slice's status")
-        assert (st["phase"], st["reason"]) == ("Pending", "CreatingClaim"), st
-        assert "ResourceClaim again belongs to a deleted GpuSlice again" in st["message"], st["message"]
-        assert "pod again holds it" in st["message"], st["message"]
-        assert not st.get("allocations") and "gpuUUID" not in st, st
-        assert "MemoryIsolated" not in {c["type"] for c in st["conditions"]}
-        # the old claim's usage changes (a refused allocation): the agent must not report it here
-        rc, _, err = exec_in(node_cluster, "again", "gpuslice-probe", "alloc", "4Gi", "3Gi", "2Gi")
-        assert rc == 0, err
-        time.sleep(2 * DEV_USAGE_INTERVAL + 1)
-        assert "usage" not in status(), status()
+        st = wait_for(
+            lambda: (s := status()).get("phase") == "Releasing" and s, 60, "the slice to be Releasing"
+        )
+        assert st.get("heldBy") == ["again"], st
+        assert get_json(node_cluster, "gpuslice", "again", "-n", TENANT)["metadata"]["uid"] == old_slice
         assert get_json(node_cluster, "resourceclaim", "again", "-n", TENANT)["metadata"]["uid"] == old["uid"]
+        # still held, still the tenant's: the pod's GPU works as before
+        rc, _, err = exec_in(node_cluster, "again", "gpuslice-probe", "alloc", "1Gi")
+        assert rc == 0, err
 
-        delete(node_cluster, "pod", "again")  # the old claim goes with it; the new slice makes its own
+        delete(node_cluster, "pod", "again")  # the last consumer gone: the slice and its claim go
+        wait_for(
+            lambda: get_json(node_cluster, "gpuslice", "again", "-n", TENANT) is None, 60, "the slice to go"
+        )
+        node_cluster.apply(json.dumps(docs[0]))
+        new_uid = get_json(node_cluster, "gpuslice", "again", "-n", TENANT)["metadata"]["uid"]
+        assert new_uid != old_slice
         st = wait_for(lambda: (s := status()).get("reason") == "WaitingForPod" and s, 60, "its own claim")
         claim = get_json(node_cluster, "resourceclaim", "again", "-n", TENANT)["metadata"]
         assert claim["uid"] != old["uid"] and claim["ownerReferences"][0]["uid"] == new_uid
@@ -338,7 +340,7 @@ def test_a_recreated_slice_does_not_take_the_deleted_ones_claim(node_cluster: De
             lambda: (s := status()).get("phase") == "InUse" and "usage" in s and s, 60, "in use, with usage"
         )
         assert {c["type"]: c["status"] for c in st["conditions"]}["MemoryIsolated"] == "True"
-        assert st["usage"]["refusedAllocations"] == 0, st["usage"]  # its own claim's, not the old one's
+        assert st["usage"]["refusedAllocations"] == 0, st["usage"]
     finally:
         delete(node_cluster, "pod", "again")
         delete(node_cluster, "gpuslice", "again")
