@@ -3,14 +3,19 @@
  * driver chooses (fatbin.c): a cubin for the device's architecture, else PTX the simulated driver
  * can JIT, else CUDA_ERROR_NO_BINARY_FOR_GPU / CUDA_ERROR_UNSUPPORTED_PTX_VERSION. Functions are
  * found by name in the chosen cubin's symbol table or PTX's .entry list. Kernels are not executed:
- * each launch occupies the device for the module's duration (a PTX comment
- * `// gpuslice-fake: duration_us=N`, else 10 us) on the timeline NVML utilization is computed from.
+ * each launch occupies the device on the timeline NVML utilization is computed from, for the first
+ * rule of GPUSLICE_FAKE_KERNEL_TIME that names the function (a fixed time, or a time per thread of
+ * the launch's grid), else the module's duration (a PTX comment `// gpuslice-fake: duration_us=N`),
+ * else 10 us. Real compiled kernels (nvcc, NVRTC) carry no comment, so the variable is how a test
+ * gives them the time a GPU would take.
  * A module's variables (__device__, __constant__) get device memory of the module's context at the
  * load, charged to the card like an allocation and initialized from the image; the unload, or the
  * context's destruction, frees it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fnmatch.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +37,105 @@ static uint64_t duration_of(const void *image, size_t size)
     const char *tag = memmem(image, size, DURATION_TAG, strlen(DURATION_TAG));
     if (!tag) return DEFAULT_DURATION_NS;
     return strtoull(tag + strlen(DURATION_TAG), NULL, 10) * 1000ull;
+}
+
+/* GPUSLICE_FAKE_KERNEL_TIME: `GLOB=TIME[,GLOB=TIME...]`, TIME a number with ns, us, ms or s, or
+ * that per thread (`2ns/thread`: times blocks times threads per block of each launch). GLOB is an
+ * fnmatch(3) pattern over the function's name as the image names it (a C++ kernel's mangled name).
+ * Read at the first cuInit; a spec that cannot be read makes cuInit fail rather than time kernels
+ * other than the test asked. */
+#define KERNEL_TIME_ENV "GPUSLICE_FAKE_KERNEL_TIME"
+#define MAX_TIME_RULES 32
+struct time_rule {
+    char glob[256];
+    uint64_t ns;
+    int per_thread;
+};
+static struct time_rule time_rules[MAX_TIME_RULES];
+static int ntime_rules;
+static int time_rules_bad;
+static pthread_once_t time_rules_once = PTHREAD_ONCE_INIT;
+
+static int parse_time(const char *v, size_t len, uint64_t *ns, int *per_thread)
+{
+    char buf[64];
+    if (len == 0 || len >= sizeof(buf)) return -1;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    char *end = NULL;
+    errno = 0;
+    double n = strtod(buf, &end);
+    if (errno || end == buf || !(n >= 0) || n > 1e12) return -1;
+    static const struct {
+        const char *unit;
+        double ns;
+    } units[] = {{"ns", 1}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}};
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        size_t ul = strlen(units[i].unit);
+        if (strncmp(end, units[i].unit, ul) != 0) continue;
+        const char *rest = end + ul;
+        if (*rest && strcmp(rest, "/thread") != 0) continue;
+        *per_thread = *rest != '\0';
+        *ns = (uint64_t)(n * units[i].ns + 0.5);
+        return 0;
+    }
+    return -1;
+}
+
+static void load_time_rules(void)
+{
+    const char *spec = getenv(KERNEL_TIME_ENV);
+    if (!spec) return;
+    const char *p = spec;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        while (len && (*p == ' ' || *p == '\t')) p++, len--;
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        if (len) {
+            const char *eq = memrchr(p, '=', len);
+            struct time_rule r = {0};
+            size_t glen = eq ? (size_t)(eq - p) : 0;
+            if (!eq || glen == 0 || glen >= sizeof(r.glob) || ntime_rules == MAX_TIME_RULES ||
+                parse_time(eq + 1, len - glen - 1, &r.ns, &r.per_thread) != 0) {
+                fprintf(stderr,
+                        "fake NVIDIA driver: %s: cannot read \"%.*s\" (want GLOB=TIME, TIME like 200ms, 50us or "
+                        "2ns/thread; at most %d rules)\n",
+                        KERNEL_TIME_ENV, (int)len, p, MAX_TIME_RULES);
+                time_rules_bad = 1;
+                return;
+            }
+            memcpy(r.glob, p, glen);
+            time_rules[ntime_rules++] = r;
+        }
+        if (!comma) break;
+        p = comma + 1;
+    }
+}
+
+int fake_kernel_time_spec_ok(void)
+{
+    pthread_once(&time_rules_once, load_time_rules);
+    return !time_rules_bad;
+}
+
+/* The rule that times a function of that name, or -1 (its module's duration). */
+static int time_rule_of(const char *name)
+{
+    pthread_once(&time_rules_once, load_time_rules);
+    for (int i = 0; i < ntime_rules; i++)
+        if (fnmatch(time_rules[i].glob, name, 0) == 0) return i;
+    return -1;
+}
+
+uint64_t fake_kernel_duration(const struct CUfunc_st *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                              unsigned by, unsigned bz)
+{
+    if (f->time_rule < 0) return f->duration_ns;
+    const struct time_rule *r = &time_rules[f->time_rule];
+    if (!r->per_thread) return r->ns;
+    uint64_t threads = (uint64_t)gx * gy * gz * bx * by * bz;
+    return threads && r->ns > UINT64_MAX / threads ? UINT64_MAX : r->ns * threads;
 }
 
 /* Chooses what runs from a fatbin: the entry's data (decompressed) in *image, its kind in *kind. */
@@ -342,6 +446,7 @@ static CUresult new_function(struct CUfunc_st **out, CUmodule m, const char *nam
     if (!fn) return CUDA_ERROR_OUT_OF_MEMORY;
     fn->magic = magic;
     fn->duration_ns = m->duration_ns;
+    fn->time_rule = time_rule_of(name);
     fn->dev = m->dev;
     fn->mod = m;
     snprintf(fn->name, sizeof(fn->name), "%s", name);
@@ -702,8 +807,14 @@ CUresult occupy(CUdevice dev, uint64_t duration_ns)
     if (fake_health_cuda_error(dev)) return (CUresult)fake_health_cuda_error(dev); /* a failed card */
     uint64_t end = fake_record_busy(sys()->state[dev], duration_ns);
     uint64_t now = fake_now_ns();
-    if (end > now + QUEUE_AHEAD_NS) { /* the launch queue is full: block like the driver */
-        uint64_t wait = end - now - QUEUE_AHEAD_NS;
+    /* The launch queue is full: block like the driver, until the device is booked no more than
+     * QUEUE_AHEAD_NS ahead, but never past this kernel's own start: a kernel longer than that returns
+     * once it begins, and the stream's synchronization waits for the rest (as a driver's launch of
+     * one long kernel returns at once). */
+    uint64_t release = end - QUEUE_AHEAD_NS, start = end - duration_ns;
+    if (duration_ns > QUEUE_AHEAD_NS) release = start;
+    if (end > now + QUEUE_AHEAD_NS && release > now) {
+        uint64_t wait = release - now;
         struct timespec ts = {.tv_sec = (time_t)(wait / 1000000000ull), .tv_nsec = (long)(wait % 1000000000ull)};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
@@ -723,11 +834,11 @@ static CUresult launch_on(CUstream s, CUfunction f, unsigned gx, unsigned gy, un
     if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD && s->capturing) {
         struct CUgraphNode_st *n = fake_graph_node(s->capture_graph, CU_GRAPH_NODE_TYPE_KERNEL);
         if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
-        n->duration_ns = f->duration_ns;
-        s->capture_graph->duration_ns += f->duration_ns;
+        n->duration_ns = fake_kernel_duration(f, gx, gy, gz, bx, by, bz);
+        s->capture_graph->duration_ns += n->duration_ns;
         return CUDA_SUCCESS;
     }
-    return occupy(current_ctx->dev, f->duration_ns);
+    return occupy(current_ctx->dev, fake_kernel_duration(f, gx, gy, gz, bx, by, bz));
 }
 
 FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,

@@ -204,6 +204,7 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags)
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     fake_system *s = sys();
     if (s == NULL) return CUDA_ERROR_NO_DEVICE;
+    if (!fake_kernel_time_spec_ok()) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&primary_lock);
     if (!atomic_load(&initialized)) fake_cuda_select_devices(s); /* MIG devices, CUDA_VISIBLE_DEVICES */
     if (!atomic_load(&initialized))
@@ -1096,10 +1097,12 @@ FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const
     (void)ndeps;
     CHECK_INIT();
     if (!node || !g || !p || !p->func || p->func->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
-    g->duration_ns += p->func->duration_ns;
+    uint64_t d = fake_kernel_duration(p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                      p->blockDimZ);
+    g->duration_ns += d;
     *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_KERNEL);
     if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
-    (*node)->duration_ns = p->func->duration_ns;
+    (*node)->duration_ns = d;
     return CUDA_SUCCESS;
 }
 

@@ -82,7 +82,8 @@ struct CUmod_st {
 /* Functions and kernels (a CUkernel may be passed where a CUfunction is expected: same head). */
 struct CUfunc_st {
     int magic;
-    uint64_t duration_ns;
+    uint64_t duration_ns; /* its module's */
+    int time_rule;        /* the GPUSLICE_FAKE_KERNEL_TIME rule naming it, or -1 */
     CUdevice dev;
     struct CUmod_st *mod;
     char name[256];
@@ -214,6 +215,12 @@ void wait_device_idle(CUdevice dev);
 void pools_release(CUdevice dev);
 /* The device a stream works on (the legacy and per-thread handles: the current context's). */
 CUresult stream_dev(CUstream s, CUdevice *dev);
+/* How long a launch of f with that grid keeps the device busy (GPUSLICE_FAKE_KERNEL_TIME, else its
+ * module's duration). */
+uint64_t fake_kernel_duration(const struct CUfunc_st *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                              unsigned by, unsigned bz);
+/* 0 when GPUSLICE_FAKE_KERNEL_TIME is set and cannot be read (cuInit then fails). */
+int fake_kernel_time_spec_ok(void);
 /* Books `duration_ns` on the device's timeline; blocks when the launch queue is full. */
 CUresult occupy(CUdevice dev, uint64_t duration_ns);
 
