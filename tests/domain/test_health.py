@@ -162,3 +162,11 @@ def test_drain_rules_select_the_pool_or_each_device_of_the_card() -> None:
     assert {r["spec"]["taint"]["effect"] for r in card} == {"NoExecute"}
     assert all(r["metadata"]["labels"][drains.LABEL_DRAIN_GPU] == "GPU-0" for r in card)
     assert len({r["metadata"]["name"] for r in card}) == 2
+
+
+def test_a_lost_card_gets_the_same_taint_whichever_path_sees_it_first() -> None:
+    # XID 79 arrives on the event thread; the NVML probe may see the card lost before it is delivered.
+    xid_first = h.after_probe(h.after_xid(HEALTHY, 79, T0), Probe(lost=True), T1)
+    probe_first = h.after_xid(h.after_probe(HEALTHY, Probe(lost=True), T0), 79, T1)
+    assert h.taint(probe_first) == h.taint(xid_first) == _taint("xid-79", "NoExecute")
+    assert probe_first.since == T0, "the eviction began when the card was first seen lost"

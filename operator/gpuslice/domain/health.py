@@ -120,6 +120,10 @@ def after_xid(h: CardHealth, xid: int, now: str) -> CardHealth:
     if cls is XidClass.FATAL:
         if xid == XID_LOST and h.condition is not Condition.LOST:
             return CardHealth(Condition.LOST, xid, h.since if h.condition is Condition.FAILED else now)
+        if xid == XID_LOST and h.xid is None:
+            # the probe saw the card lost before the event thread delivered its XID: the cause is
+            # now known, so the taint names it as when the XID comes first (same since: same eviction)
+            return dataclasses.replace(h, xid=xid)
         if h.condition in (Condition.FAILED, Condition.LOST):
             return h  # the first failure stands (its taint's time is when the eviction began)
         return CardHealth(Condition.FAILED, xid, now)
