@@ -70,7 +70,6 @@ class Demo:
         )
         #: what the API server serves, read once the operator runs (`platform_step`)
         self.platform: features.Platform | None = None
-        self.skipped: dict[str, str] = {}
         self.nodes = nodes
         self.spec = f"{gpus_per_node}x {GPU_MODEL}"
         self.step_no = 0
@@ -188,7 +187,7 @@ class Demo:
 
     def playable(self, lesson: str, title: str) -> bool:
         """False (and says why, as a step) where this Kubernetes cannot play `lesson`."""
-        why = self.skipped.get(lesson)
+        why = lessons_skipped(self.platform).get(lesson) if self.platform is not None else None
         if why is None:
             return True
         self.step(f"Not on Kubernetes {self.cluster.kubernetes}: {title}")
@@ -216,7 +215,6 @@ class Demo:
             gate = f" ({f.gate})" if f.gate else ""
             self.show(f"{mark} {f.name}{gate}" + ("" if f.on else f": {f.reason}"))
         self.platform = platform
-        self.skipped = lessons_skipped(platform)
 
     def setup(self) -> None:
         from gpuslice_dev.devcluster.node_agents import start_agents

@@ -31,7 +31,7 @@ from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.api.resourceslice import PublishedSlice, newest_generation, parse_resource_slices
 from gpuslice.domain.entitlement_use import entitlement_use
 from gpuslice.domain.health import tainted_effect
-from gpuslice.usage import context_namespace
+from gpuslice.usage import add_namespace_arguments, namespace_of
 
 GIB = 1024**3
 
@@ -463,7 +463,7 @@ async def snapshot(args: argparse.Namespace, namespace: str | None) -> View:
 
 
 def run(args: argparse.Namespace) -> int:
-    namespace = None if args.all_namespaces else (args.namespace or context_namespace(args.kubeconfig))
+    namespace = namespace_of(args)
     clear = args.watch and sys.stdout.isatty()
     while True:
         text = render(asyncio.run(snapshot(args, namespace)), args.output)
@@ -484,11 +484,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument(
-        "-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)"
-    )
-    where.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace you may read")
+    add_namespace_arguments(p)
     p.add_argument(
         "--prometheus",
         default=None,

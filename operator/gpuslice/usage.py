@@ -80,6 +80,20 @@ def period(args: argparse.Namespace, now: datetime) -> tuple[datetime, datetime]
     return since, min(until, now)
 
 
+def add_namespace_arguments(p: argparse.ArgumentParser) -> None:
+    """-n/--namespace or -A/--all-namespaces, as kubectl takes them (`namespace_of` reads them)."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)"
+    )
+    where.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace you may read")
+
+
+def namespace_of(args: argparse.Namespace) -> str | None:
+    """The namespace `add_namespace_arguments` asked for; None for every namespace."""
+    return None if args.all_namespaces else (args.namespace or context_namespace(args.kubeconfig))
+
+
 def context_namespace(kubeconfig: str | None) -> str:
     """The kubeconfig context's namespace, as kubectl takes it; `default` without one."""
     path = (
@@ -331,7 +345,7 @@ def render(
 def run(args: argparse.Namespace, now: datetime | None = None) -> str:
     now = now or datetime.now(UTC).replace(microsecond=0)
     since, until = period(args, now)
-    namespace = None if args.all_namespaces else (args.namespace or context_namespace(args.kubeconfig))
+    namespace = namespace_of(args)
     months = months_between(since, until - timedelta(seconds=1))  # until is exclusive
     found, products, entitled = asyncio.run(fetch(args.kubeconfig, namespace, months))
     rows = intervals_of(found)
@@ -356,11 +370,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument(
-        "-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)"
-    )
-    where.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace you may read")
+    add_namespace_arguments(p)
     p.add_argument(
         "--month", default=None, metavar="YYYY-MM", help="a UTC calendar month (default: this one)"
     )

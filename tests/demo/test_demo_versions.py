@@ -4,22 +4,14 @@ decides it)."""
 
 from __future__ import annotations
 
+from domain.test_features import ALL_SERVED, facts
 from gpuslice.domain import features as f
-from gpuslice.domain.features import PlatformFacts, decide
+from gpuslice.domain.features import decide
 from gpuslice_dev.demo import lessons_skipped
-
-ALL_SERVED = frozenset({f.MUTATING_POLICIES, f.VALIDATING_POLICIES, f.DEVICE_TAINT_RULES, f.RESOURCE_SLICES})
 
 
 def platform(version: str, **kw: object) -> f.Platform:
-    base: dict[str, object] = {
-        "served": ALL_SERVED,
-        "dropped_slice_fields": (),
-        "dropped_taints": (),
-        "extended_resource_kept": True,
-    }
-    base.update(kw)
-    return decide(PlatformFacts(git_version=version, **base))  # type: ignore[arg-type]
+    return decide(facts(version, **kw))
 
 
 def test_1_37_and_1_36_play_every_lesson() -> None:

@@ -13,39 +13,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuslice_dev.devcluster import prometheus as prom
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
 from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
+from monitoring.test_prometheus import MONITORING, REPO, _docs, _rules_without_for
 from node.node_cluster import GPU_SPEC, TENANT
 from node.test_isolation_node import NODE, _release, bypass_pod, gpu_holder  # noqa: F401 (a fixture)
 from support import apply, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 
-REPO = Path(__file__).resolve().parents[2]
-MONITORING = REPO / "manifests/components/monitoring"
 GIB = 1024**3
-
-
-def _docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def _rules_without_for(work: Path) -> Path:
-    (rule,) = _docs(MONITORING / "prometheusrule.yaml")
-    groups = rule["spec"]["groups"]
-    for group in groups:
-        for r in group["rules"]:
-            r.pop("for", None)
-    path = work / "rules.yaml"
-    path.write_text(yaml.safe_dump({"groups": groups}))
-    return path
 
 
 @pytest.fixture(scope="module")

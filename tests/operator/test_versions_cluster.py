@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,19 +94,22 @@ def test_the_package_names_the_version_and_each_feature_it_cannot_have(
     assert operator.alive(), operator.tail()
 
 
-@pytest.fixture(scope="module")
-def taints_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """The suite's minor, with the platform's DRADeviceTaints (and its dependant) turned off."""
-    dc = DevCluster(
-        tmp_path_factory.mktemp("taints-off"),
-        progress=lambda m: print(f"[taints-off] {m}", file=sys.stderr),
-        extra_feature_gates=TAINTS_OFF,
-    )
+@contextmanager
+def control_plane(factory: pytest.TempPathFactory, name: str, **kw: Any) -> Iterator[DevCluster]:
+    """A control plane of its own (no nodes) beside the suite's, for the module; `kw` for DevCluster."""
+    dc = DevCluster(factory.mktemp(name), progress=lambda m: print(f"[{name}] {m}", file=sys.stderr), **kw)
     try:
         dc.up(nodes=0)
         yield dc
     finally:
         dc.down()
+
+
+@pytest.fixture(scope="module")
+def taints_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """The suite's minor, with the platform's DRADeviceTaints (and its dependant) turned off."""
+    with control_plane(tmp_path_factory, "taints-off", extra_feature_gates=TAINTS_OFF) as dc:
+        yield dc
 
 
 def test_a_platform_that_turned_device_taints_off_is_told_and_nothing_crashes(
@@ -195,16 +199,8 @@ def test_where_device_taints_are_dropped_an_unhealthy_card_is_left_out_of_the_po
 def emulating_1_34(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """A kube-apiserver that serves 1.34 (`--emulated-version`): its binary is the suite's minor, its
     APIs and gates are 1.34's, as on a platform that has not upgraded."""
-    dc = DevCluster(
-        tmp_path_factory.mktemp("emulated-1.34"),
-        progress=lambda m: print(f"[emulated-1.34] {m}", file=sys.stderr),
-        emulated_version="1.34",
-    )
-    try:
-        dc.up(nodes=0)
+    with control_plane(tmp_path_factory, "emulated-1.34", emulated_version="1.34") as dc:
         yield dc
-    finally:
-        dc.down()
 
 
 def test_an_api_server_emulating_an_unsupported_minor_is_named_and_nothing_crashes(
