@@ -71,6 +71,23 @@ TORCH = [
 #: An NVML monitor as `pip install nvitop` brings it: the tool, the NVML bindings it takes (the newest
 #: it accepts) and psutil.
 NVITOP = [("nvitop", "1.7.2"), ("nvidia-ml-py", "13.615.71"), ("psutil", "7.2.2")]
+#: numba-cuda as `pip install numba-cuda` brings it (numba, llvmlite, NVIDIA's driver bindings and
+#: cuda-core, the newest each accepts) and NVVM with libdevice from the nvcc 12.9 wheel, which it
+#: compiles kernels with, and the runtime and NVRTC (NUMBA_CUDA_LIBS). No nvJitLink: numba-cuda
+#: then links kernels and `link=` files with the driver's own linker (cuLinkCreate ...), through
+#: cuda-core.
+NUMBA_CUDA = [
+    ("numba-cuda", "0.30.4"),
+    ("numba", "0.68.1"),
+    ("llvmlite", "0.50.0"),
+    ("cuda-bindings", "12.9.10"),
+    ("cuda-core", "1.2.2"),
+    ("cuda-pathfinder", "1.9.1"),
+    ("packaging", "26.4"),
+    ("numpy", "2.3.5"),
+]
+NVCC12 = ("nvidia-cuda-nvcc-cu12", "12.9.86")
+NUMBA_CUDA_LIBS = [CUDART12, ("nvidia-cuda-nvrtc-cu12", "12.9.86")]
 #: The simulated driver branch each runtime runs on: 535 (CUDA 12.2) for CUDA 12; 580 (CUDA 13.0), the
 #: first that starts a CUDA 13 runtime, for CUDA 13.
 DRIVER_FOR = {12: "535", 13: "580"}
@@ -126,6 +143,20 @@ def cupy_kernels_env(t: Tenant) -> dict[str, str]:
     return {
         "PYTHONPATH": cupy_pythonpath(),
         "CUDA_PATH": str(ensure_unpacked(*CUDART12) / "nvidia" / "cuda_runtime"),
+        "LD_LIBRARY_PATH": os.pathsep.join([*libs, driver] if driver else libs),
+    }
+
+
+def numba_cuda_env(t: Tenant) -> dict[str, str]:
+    """numba-cuda's unpacked wheels on PYTHONPATH; the CUDA toolkit it finds NVVM and libdevice in
+    (`CUDA_HOME/nvvm/...`, as an image with the toolkit installed has them): the nvcc wheel's; and
+    the runtime it asks its version and NVRTC it asks the architectures (12.9, as its `cu12` extra
+    brings them) on the loader's path ahead of the driver's."""
+    libs = [str(d) for wheel in NUMBA_CUDA_LIBS for d in (ensure_unpacked(*wheel) / "nvidia").glob("*/lib")]
+    driver = t.env().get("LD_LIBRARY_PATH", "")
+    return {
+        "PYTHONPATH": os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in NUMBA_CUDA),
+        "CUDA_HOME": str(ensure_unpacked(*NVCC12) / "nvidia" / "cuda_nvcc"),
         "LD_LIBRARY_PATH": os.pathsep.join([*libs, driver] if driver else libs),
     }
 
