@@ -1,8 +1,9 @@
 /*
  * Graph nodes, user objects and the graph queries of the fake libcuda.so.1 beyond memory nodes
- * (fake_cuda.c): nodes are recorded with their type (a kernel node adds its function's duration to
- * every launch of the graph), listed by cuGraphGetNodes, cloned with the graph. Memcpy and memset
- * nodes are recorded but not replayed (what stream capture records is run when submitted).
+ * (fake_cuda.c): nodes are recorded with their type and how many dependencies they have (a kernel
+ * node adds its function's duration to every launch of the graph; a child graph node its graph's
+ * duration, copies and, moved in, its memory nodes), listed by cuGraphGetNodes (roots: no
+ * dependencies), cloned with the graph. Copy and memset nodes are replayed at each launch.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -32,24 +33,64 @@ struct CUgraphNode_st *fake_graph_node(struct CUgraph_st *g, CUgraphNodeType typ
 void fake_graph_free(struct CUgraph_st *g)
 {
     if (!g) return;
-    for (size_t i = 0; i < g->nnodes; i++) free(g->nodes[i]);
+    for (size_t i = 0; i < g->nnodes; i++) {
+        fake_graph_free(g->nodes[i]->child);
+        free(g->nodes[i]);
+    }
     free(g->nodes);
     free(g);
 }
 
-static CUresult add_node(CUgraphNode *node, CUgraph g, CUgraphNodeType type)
+static int in_graph(const struct CUgraph_st *g, const struct CUgraphNode_st *n)
+{
+    for (size_t i = 0; n && i < g->nnodes; i++)
+        if (g->nodes[i] == n) return 1;
+    return 0;
+}
+
+CUresult fake_graph_deps(struct CUgraph_st *g, struct CUgraphNode_st *node, const CUgraphNode *deps, size_t n)
+{
+    if (n && !deps) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < n; i++)
+        if (!in_graph(g, deps[i]) || deps[i] == node) return CUDA_ERROR_INVALID_VALUE;
+    if (node) node->nin += n;
+    return CUDA_SUCCESS;
+}
+
+struct CUgraph_st *fake_graph_clone(const struct CUgraph_st *g)
+{
+    struct CUgraph_st *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    c->duration_ns = g->duration_ns;
+    c->mem_bytes = g->mem_bytes;
+    for (size_t i = 0; i < g->nnodes; i++) {
+        struct CUgraphNode_st *n = fake_graph_node(c, g->nodes[i]->type);
+        if (!n) goto oom;
+        *n = *g->nodes[i]; /* its type, duration, memory, copy or fill and dependency count */
+        n->graph = c;
+        n->child = NULL;
+        if (g->nodes[i]->child && !(n->child = fake_graph_clone(g->nodes[i]->child))) goto oom;
+        if (n->child) n->child->owned = 1;
+    }
+    return c;
+oom:
+    fake_graph_free(c);
+    return NULL;
+}
+
+static CUresult add_node(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUgraphNodeType type)
 {
     CHECK_INIT();
-    if (!node || !g) return CUDA_ERROR_INVALID_VALUE;
+    if (!node || !g || fake_graph_deps(g, NULL, deps, ndeps) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
     *node = fake_graph_node(g, type);
-    return *node ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->nin = ndeps;
+    return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps)
 {
-    (void)deps;
-    (void)ndeps;
-    return add_node(node, g, CU_GRAPH_NODE_TYPE_EMPTY);
+    return add_node(node, g, deps, ndeps, CU_GRAPH_NODE_TYPE_EMPTY);
 }
 
 FAKE_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
@@ -74,28 +115,22 @@ FAKE_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CU
 FAKE_EXPORT CUresult cuGraphAddHostNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                         const CUDA_HOST_NODE_PARAMS *p)
 {
-    (void)deps;
-    (void)ndeps;
     if (!p || !p->fn) return CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, g, CU_GRAPH_NODE_TYPE_HOST);
+    return add_node(node, g, deps, ndeps, CU_GRAPH_NODE_TYPE_HOST);
 }
 
 FAKE_EXPORT CUresult cuGraphAddEventRecordNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                                CUevent e)
 {
-    (void)deps;
-    (void)ndeps;
     if (!e) return CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, g, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+    return add_node(node, g, deps, ndeps, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
 }
 
 FAKE_EXPORT CUresult cuGraphAddEventWaitNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                              CUevent e)
 {
-    (void)deps;
-    (void)ndeps;
     if (!e) return CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, g, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+    return add_node(node, g, deps, ndeps, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
 }
 
 FAKE_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
@@ -106,7 +141,6 @@ FAKE_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
     return CUDA_SUCCESS;
 }
 
-/* Nodes are kept without edges: every node is a root, as if each were added without dependencies. */
 static CUresult list_nodes(CUgraph g, CUgraphNode *nodes, size_t *n)
 {
     CHECK_INIT();
@@ -129,28 +163,28 @@ FAKE_EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n)
 
 FAKE_EXPORT CUresult cuGraphGetRootNodes(CUgraph g, CUgraphNode *nodes, size_t *n)
 {
-    return list_nodes(g, nodes, n);
+    CHECK_INIT();
+    if (!g || !n) return CUDA_ERROR_INVALID_VALUE;
+    size_t k = 0;
+    for (size_t i = 0; i < g->nnodes; i++) {
+        if (g->nodes[i]->nin) continue;
+        if (nodes && k < *n) nodes[k] = g->nodes[i];
+        k++;
+    }
+    if (nodes) {
+        for (size_t i = k; i < *n; i++) nodes[i] = NULL;
+        if (k > *n) k = *n;
+    }
+    *n = k;
+    return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph g)
 {
     CHECK_INIT();
-    if (!clone || !g) return CUDA_ERROR_INVALID_VALUE;
-    struct CUgraph_st *c = calloc(1, sizeof(*c));
-    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    c->duration_ns = g->duration_ns;
-    c->mem_bytes = g->mem_bytes;
-    for (size_t i = 0; i < g->nnodes; i++) {
-        struct CUgraphNode_st *n = fake_graph_node(c, g->nodes[i]->type);
-        if (!n) {
-            fake_graph_free(c);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        n->duration_ns = g->nodes[i]->duration_ns;
-        n->mem_bytes = g->nodes[i]->mem_bytes;
-    }
-    *clone = c;
-    return CUDA_SUCCESS;
+    if (!clone || !g || g->owned) return CUDA_ERROR_INVALID_VALUE;
+    *clone = fake_graph_clone(g);
+    return *clone ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 FAKE_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info)
@@ -343,17 +377,55 @@ void fake_graph_op_run(const struct CUgraphNode_st *op)
     }
 }
 
-CUresult fake_graph_exec_take_ops(struct CUgraphExec_st *x, const struct CUgraph_st *g)
+static int is_op(const struct CUgraphNode_st *n)
+{
+    return n->type == CU_GRAPH_NODE_TYPE_MEMCPY || n->type == CU_GRAPH_NODE_TYPE_MEMSET;
+}
+
+static size_t count_ops(const struct CUgraph_st *g)
 {
     size_t n = 0;
-    for (size_t i = 0; i < g->nnodes; i++)
-        n += g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMCPY || g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMSET;
+    for (size_t i = 0; i < g->nnodes; i++) n += is_op(g->nodes[i]) + (g->nodes[i]->child ? count_ops(g->nodes[i]->child) : 0);
+    return n;
+}
+
+static void take_ops(struct CUgraphExec_st *x, const struct CUgraph_st *g)
+{
+    for (size_t i = 0; i < g->nnodes; i++) {
+        if (is_op(g->nodes[i])) x->ops[x->nops++] = *g->nodes[i];
+        if (g->nodes[i]->child) take_ops(x, g->nodes[i]->child);
+    }
+}
+
+CUresult fake_graph_exec_take_ops(struct CUgraphExec_st *x, const struct CUgraph_st *g)
+{
+    size_t n = count_ops(g), k = 0;
+    for (size_t i = 0; i < g->nnodes; i++) k += g->nodes[i]->type == CU_GRAPH_NODE_TYPE_KERNEL;
     x->ops = n ? calloc(n, sizeof(*x->ops)) : NULL;
-    if (n && !x->ops) return CUDA_ERROR_OUT_OF_MEMORY;
+    x->knodes = k ? calloc(k, sizeof(*x->knodes)) : NULL;
+    x->kdur = k ? calloc(k, sizeof(*x->kdur)) : NULL;
+    if ((n && !x->ops) || (k && (!x->knodes || !x->kdur))) {
+        fake_graph_exec_free_ops(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    take_ops(x, g);
     for (size_t i = 0; i < g->nnodes; i++)
-        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMCPY || g->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEMSET)
-            x->ops[x->nops++] = *g->nodes[i];
+        if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+            x->knodes[x->nk] = g->nodes[i];
+            x->kdur[x->nk++] = g->nodes[i]->duration_ns;
+        }
     return CUDA_SUCCESS;
+}
+
+void fake_graph_exec_free_ops(struct CUgraphExec_st *x)
+{
+    free(x->ops);
+    free(x->knodes);
+    free(x->kdur);
+    x->ops = NULL;
+    x->knodes = NULL;
+    x->kdur = NULL;
+    x->nops = x->nk = 0;
 }
 
 static char *memcpy3d_ptr(CUmemorytype t, const void *host, CUdeviceptr dev)
@@ -364,11 +436,9 @@ static char *memcpy3d_ptr(CUmemorytype t, const void *host, CUdeviceptr dev)
 FAKE_EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                           const CUDA_MEMCPY3D *p, CUcontext ctx)
 {
-    (void)deps;
-    (void)ndeps;
     (void)ctx;
     CHECK_INIT();
-    if (!node || !g || !p) return CUDA_ERROR_INVALID_VALUE;
+    if (!node || !g || !p || fake_graph_deps(g, NULL, deps, ndeps) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
     if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY || p->Depth > 1)
         return CUDA_ERROR_NOT_SUPPORTED; /* arrays and 3D copies are not modeled */
     char *dst = memcpy3d_ptr(p->dstMemoryType, p->dstHost, p->dstDevice);
@@ -376,6 +446,7 @@ FAKE_EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CU
     if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
     *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEMCPY);
     if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->nin = ndeps;
     set_op(*node, dst + p->dstY * p->dstPitch + p->dstXInBytes, src + p->srcY * p->srcPitch + p->srcXInBytes,
            p->WidthInBytes, p->Height, p->dstPitch, p->srcPitch, NULL, 1);
     return CUDA_SUCCESS;
@@ -384,14 +455,214 @@ FAKE_EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph g, const CU
 FAKE_EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                           const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx)
 {
-    (void)deps;
-    (void)ndeps;
     (void)ctx;
     CHECK_INIT();
-    if (!node || !g || !p || !p->dst || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4))
+    if (!node || !g || !p || !p->dst || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4) ||
+        fake_graph_deps(g, NULL, deps, ndeps) != CUDA_SUCCESS)
         return CUDA_ERROR_INVALID_VALUE;
     *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEMSET);
     if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->nin = ndeps;
     set_op(*node, (char *)(uintptr_t)p->dst, NULL, p->width, p->height, p->pitch, 0, &p->value, p->elementSize);
     return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- child graphs, the generic node API */
+
+static CUresult add_child(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps, CUgraph child,
+                          CUgraphChildGraphNodeOwnership ownership)
+{
+    CHECK_INIT();
+    if (!node || !g || !child || child == g || child->owned || fake_graph_deps(g, NULL, deps, ndeps))
+        return CUDA_ERROR_INVALID_VALUE;
+    int move = ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    if (!move && ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) return CUDA_ERROR_INVALID_VALUE;
+    /* A graph with memory nodes can only be moved in (cuda.h, CUDA_CHILD_GRAPH_NODE_PARAMS). */
+    if (!move && child->mem_bytes) return CUDA_ERROR_NOT_SUPPORTED;
+    for (size_t i = 0; !move && i < child->nnodes; i++)
+        if (child->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || child->nodes[i]->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+            return CUDA_ERROR_NOT_SUPPORTED;
+    struct CUgraph_st *c = move ? child : fake_graph_clone(child);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_GRAPH);
+    if (!*node) {
+        if (!move) fake_graph_free(c);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    c->owned = 1;
+    (*node)->child = c;
+    (*node)->nin = ndeps;
+    (*node)->duration_ns = c->duration_ns;
+    (*node)->mem_bytes = c->mem_bytes;
+    g->duration_ns += c->duration_ns;
+    g->mem_bytes += c->mem_bytes;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                              CUgraph child)
+{
+    return add_child(node, g, deps, ndeps, child, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE);
+}
+
+FAKE_EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *child)
+{
+    CHECK_INIT();
+    if (!node || !child || node->type != CU_GRAPH_NODE_TYPE_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    *child = node->child;
+    return CUDA_SUCCESS;
+}
+
+static int zero(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i]) return 0;
+    return 1;
+}
+
+/* cuGraphAddNode: each node type through the call of its own; the types the double does not model
+ * (external semaphores, batch memory operations, conditionals) answer CUDA_ERROR_NOT_SUPPORTED. */
+FAKE_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                       const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *p)
+{
+    CHECK_INIT();
+    if (!node || !g || !p || !zero(p->reserved0, sizeof(p->reserved0)) || p->reserved2) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; edges && i < ndeps; i++) /* only the default edge is modeled */
+        if (edges[i].type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT || edges[i].from_port || edges[i].to_port)
+            return CUDA_ERROR_NOT_SUPPORTED;
+    switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_EMPTY: return cuGraphAddEmptyNode(node, g, deps, ndeps);
+    case CU_GRAPH_NODE_TYPE_KERNEL: {
+        CUfunction f = p->kernel.func;
+        if (!f && p->kernel.kern && cuKernelGetFunction(&f, p->kernel.kern) != CUDA_SUCCESS)
+            return CUDA_ERROR_INVALID_VALUE;
+        CUDA_KERNEL_NODE_PARAMS k;
+        memset(&k, 0, sizeof(k));
+        k.func = f;
+        k.gridDimX = p->kernel.gridDimX;
+        k.gridDimY = p->kernel.gridDimY;
+        k.gridDimZ = p->kernel.gridDimZ;
+        k.blockDimX = p->kernel.blockDimX;
+        k.blockDimY = p->kernel.blockDimY;
+        k.blockDimZ = p->kernel.blockDimZ;
+        k.sharedMemBytes = p->kernel.sharedMemBytes;
+        k.kernelParams = p->kernel.kernelParams;
+        k.extra = p->kernel.extra;
+        return cuGraphAddKernelNode_v2(node, g, deps, ndeps, &k);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+        if (p->memcpy.flags || p->memcpy.reserved) return CUDA_ERROR_INVALID_VALUE;
+        return cuGraphAddMemcpyNode(node, g, deps, ndeps, &p->memcpy.copyParams, p->memcpy.copyCtx);
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+        CUDA_MEMSET_NODE_PARAMS m = {.dst = p->memset.dst,
+                                     .pitch = p->memset.pitch,
+                                     .value = p->memset.value,
+                                     .elementSize = p->memset.elementSize,
+                                     .width = p->memset.width,
+                                     .height = p->memset.height};
+        return cuGraphAddMemsetNode(node, g, deps, ndeps, &m, p->memset.ctx);
+    }
+    case CU_GRAPH_NODE_TYPE_HOST: {
+        CUDA_HOST_NODE_PARAMS h = {.fn = p->host.fn, .userData = p->host.userData};
+        return cuGraphAddHostNode(node, g, deps, ndeps, &h);
+    }
+    case CU_GRAPH_NODE_TYPE_GRAPH: return add_child(node, g, deps, ndeps, p->graph.graph, p->graph.ownership);
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT: return cuGraphAddEventWaitNode(node, g, deps, ndeps, p->eventWait.event);
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return cuGraphAddEventRecordNode(node, g, deps, ndeps, p->eventRecord.event);
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+        CUDA_MEM_ALLOC_NODE_PARAMS a = {.poolProps = p->alloc.poolProps,
+                                        .accessDescs = p->alloc.accessDescs,
+                                        .accessDescCount = p->alloc.accessDescCount,
+                                        .bytesize = p->alloc.bytesize};
+        CUresult rc = cuGraphAddMemAllocNode(node, g, deps, ndeps, &a);
+        if (rc == CUDA_SUCCESS) p->alloc.dptr = a.dptr;
+        return rc;
+    }
+    case CU_GRAPH_NODE_TYPE_MEM_FREE: return cuGraphAddMemFreeNode(node, g, deps, ndeps, p->free.dptr);
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+}
+
+FAKE_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                    CUgraphNodeParams *p)
+{
+    return cuGraphAddNode_v2(node, g, deps, NULL, ndeps, p);
+}
+
+FAKE_EXPORT CUresult cuGraphAddDependencies_v2(CUgraph g, const CUgraphNode *from, const CUgraphNode *to,
+                                               const CUgraphEdgeData *edges, size_t n)
+{
+    CHECK_INIT();
+    if (!g || (n && (!from || !to))) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < n; i++) {
+        if (!in_graph(g, from[i]) || !in_graph(g, to[i]) || from[i] == to[i]) return CUDA_ERROR_INVALID_VALUE;
+        if (edges && (edges[i].type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT || edges[i].from_port || edges[i].to_port))
+            return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    for (size_t i = 0; i < n; i++) to[i]->nin++;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphAddDependencies(CUgraph g, const CUgraphNode *from, const CUgraphNode *to, size_t n)
+{
+    return cuGraphAddDependencies_v2(g, from, to, NULL, n);
+}
+
+/* ---------------------------------------------------------------- kernel node parameters */
+
+static CUresult kernel_duration(const CUDA_KERNEL_NODE_PARAMS *p, uint64_t *d)
+{
+    if (!p || !p->func || p->func->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    *d = fake_kernel_duration(p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ);
+    return CUDA_SUCCESS;
+}
+
+/* A graph's kernel node takes new parameters: its function and grid set its duration from then on. */
+FAKE_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CHECK_INIT();
+    uint64_t d;
+    if (!node || node->type != CU_GRAPH_NODE_TYPE_KERNEL || kernel_duration(p, &d)) return CUDA_ERROR_INVALID_VALUE;
+    node->graph->duration_ns = node->graph->duration_ns - node->duration_ns + d;
+    node->duration_ns = d;
+    return CUDA_SUCCESS;
+}
+
+/* An executable graph's kernel node takes new parameters, the graph it came from unchanged. */
+FAKE_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CHECK_INIT();
+    uint64_t d;
+    if (!e || !node || node->type != CU_GRAPH_NODE_TYPE_KERNEL || kernel_duration(p, &d)) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < e->nk; i++)
+        if (e->knodes[i] == node) {
+            e->duration_ns = e->duration_ns - e->kdur[i] + d;
+            e->kdur[i] = d;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE; /* not a node of the graph it was instantiated from */
+}
+
+/* ---------------------------------------------------------------- capture into an existing graph */
+
+FAKE_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                                 const CUgraphEdgeData *edges, size_t ndeps, CUstreamCaptureMode mode)
+{
+    (void)mode;
+    (void)edges;
+    CHECK_INIT();
+    if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!g || g->owned || fake_graph_deps(g, NULL, deps, ndeps)) return CUDA_ERROR_INVALID_VALUE;
+    if (s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    s->capture_graph = g; /* cuStreamEndCapture hands back this same graph */
+    s->capturing = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                                      const CUgraphEdgeData *edges, size_t ndeps,
+                                                      CUstreamCaptureMode mode)
+{
+    return cuStreamBeginCaptureToGraph(s, g, deps, edges, ndeps, mode);
 }

@@ -1093,27 +1093,25 @@ FAKE_EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
 FAKE_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                              const CUDA_KERNEL_NODE_PARAMS *p)
 {
-    (void)deps;
-    (void)ndeps;
     CHECK_INIT();
-    if (!node || !g || !p || !p->func || p->func->magic != FUNC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    if (!node || !g || !p || !p->func || p->func->magic != FUNC_MAGIC || fake_graph_deps(g, NULL, deps, ndeps))
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t d = fake_kernel_duration(p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
                                       p->blockDimZ);
     g->duration_ns += d;
     *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_KERNEL);
     if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
     (*node)->duration_ns = d;
+    (*node)->nin = ndeps;
     return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                             CUDA_MEM_ALLOC_NODE_PARAMS *p)
 {
-    (void)deps;
-    (void)ndeps;
     CHECK_INIT();
     if (!node || !g || !p || p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-        !valid_dev(p->poolProps.location.id))
+        !valid_dev(p->poolProps.location.id) || g->owned || fake_graph_deps(g, NULL, deps, ndeps))
         return CUDA_ERROR_INVALID_VALUE;
     void *va = mmap(NULL, rounded(p->bytesize), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                     -1, 0);
@@ -1123,18 +1121,18 @@ FAKE_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const 
     *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
     if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
     (*node)->mem_bytes = p->bytesize;
+    (*node)->nin = ndeps;
     return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                            CUdeviceptr dptr)
 {
-    (void)deps;
-    (void)ndeps;
     CHECK_INIT();
-    if (!node || !g || !dptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!node || !g || !dptr || g->owned || fake_graph_deps(g, NULL, deps, ndeps)) return CUDA_ERROR_INVALID_VALUE;
     *node = fake_graph_node(g, CU_GRAPH_NODE_TYPE_MEM_FREE);
     if (!*node) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*node)->nin = ndeps;
     return CUDA_SUCCESS;
 }
 
@@ -1168,7 +1166,7 @@ FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsi
 {
     (void)flags;
     CHECK_INIT();
-    if (!e || !g) return CUDA_ERROR_INVALID_VALUE;
+    if (!e || !g || g->owned) return CUDA_ERROR_INVALID_VALUE;
     if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     struct CUgraphExec_st *x = calloc(1, sizeof(*x));
     if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1218,7 +1216,7 @@ FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
         graph_spare[e->dev] += e->mem_bytes;
         pthread_mutex_unlock(&pool_lock);
     }
-    if (e) free(e->ops);
+    if (e) fake_graph_exec_free_ops(e);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -1226,6 +1224,7 @@ FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 FAKE_EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     CHECK_INIT();
+    if (g && g->owned) return CUDA_ERROR_INVALID_VALUE; /* moved into a child graph node: its parent's */
     fake_graph_free(g);
     return CUDA_SUCCESS;
 }

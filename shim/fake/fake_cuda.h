@@ -117,9 +117,10 @@ struct CUmipmappedArray_st {
 CUresult fake_copy3d(const CUDA_MEMCPY3D *c);
 struct CUgraph_st {
     uint64_t duration_ns;
-    uint64_t mem_bytes; /* memory alloc nodes */
+    uint64_t mem_bytes; /* memory alloc nodes, its child graphs' included */
     struct CUgraphNode_st **nodes;
     size_t nnodes, cap;
+    int owned; /* moved into a parent's child graph node: freed with it, never alone */
 };
 /* Graph memory: an executable graph's alloc nodes get physical memory at its first launch and keep
  * it; destroying the executable returns it to the device's graph pool, which keeps it reserved
@@ -131,6 +132,10 @@ struct CUgraphExec_st {
     int backed;
     struct CUgraphNode_st *ops; /* its copy and memset nodes, replayed in order at each launch */
     size_t nops;
+    /* its top-level kernel nodes (the graph's node handles) and the duration each has in it now */
+    const struct CUgraphNode_st **knodes;
+    uint64_t *kdur;
+    size_t nk;
 };
 struct CUextMemory_st {
     int fd;
@@ -147,6 +152,8 @@ struct CUgraphNode_st {
     const char *src;
     size_t width, height, dst_pitch, src_pitch, elem;
     unsigned char value[8];
+    struct CUgraph_st *child; /* a child graph node's graph (owned by the node) */
+    size_t nin;               /* dependencies it has: a root has none */
 };
 /* Records a copy or fill into a capturing stream's graph: 1 if `s` is capturing (nothing ran), 0 if not. */
 int fake_capture_op(CUstream s, CUgraphNodeType type, void *dst, const void *src, size_t width, size_t height,
@@ -155,10 +162,16 @@ int fake_capture_op(CUstream s, CUgraphNodeType type, void *dst, const void *src
 void fake_graph_op_run(const struct CUgraphNode_st *op);
 /* An executable graph takes its graph's copy and fill nodes at instantiation. */
 CUresult fake_graph_exec_take_ops(struct CUgraphExec_st *x, const struct CUgraph_st *g);
+/* Frees what fake_graph_exec_take_ops gave an executable graph. */
+void fake_graph_exec_free_ops(struct CUgraphExec_st *x);
 /* A new node of `type` in `g` (cuda_graph.c); NULL when out of memory. */
 struct CUgraphNode_st *fake_graph_node(struct CUgraph_st *g, CUgraphNodeType type);
 /* Frees a graph and its nodes. */
 void fake_graph_free(struct CUgraph_st *g);
+/* Checks that `deps` are `n` nodes of `g` and records them on `node`: CUDA_ERROR_INVALID_VALUE if not. */
+CUresult fake_graph_deps(struct CUgraph_st *g, struct CUgraphNode_st *node, const CUgraphNode *deps, size_t n);
+/* A copy of `g`, its nodes and child graphs (NULL when out of memory). */
+struct CUgraph_st *fake_graph_clone(const struct CUgraph_st *g);
 struct CUevent_st {
     uint64_t t_ns; /* where the device timeline reaches the event; 0 until recorded */
     CUdevice dev;

@@ -123,6 +123,28 @@ def test_graph_memory_node_is_charged(make_slice, mode, major, instantiate):
     assert int(f["free_after"]) == room
 
 
+@pytest.mark.parametrize("how", ["graph-node", "graph-child"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("major", RUNTIMES)
+def test_a_memory_node_added_by_the_generic_api_or_in_a_moved_child_graph_is_charged(
+    make_slice, mode, major, how
+):
+    """cudaGraphAddNode (the generic node API) and a child graph moved into its parent carry a 6 GiB
+    memory node as cudaGraphAddMemAllocNode does: once launched, 6 GiB more does not fit an 8 GiB slice.
+    A graph with memory nodes cannot be cloned in, and once moved it is the parent's."""
+    t = _tenant(make_slice, mode, major)
+    f = _run(t, major, how)
+    assert f["launch_error"] == "cudaSuccess"
+    if how == "graph-node":
+        assert f["node_dptr_set"] == "True"
+    else:
+        assert f["clone_with_memory_error"] != "cudaSuccess"
+        assert f["moved_child_destroy_error"] != "cudaSuccess"
+    room = t.available(int(f["free_at_start"]))
+    assert f["beside_error"] == ("cudaSuccess" if room >= 12 * GIB else "cudaErrorMemoryAllocation")
+    assert int(f["free_after"]) == room
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("major", RUNTIMES)
 def test_device_reset_returns_the_memory(make_slice, mode, major):

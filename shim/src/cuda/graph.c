@@ -48,10 +48,20 @@ GS_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGra
     return graph_gained(rc, hGraph, nodeParams ? nodeParams->bytesize : 0);
 }
 
-/* The generic node API (CUDA 12.2+) adds alloc nodes too. */
-static uint64_t alloc_node_bytes(const CUgraphNodeParams *p)
+/* The generic node API (CUDA 12.2+) adds alloc nodes too, and moves a child graph, with the alloc
+ * nodes it has, into its parent (only a moved child may have them): the child's bytes go with it. */
+static uint64_t alloc_node_bytes(CUresult rc, const CUgraphNodeParams *p)
 {
-    return p != NULL && p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC ? p->alloc.bytesize : 0;
+    if (rc != CUDA_SUCCESS || p == NULL) return 0;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) return p->alloc.bytesize;
+    if (p->type != CU_GRAPH_NODE_TYPE_GRAPH || p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE ||
+        !atomic_load(&has_graph_mem))
+        return 0;
+    uint64_t v = 0;
+    pthread_mutex_lock(&graph_lock);
+    (void)gs_table_take(&tab_graph, (uint64_t)(uintptr_t)p->graph.graph, &v);
+    pthread_mutex_unlock(&graph_lock);
+    return v;
 }
 
 GS_EXPORT CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
@@ -59,7 +69,7 @@ GS_EXPORT CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, cons
 {
     NEED_REAL(cuGraphAddNode);
     CUresult rc = real_cuGraphAddNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
-    return graph_gained(rc, hGraph, alloc_node_bytes(nodeParams));
+    return graph_gained(rc, hGraph, alloc_node_bytes(rc, nodeParams));
 }
 
 GS_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
@@ -68,7 +78,7 @@ GS_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, c
 {
     NEED_REAL(cuGraphAddNode_v2);
     CUresult rc = real_cuGraphAddNode_v2(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
-    return graph_gained(rc, hGraph, alloc_node_bytes(nodeParams));
+    return graph_gained(rc, hGraph, alloc_node_bytes(rc, nodeParams));
 }
 
 /* A clone carries its original's alloc nodes. */

@@ -39,6 +39,28 @@ class MemAllocNodeParams(C.Structure):  # cudaMemAllocNodeParams
     ]
 
 
+class ChildGraphParams(C.Structure):  # cudaChildGraphNodeParams
+    _fields_ = [("graph", C.c_void_p), ("ownership", C.c_int)]
+
+
+class NodeParamsUnion(C.Union):
+    _fields_ = [("reserved1", C.c_longlong * 29), ("alloc", MemAllocNodeParams), ("graph", ChildGraphParams)]
+
+
+class NodeParams(C.Structure):  # cudaGraphNodeParams
+    _anonymous_ = ("u",)
+    _fields_ = [
+        ("type", C.c_int),
+        ("reserved0", C.c_int * 3),
+        ("u", NodeParamsUnion),
+        ("reserved2", C.c_longlong),
+    ]
+
+
+NODE_GRAPH, NODE_MEM_ALLOC = 4, 10  # cudaGraphNodeTypeGraph, cudaGraphNodeTypeMemAlloc
+OWNERSHIP_MOVE = 1  # cudaGraphChildGraphOwnershipMove
+
+
 class InstantiateParams(C.Structure):  # cudaGraphInstantiateParams
     _fields_ = [
         ("flags", C.c_ulonglong),
@@ -133,17 +155,59 @@ def managed() -> None:
     print(f"free_after={mem_info()[0]}")
 
 
-def graph(instantiate: str) -> None:
-    """A graph with a 6 GiB memory node, launched; then cudaMalloc(6 GiB) beside it."""
-    print(f"free_at_start={mem_info()[0]}")
-    g, node, ex = C.c_void_p(), C.c_void_p(), C.c_void_p()
-    must("cudaGraphCreate", C.byref(g), 0)
+def alloc_params(bytesize: int) -> MemAllocNodeParams:
     params = MemAllocNodeParams()
     params.poolProps.allocType = 1  # cudaMemAllocationTypePinned
     params.poolProps.locType = 1  # cudaMemLocationTypeDevice
     params.poolProps.locId = 0
-    params.bytesize = 6 * GIB
-    must("cudaGraphAddMemAllocNode", C.byref(node), g, None, C.c_size_t(0), C.byref(params))
+    params.bytesize = bytesize
+    return params
+
+
+def add_node(node: C.c_void_p, g: C.c_void_p, params: NodeParams) -> None:
+    """cudaGraphAddNode, the generic node API, as a program built on this runtime's headers calls it:
+    12.x's without edge data, 13.x's with."""
+    v = C.c_int()
+    must("cudaRuntimeGetVersion", C.byref(v))
+    if v.value < 13000:
+        must("cudaGraphAddNode", C.byref(node), g, None, C.c_size_t(0), C.byref(params))
+    else:
+        must("cudaGraphAddNode", C.byref(node), g, None, None, C.c_size_t(0), C.byref(params))
+
+
+def add_memory_node(g: C.c_void_p, how: str) -> None:
+    """A 6 GiB memory node in `g`: through cudaGraphAddMemAllocNode, the generic node API, or a child
+    graph holding it moved into `g` (a graph with memory nodes can only be moved, not cloned, in)."""
+    node = C.c_void_p()
+    if how == "node":
+        params = NodeParams(type=NODE_MEM_ALLOC)
+        params.alloc = alloc_params(6 * GIB)
+        add_node(node, g, params)
+        print(f"node_dptr_set={bool(params.alloc.dptr)}")
+    elif how == "child":
+        child, inner = C.c_void_p(), C.c_void_p()
+        must("cudaGraphCreate", C.byref(child), 0)
+        six = alloc_params(6 * GIB)
+        must("cudaGraphAddMemAllocNode", C.byref(inner), child, None, C.c_size_t(0), C.byref(six))
+        cloned = rt.cudaGraphAddChildGraphNode(C.byref(node), g, None, C.c_size_t(0), child)
+        print(f"clone_with_memory_error={name_of(cloned)}")
+        rt.cudaGetLastError()
+        params = NodeParams(type=NODE_GRAPH)
+        params.graph = ChildGraphParams(child, OWNERSHIP_MOVE)
+        add_node(node, g, params)
+        print(f"moved_child_destroy_error={name_of(rt.cudaGraphDestroy(child))}")
+        rt.cudaGetLastError()
+    else:
+        six = alloc_params(6 * GIB)
+        must("cudaGraphAddMemAllocNode", C.byref(node), g, None, C.c_size_t(0), C.byref(six))
+
+
+def graph(instantiate: str, how: str = "alloc") -> None:
+    """A graph with a 6 GiB memory node, launched; then cudaMalloc(6 GiB) beside it."""
+    print(f"free_at_start={mem_info()[0]}")
+    g, ex = C.c_void_p(), C.c_void_p()
+    must("cudaGraphCreate", C.byref(g), 0)
+    add_memory_node(g, how)
     if instantiate == "params":
         ip = InstantiateParams()
         must("cudaGraphInstantiateWithParams", C.byref(ex), g, C.byref(ip))
@@ -198,6 +262,8 @@ PATHS = {
     "managed": managed,
     "graph": lambda: graph("flags"),
     "graph-params": lambda: graph("params"),
+    "graph-node": lambda: graph("flags", "node"),
+    "graph-child": lambda: graph("flags", "child"),
     "reset": reset,
     "hold": hold,
     "second": second,
