@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,22 @@ def lessons_skipped(platform: features.Platform) -> dict[str, str]:
     elif not platform.on(features.EXTENDED_RESOURCES):
         skipped["chart form"] = platform.feature(features.EXTENDED_RESOURCES).reason
     return skipped
+
+
+def try_lines(skipped: Collection[str], *, kubectl: str, gs: str, nodes: int) -> list[str]:
+    """The closing hints: only commands whose objects the lessons played made (no `explain` of a slice
+    the capacity lesson never created, no `exec` into a pod the allocation lesson never started)."""
+    lines = [f"{kubectl} get gpuslices -A"]
+    if "capacity" not in skipped:
+        lines.append(f"{gs} explain team-b/big-{nodes - 1}")
+    if "allocation" not in skipped:
+        lines += [
+            f"{kubectl} exec -n team-a llm-worker -- gpuslice-probe smi",
+            f"{kubectl} exec -it -n team-a llm-worker -- sh",
+        ]
+    else:
+        lines.append(f"{gs} check")  # says what this Kubernetes lets gpuslice do, and why nothing is sold
+    return lines
 
 
 class Demo:
@@ -510,15 +526,14 @@ class Demo:
         gs = shutil.which("gpuslice") or str(Path(sys.executable).parent / "gpuslice")
         # The devcluster is the dev tooling's command, not the product's.
         dev = shutil.which("gpuslice-dev") or str(Path(sys.executable).parent / "gpuslice-dev")
-        kubectl = self.cluster.bins.kubectl
+        skipped = lessons_skipped(self.platform) if self.platform is not None else {}
+        tries = try_lines(skipped, kubectl=str(self.cluster.bins.kubectl), gs=gs, nodes=self.nodes)
+        lines = "\n".join(f"  {line}" for line in tries)
         print(
             f"""
 The cluster is still running. Try:
   export KUBECONFIG={self.cluster.kubeconfig}
-  {kubectl} get gpuslices -A
-  {gs} explain team-b/big-{self.nodes - 1}
-  {kubectl} exec -n team-a llm-worker -- gpuslice-probe smi
-  {kubectl} exec -it -n team-a llm-worker -- sh
+{lines}
 Stop everything with:  {dev} devcluster down{dir_flag}
 """,
             flush=True,

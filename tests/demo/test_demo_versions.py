@@ -7,7 +7,7 @@ from __future__ import annotations
 from domain.test_features import ALL_SERVED, facts
 from gpuslice.domain import features as f
 from gpuslice.domain.features import decide
-from gpuslice_dev.demo import lessons_skipped
+from gpuslice_dev.demo import lessons_skipped, try_lines
 
 
 def platform(version: str, **kw: object) -> f.Platform:
@@ -37,3 +37,22 @@ def test_without_the_extended_resource_gate_only_the_chart_form_is_left_out() ->
     skipped = lessons_skipped(platform("v1.35.4", extended_resource_kept=False))
     assert list(skipped) == ["chart form"]
     assert "DRAExtendedResource" in skipped["chart form"]
+
+
+def test_the_closing_hints_name_only_what_the_lessons_played_made() -> None:
+    """On 1.35 with its defaults nothing is sold: no hint to explain a slice the capacity lesson never
+    made or to exec into a pod the allocation lesson never started (the demo on a real 1.35 printed
+    both); on 1.37 all of them."""
+    p135 = platform(
+        "v1.35.4",
+        served=frozenset({f.VALIDATING_POLICIES, f.RESOURCE_SLICES}),
+        dropped_slice_fields=("spec.sharedCounters", "spec.devices[partition].consumesCounters"),
+        dropped_taints=("partition",),
+        extended_resource_kept=False,
+    )
+    hints = {"kubectl": "kubectl", "gs": "gpuslice", "nodes": 2}
+    on_135 = "\n".join(try_lines(lessons_skipped(p135), **hints))
+    assert "llm-worker" not in on_135 and "explain" not in on_135
+    assert "gpuslice check" in on_135
+    on_137 = "\n".join(try_lines(lessons_skipped(platform("v1.37.2")), **hints))
+    assert "gpuslice explain team-b/big-1" in on_137 and "exec -n team-a llm-worker" in on_137
