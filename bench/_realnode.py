@@ -77,7 +77,7 @@ def gpuslice(name: str) -> dict[str, Any]:
     """A GpuSlice of the v100-8g product in `NS`; its claim is named after it."""
     meta = {"name": name, "namespace": NS}
     return {
-        "apiVersion": "gpuslice.io/v1alpha1",
+        "apiVersion": "gpuslice.io/v1beta1",
         "kind": "GpuSlice",
         "metadata": meta,
         "spec": {"package": PACKAGE},

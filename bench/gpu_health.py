@@ -100,7 +100,7 @@ def setup(cluster: DevCluster, fresh: bool) -> None:
                         "resources": {"claims": [{"name": "gpu"}], "limits": {"memory": "1Gi"}}}],
     }  # fmt: skip
     docs = [
-        {"apiVersion": "gpuslice.io/v1alpha1", "kind": "GpuSlice",
+        {"apiVersion": "gpuslice.io/v1beta1", "kind": "GpuSlice",
          "metadata": {"name": APP, "namespace": TENANT}, "spec": {"package": "v100-8g"}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": APP, "namespace": TENANT},
          "spec": {"replicas": 1, "selector": {"matchLabels": {"app": APP}},

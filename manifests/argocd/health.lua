@@ -1,4 +1,4 @@
--- Argo CD health of a GpuSlice or GpuPackage (gpuslice.io/v1alpha1), read the way kstatus reads it:
+-- Argo CD health of a GpuSlice or GpuPackage (gpuslice.io/v1beta1), read the way kstatus reads it:
 --   status missing or behind metadata.generation -> Progressing (the operator has not seen it yet)
 --   Stalled=True, or phase Failed                 -> Degraded    (someone must act; message says what)
 --   Ready=True for this generation                -> Healthy

@@ -7,7 +7,7 @@ from typing import Final
 
 # --- API -------------------------------------------------------------------------------------------
 API_GROUP: Final = "gpuslice.io"
-API_VERSION: Final = "v1alpha1"
+API_VERSION: Final = "v1beta1"
 GROUP_VERSION: Final = f"{API_GROUP}/{API_VERSION}"
 PACKAGE_KIND: Final = "GpuPackage"
 PACKAGE_PLURAL: Final = "gpupackages"

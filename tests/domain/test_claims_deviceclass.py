@@ -29,7 +29,7 @@ def test_slice_claim_has_same_name_documented_form_and_is_owned_by_the_slice() -
     }
     (owner,) = claim["metadata"]["ownerReferences"]
     assert owner == {
-        "apiVersion": "gpuslice.io/v1alpha1",
+        "apiVersion": "gpuslice.io/v1beta1",
         "kind": "GpuSlice",
         "name": "llm",
         "uid": "uid-1",

@@ -30,7 +30,7 @@ def slice_pod(name: str, command: list[str], claim: str | None = None) -> list[d
     """A GpuSlice of v100-8g and a pod of the probe image holding its claim."""
     return [
         {
-            "apiVersion": "gpuslice.io/v1alpha1",
+            "apiVersion": "gpuslice.io/v1beta1",
             "kind": "GpuSlice",
             "metadata": {"name": claim or name, "namespace": TENANT},
             "spec": {"package": "v100-8g"},

@@ -74,7 +74,7 @@ def restricted_pod(node_cluster: DevCluster) -> Iterator[DevCluster]:
     )
     docs: list[dict[str, Any]] = [
         {
-            "apiVersion": "gpuslice.io/v1alpha1",
+            "apiVersion": "gpuslice.io/v1beta1",
             "kind": "GpuSlice",
             "metadata": {"name": "restricted", "namespace": RESTRICTED_NS},
             "spec": {"package": "v100-8g"},

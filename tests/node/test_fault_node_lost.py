@@ -70,7 +70,7 @@ def deployment(name: str) -> list[dict[str, Any]]:
     }
     return [
         {
-            "apiVersion": "gpuslice.io/v1alpha1",
+            "apiVersion": "gpuslice.io/v1beta1",
             "kind": "GpuSlice",
             "metadata": {"name": name, "namespace": TENANT},
             "spec": {"package": "v100-8g"},

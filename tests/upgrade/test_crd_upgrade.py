@@ -8,6 +8,7 @@ cluster-wide: the shared test cluster keeps this tree's).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,47 @@ def _dry_run_copy(cluster: DevCluster, obj: dict[str, Any]) -> dict[str, Any]:
     if "status" in obj:
         created["status"] = prune(obj["status"], _schema_of(obj["kind"])["properties"]["status"])
     return created
+
+
+def _as(obj: dict[str, Any], version: str) -> list[str]:
+    """The object's resource at an explicit version (`gpuslices.v1beta1.gpuslice.io llm -n team-a`)."""
+    kind, *rest = _resource(obj)
+    plural = kind.split(".", 1)[0]
+    return [f"{plural}.{version}.gpuslice.io", *rest]
+
+
+@pytest.mark.cluster
+def test_every_object_reads_the_same_under_v1beta1_and_v1alpha1_which_warns(cluster: DevCluster) -> None:
+    """Objects 0.1.0 stored under v1alpha1 read back under v1beta1 with the same spec and status, one
+    written under v1beta1 reads back under v1alpha1, and v1alpha1 is announced deprecated to whoever
+    uses it (kubectl prints the API server's warning); v1beta1 is the version kubectl prefers."""
+    old = crds_at(FIRST_RELEASE)
+    if get_json(cluster, "crd", "gpuslices.gpuslice.io") is None:
+        _apply_crds(cluster, old)
+    cluster.create_namespace(NAMESPACE)
+    objects = _stored_objects(old)
+    for obj in objects:
+        if get_json(cluster, *_resource(obj)) is None:
+            cluster.kubectl("create", "-f", "-", input=json.dumps(obj))
+    _apply_crds(cluster, crds_here())
+    for obj in objects:
+        wait_for(lambda o=obj: get_json(cluster, *_as(o, "v1beta1")) is not None, 30, "v1beta1 served")
+        alpha = get_json(cluster, *_as(obj, "v1alpha1"))
+        beta = get_json(cluster, *_as(obj, "v1beta1"))
+        assert (alpha["apiVersion"], beta["apiVersion"]) == ("gpuslice.io/v1alpha1", "gpuslice.io/v1beta1")
+        assert _body(alpha) == _body(beta), f"{obj['kind']} reads differently under v1beta1"
+        assert get_json(cluster, *_resource(obj))["apiVersion"] == "gpuslice.io/v1beta1"  # preferred
+        warned = cluster.kubectl("get", *_as(obj, "v1alpha1"), "-o", "name").stderr
+        assert f"gpuslice.io/v1alpha1 {obj['kind']} is deprecated; use gpuslice.io/v1beta1" in warned, warned
+    new = {
+        "apiVersion": "gpuslice.io/v1beta1",
+        "kind": "GpuSlice",
+        "metadata": {"name": "written-as-beta", "namespace": NAMESPACE},
+        "spec": {"package": "v100-8g", "template": True},
+    }
+    created = cluster.kubectl("create", "-f", "-", input=json.dumps(new))
+    assert "deprecated" not in created.stderr, created.stderr
+    back = get_json(cluster, *_as(new, "v1alpha1"))
+    assert back["spec"] == new["spec"] and back["apiVersion"] == "gpuslice.io/v1alpha1"
+    explained = cluster.kubectl("explain", "gpuslices.spec.package", "--api-version=gpuslice.io/v1beta1")
+    assert re.search(r"VERSION:\s+v1beta1", explained.stdout), explained.stdout
