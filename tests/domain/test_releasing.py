@@ -1,5 +1,5 @@
 """Deleting a GpuSlice whose claim pods still use (domain.releasing): the slice stays, Releasing, with
-the pods that hold it, until the last ends; a slice nobody uses carries no finalizer to wait on."""
+the pods that hold it, until the last ends; one nobody uses goes once its claim is being deleted."""
 
 from __future__ import annotations
 
@@ -9,19 +9,43 @@ from gpuslice.domain.releasing import STILL_IN_USE, Release, decide, finalizer_p
 from gpuslice.domain.views import ClaimView
 
 
-def claim(*pods: str, allocated: bool = True) -> ClaimView:
-    return ClaimView(namespace="team-a", name="llm", allocated=allocated, reserved_for=pods)
+def claim(*pods: str, allocated: bool = True, deleting: bool = False) -> ClaimView:
+    return ClaimView(
+        namespace="team-a", name="llm", allocated=allocated, reserved_for=pods, deleting=deleting
+    )
 
 
 MINE = ("other.example/keep", c.FINALIZER_RELEASE)
 
 
-def test_the_finalizer_is_there_exactly_while_pods_reserve_the_claim() -> None:
+def test_the_finalizer_is_on_from_the_claims_creation_before_any_pod_reserves_it() -> None:
+    """A pod may reserve the claim the moment it exists, before the operator sees the pod: a finalizer
+    put on only once pods were seen let a slice deleted in between go while its device stayed held."""
+    assert decide(direct=True, deleting=False, finalizers=(), claims=[claim(allocated=False)]) == Release(
+        "add"
+    )
     assert decide(direct=True, deleting=False, finalizers=(), claims=[claim("llm")]) == Release("add")
     assert decide(direct=True, deleting=False, finalizers=MINE, claims=[claim("llm")]) == Release(None)
-    assert decide(direct=True, deleting=False, finalizers=MINE, claims=[claim()]) == Release("remove")
-    assert decide(direct=True, deleting=False, finalizers=(), claims=[claim()]) == Release(None)
-    assert decide(direct=True, deleting=False, finalizers=MINE, claims=[]) == Release("remove")
+    assert decide(direct=True, deleting=False, finalizers=MINE, claims=[claim()]) == Release(None)
+    # No claim yet: nothing to hold; a claim re-created after a failed card keeps the finalizer on.
+    assert decide(direct=True, deleting=False, finalizers=(), claims=[]) == Release(None)
+    assert decide(direct=True, deleting=False, finalizers=MINE, claims=[]) == Release(None)
+
+
+def test_deleted_unused_its_claim_is_deleted_first_then_the_finalizer_goes() -> None:
+    """kube-scheduler reserves no claim that is being deleted: only a view of the claim deleting (or
+    gone) with no reservation is final, so the claim is deleted before the finalizer may go."""
+    unused = decide(direct=True, deleting=True, finalizers=MINE, claims=[claim(allocated=False)])
+    assert unused == Release(None, delete_claims=("llm",))
+    assert decide(direct=True, deleting=True, finalizers=MINE, claims=[claim()]) == Release(
+        None, delete_claims=("llm",)
+    )
+    gone = decide(direct=True, deleting=True, finalizers=MINE, claims=[claim(allocated=False, deleting=True)])
+    assert gone == Release("remove")
+    assert decide(direct=True, deleting=True, finalizers=MINE, claims=[]) == Release("remove")
+    # A pod reserved it just before the deletion reached it: Releasing, not gone.
+    raced = decide(direct=True, deleting=True, finalizers=MINE, claims=[claim("late", deleting=True)])
+    assert raced == Release(None, ("late",))
 
 
 def test_deleted_while_held_it_is_releasing_with_its_pods_until_the_last_ends() -> None:
@@ -29,10 +53,9 @@ def test_deleted_while_held_it_is_releasing_with_its_pods_until_the_last_ends() 
     assert decide(direct=True, deleting=True, finalizers=MINE, claims=held) == Release(
         None, ("eval", "llm", "train-1")
     )
-    assert decide(direct=True, deleting=True, finalizers=MINE, claims=[claim()]) == Release("remove")
     # Deallocated (its pods ended): nothing holds it even if a stale reservation lingers in the view.
     assert decide(
-        direct=True, deleting=True, finalizers=MINE, claims=[claim("x", allocated=False)]
+        direct=True, deleting=True, finalizers=MINE, claims=[claim("x", allocated=False, deleting=True)]
     ) == Release("remove")
 
 

@@ -149,3 +149,54 @@ def test_a_slice_deleted_while_three_pods_share_its_claim_stays_releasing_and_bi
 
 def slice_held(obj: dict[str, Any] | None) -> list[str] | None:
     return ((obj or {}).get("status") or {}).get("heldBy")
+
+
+def test_a_slice_deleted_before_the_operator_saw_its_pod_stays_releasing_and_an_unused_one_goes(
+    cluster: DevCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """The slice carries the finalizer from its claim's creation, before any pod: a pod that reserves
+    the claim while the operator is away (stopped here, the same as the second before it sees the pod)
+    and a deletion then leave the slice Releasing, naming the pod, not gone with the device still held.
+    A slice no pod uses goes at once on deletion, its claim with it."""
+    token = "w" + uuid.uuid4().hex[:5]
+    cluster.kubectl("label", "namespace", namespace, f"{NS_LABEL}={token}", "--overwrite")
+    pkg = f"rl{token}-8g"
+    apply(cluster, [package_doc(pkg, 25, {NS_LABEL: token}, 4)])
+    publish_gpus(cluster, token, cluster.nodes[0], 1, {pkg: 25})
+
+    def finalizers(name: str) -> list[str]:
+        return (
+            (get(cluster, "gpuslices.gpuslice.io", name, "-n", namespace) or {}).get("metadata") or {}
+        ).get("finalizers") or []
+
+    apply(cluster, [slice_doc("unused", namespace, pkg), slice_doc("quick", namespace, pkg)])
+    for name in ("unused", "quick"):
+        wait_for(lambda n=name: get(cluster, "resourceclaim", n, "-n", namespace), 30, f"claim {name}")
+        wait_for(
+            lambda n=name: c.FINALIZER_RELEASE in finalizers(n), 30, f"finalizer on {name} before any pod"
+        )
+
+    cluster.kubectl("delete", "gpuslices.gpuslice.io", "unused", "-n", namespace, "--timeout=30s")
+    wait_for(lambda: get(cluster, "resourceclaim", "unused", "-n", namespace) is None, 30, "its claim gone")
+
+    operator.stop(signal.SIGKILL)
+    try:
+        apply(cluster, [pod_doc("quick", namespace, "quick")])
+        wait_for(
+            lambda: ((get(cluster, "resourceclaim", "quick", "-n", namespace) or {}).get("status") or {}).get(
+                "reservedFor"
+            ),
+            60,
+            "the pod reserving the claim, unseen by the operator",
+        )
+        cluster.kubectl("delete", "gpuslices.gpuslice.io", "quick", "-n", namespace, "--wait=false")
+        time.sleep(2)
+        assert get(cluster, "gpuslices.gpuslice.io", "quick", "-n", namespace) is not None, (
+            "a slice whose claim a pod holds went at once"
+        )
+    finally:
+        operator.start()
+    st = wait_status(cluster, namespace, "quick", phase="Releasing", timeout=60)
+    assert st["heldBy"] == ["quick"], st
+    cluster.kubectl("delete", "pod", "quick", "-n", namespace, "--grace-period=0", "--force")
+    wait_for(lambda: get(cluster, "gpuslices.gpuslice.io", "quick", "-n", namespace) is None, 60, "released")

@@ -4,10 +4,14 @@ A GpuSlice's claim is its device. Pods that name the claim (`resourceClaimName`)
 whatever happens to the GpuSlice: kube-scheduler's finalizer on the claim holds it while any pod
 reserves it, and the tenant can go on using the GPU. So a GpuSlice deleted then is not gone: it
 would hide a device still held and still billed. The operator puts `FINALIZER_RELEASE` on a direct
-GpuSlice while pods reserve its claim (and only then: a slice nobody uses is deleted at once, even
-with no operator running); deleted meanwhile, it stays Terminating with phase Releasing and heldBy
-naming the pods, until the last one ends; then the finalizer goes, and the claim with the slice.
-The operator never stops the tenant's pods: deleting them is the tenant's decision.
+GpuSlice as soon as it has a claim (a pod may reserve the claim at any moment, before the operator
+hears of it: a finalizer added only once pods were seen left a second in which a deleted slice went
+at once while its device stayed held). Deleted while pods reserve the claim, it stays Terminating
+with phase Releasing and heldBy naming the pods, until the last one ends; deleted while none does,
+its claim is deleted first (kube-scheduler reserves no claim being deleted, so what the next view
+shows is final) and the finalizer goes once the claim is gone or being deleted unreserved. The
+operator never stops the tenant's pods: deleting them is the tenant's decision. The price: a slice
+that has a claim waits for the operator to be deleted (as the README's uninstall says).
 
 A slice of the template form or the pod form has claims that belong to their pods and go with them;
 neither is held here.
@@ -31,6 +35,8 @@ class Release:
     finalizer: str | None
     #: The pods that hold the deleted slice's claim; empty: not Releasing.
     held_by: tuple[str, ...] = ()
+    #: Claims to delete before the finalizer may go (a deleted slice's claims nobody reserves yet).
+    delete_claims: tuple[str, ...] = ()
 
 
 def holders(claims: list[ClaimView]) -> tuple[str, ...]:
@@ -52,14 +58,22 @@ def decide(
     namespace's deletion ends the pods and takes the ledger's objects with it: the slice never waits
     there (nor could it post an Event saying why)."""
     mine = c.FINALIZER_RELEASE in finalizers
-    held = holders(claims) if direct and not namespace_terminating else ()
-    if not held:
+    if not direct or namespace_terminating:
         return Release("remove" if mine else None)
+    held = holders(claims)
+    if not deleting:
+        # From its claim's creation on: a pod may reserve it before this operator sees the pod.
+        return Release("add" if not mine and any(not cl.deleting for cl in claims) else None)
+    if held:
+        # Without the finalizer (the API refuses a new one on an object being deleted: a slice made
+        # and deleted before the operator ever saw its claim) it goes; its claim is billed until released.
+        return Release(None, held if mine else ())
     if not mine:
-        # The API refuses a new finalizer on an object being deleted: a slice deleted before the
-        # operator saw its first pod goes at once (its claim, held by the pods, is still billed).
-        return Release(None if deleting else "add")
-    return Release(None, held if deleting else ())
+        return Release(None)
+    live = tuple(sorted(cl.name for cl in claims if not cl.deleting))
+    if live:
+        return Release(None, delete_claims=live)
+    return Release("remove")
 
 
 def finalizer_patch(finalizers: tuple[str, ...], resource_version: str, step: str) -> list[dict[str, object]]:

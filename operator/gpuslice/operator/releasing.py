@@ -1,5 +1,6 @@
-"""The release finalizer of GpuSlices (`domain.releasing` decides): put on while pods reserve a direct
-slice's claim, taken off when none does, so a slice deleted meanwhile stays, Releasing, until then."""
+"""The release finalizer of GpuSlices (`domain.releasing` decides): on a direct slice from its claim's
+creation, off once it is deleted and no pod reserves its claim, so a slice deleted while pods use it
+stays, Releasing, until they end."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ async def settle(
         claims=claims,
         namespace_terminating=namespace_terminating,
     )
+    for claim in release.delete_claims:
+        # Its deletion event brings the slice here again, with a view kube-scheduler can no longer change.
+        await state.kube.delete(c.DRA_GROUP_VERSION, "ResourceClaim", claim, entry.namespace)
     if release.finalizer is not None and entry.resource_version:
         ops = finalizer_patch(entry.finalizers, entry.resource_version, release.finalizer)
         done = await state.kube.json_patch(
