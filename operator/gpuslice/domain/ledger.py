@@ -340,9 +340,7 @@ def reprice(ledgers: Mapping[str, Ledger], package: str, price: Price | None, at
 BORROW_SETTLE = timedelta(seconds=10)
 
 
-def mark_borrowed(
-    ledgers: Mapping[str, Ledger], package: str, borrowed: int, now: datetime
-) -> set[str]:
+def mark_borrowed(ledgers: Mapping[str, Ledger], package: str, borrowed: int, now: datetime) -> set[str]:
     """Make `borrowed` of the namespace's open intervals of `package` the borrowed ones (Kueue's
     count of its slices held above the entitlement); returns the months changed. Kueue counts
     quota, not which pod holds it: the newest intervals are the ones marked borrowed, and when the
@@ -365,7 +363,7 @@ def mark_borrowed(
         marked.sort(key=lambda r: r[1].start)
         flips = [(ledger, iv, False) for ledger, iv in marked[: len(marked) - want]]
     for ledger, iv, to in flips:
-        if to and now - iv.start <= BORROW_SETTLE or now <= iv.start:
+        if (to and now - iv.start <= BORROW_SETTLE) or now <= iv.start:
             iv.borrowed = to
         else:
             _close(iv, now, ledger)
