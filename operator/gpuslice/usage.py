@@ -182,6 +182,9 @@ def usage_rows(rows: Sequence[Total]) -> list[dict[str, Any]]:
             "intervals": t.intervals,
             "cost": money(t.cost) if t.cost is not None else None,
             "currency": t.currency,
+            # Of the above, held on quota Kueue lent from the cohort (sharing mode Kueue).
+            "borrowedSliceSeconds": t.borrowed_seconds,
+            "borrowedCost": money(t.borrowed_cost) if t.borrowed_cost is not None else None,
         }
         for t in rows
     ]
@@ -215,6 +218,7 @@ def interval_rows(
                 "peakMemoryBytes": iv.peak_memory_bytes,
                 "meanUtilizationPercent": iv.mean_utilization_percent,
                 "refusedAllocations": iv.refused_allocations,
+                "borrowed": iv.borrowed,
             }
         )
     return out
@@ -282,9 +286,14 @@ def render(
             r,
             sliceHours=f"{r['sliceSeconds'] / 3600:.2f}",
             cost=f"{float(r['cost']):.2f}" if r["cost"] else None,
+            borrowedSliceHours=f"{r['borrowedSliceSeconds'] / 3600:.2f}",
+            borrowedCost=f"{float(r['borrowedCost']):.2f}" if r["borrowedCost"] else None,
         )
         for r in usage
     ]
+    # Borrowed hours get their own columns where any were borrowed (sharing mode Kueue).
+    borrowed = [("BORROWED-HOURS", "borrowedSliceHours"), ("BORROWED-COST", "borrowedCost")]
+    lent = any(r["borrowedSliceSeconds"] for r in usage)
     lines = [f"{rfc3339(since)} .. {rfc3339(until)}"]
     if table:
         lines.append(
@@ -298,6 +307,7 @@ def render(
                     ("INTERVALS", "intervals"),
                     ("COST", "cost"),
                     ("CURRENCY", "currency"),
+                    *(borrowed if lent else []),
                 ],
             )
         )

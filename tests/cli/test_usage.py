@@ -170,3 +170,31 @@ def test_csv_and_table_carry_the_same_rows() -> None:
         line.startswith("team-a/llm (v100-16g): use a smaller package v100-8g: peak 3.0 GiB of 16.0 GiB")
         for line in table
     )
+
+
+def test_borrowed_hours_are_shown_apart_where_any_were_borrowed() -> None:
+    found = [
+        (
+            "team-b",
+            GpuUsage.model_validate(
+                {
+                    "month": "2026-12",
+                    "intervals": [
+                        iv("own", "2026-12-05T08:00:00Z", "2026-12-05T10:00:00Z"),
+                        iv("lent", "2026-12-05T09:00:00Z", "2026-12-05T09:30:00Z", borrowed=True),
+                    ],
+                }
+            ),
+        )
+    ]
+    rows = intervals_of(found)
+    since = datetime(2026, 12, 1, tzinfo=UTC)
+    usage = usage_rows(totals(rows, NOW, since))
+    (row,) = usage
+    assert (row["sliceSeconds"], row["borrowedSliceSeconds"], row["borrowedCost"]) == (9000, 1800, "0.225")
+    table = render("table", since, NOW, usage, interval_rows(rows, since, NOW), None).splitlines()
+    assert table[1].split()[-2:] == ["BORROWED-HOURS", "BORROWED-COST"]
+    assert table[2].split()[-2:] == ["0.50", "0.23"]
+    # Without borrowing, the table is as it always was.
+    plain = usage_rows(totals(intervals_of(OBJECTS), NOW, since))
+    assert "BORROWED-HOURS" not in render("table", since, NOW, plain, None, None)

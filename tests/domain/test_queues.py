@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.domain.queues import conflicts, desired_objects, stale
+from gpuslice.domain.queues import borrowed_slices, conflicts, desired_objects, stale
 from gpuslice.domain.tenancy import tenant_state
 
 V100 = "Tesla V100-PCIE-32GB"
@@ -120,3 +120,25 @@ def test_queues_of_a_namespace_no_longer_entitled_are_stale() -> None:
     after = desired_objects("v100-8g", spec, {"team-a": 2})
     gone = {(o["kind"], o["metadata"]["name"]) for o in stale("v100-8g", after, before)}
     assert gone == {("ClusterQueue", "gpuslice-v100-8g-team-b"), ("LocalQueue", "gpuslice-v100-8g")}
+
+
+def test_borrowed_slices_are_read_from_the_packages_own_cluster_queue_only() -> None:
+    resource = "gpuslice.io/v100-8g"
+    ours = {
+        "metadata": {
+            "labels": {c.LABEL_MANAGED_BY: c.MANAGED_BY_VALUE, c.LABEL_PREFIX + "package": "v100-8g"}
+        },
+        "status": {
+            "flavorsUsage": [
+                {"name": "f", "resources": [{"name": resource, "total": "3", "borrowed": "1"}]},
+                {"name": "g", "resources": [{"name": "cpu", "total": "9", "borrowed": "5"}]},
+            ]
+        },
+    }
+    assert borrowed_slices(ours, "v100-8g", resource) == 1
+    # Nothing borrowed: Kueue leaves the field out.
+    ours_idle = {**ours, "status": {"flavorsUsage": [{"name": "f", "resources": [{"name": resource}]}]}}
+    assert borrowed_slices(ours_idle, "v100-8g", resource) == 0
+    # Someone else's queue of that name, or none: nothing is known.
+    assert borrowed_slices({**ours, "metadata": {"labels": {}}}, "v100-8g", resource) is None
+    assert borrowed_slices(None, "v100-8g", resource) is None

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from gpuslice import constants as c
+from gpuslice.timefmt import parse_rfc3339
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
-from support import apply, wait_for
+from support import apply, metrics_readers, wait_for
 
 from .operator_cluster import OperatorProcess, get, module_operator, package_doc, publish_gpus
 
@@ -50,7 +51,12 @@ def kcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
 @pytest.fixture(scope="module")
 def operator(kcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with module_operator(kcluster, log, f"--metrics-port={free_port()}") as op:
+    with (
+        metrics_readers(kcluster) as readers,
+        module_operator(
+            kcluster, log, f"--metrics-port={free_port()}", metrics_token=readers.prometheus
+        ) as op,
+    ):
         yield op
 
 
@@ -256,3 +262,112 @@ def test_a_platform_queue_in_the_cohort_is_never_overwritten_and_the_package_say
     cl.kubectl("delete", "clusterqueue", f"research-{token}", taken["metadata"]["name"])
     wait_for(lambda: (x := _queues_condition(cl, pkg)) and x["status"] == "True" and x, 30, "Queues True")
     assert get(cl, "clusterqueue", f"gpuslice-{pkg}-team-{token}")["spec"]["cohortName"] == f"shared-{token}"
+
+
+def _intervals(cl: DevCluster, namespace: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for usage in (get(cl, "gpuusages", "-n", namespace) or {}).get("items") or []:
+        out += usage.get("intervals") or []
+    return out
+
+
+def _writes(op: OperatorProcess, kind: str | None = None) -> float:
+    """The operator's API writes so far (of one kind, or all)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in op.metrics().splitlines()
+        if line.startswith("gpuslice_operator_writes_total{") and (kind is None or f'kind="{kind}"' in line)
+    )
+
+
+def test_a_borrowed_slice_is_metered_borrowed_and_an_owners_is_not_across_a_restart(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    cl = kcluster
+    token = uuid.uuid4().hex[:5]
+    pkg = f"m{token}-8g"
+    resource = c.extended_resource_name(pkg)
+    owner, borrower = f"own-{token}", f"bor-{token}"
+    for ns in (owner, borrower):
+        cl.create_namespace(ns, {"meter": token})
+    doc = package_doc(pkg, 25, {"meter": token}, slices=2)
+    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"meter-{token}", "borrowingLimit": 2}
+    doc["spec"]["price"] = {"perHour": "0.45", "currency": "EUR"}
+    apply(cl, [doc])
+    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})
+    queue = f"gpuslice-{pkg}"
+    cq = f"gpuslice-{pkg}-{borrower}"
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
+    settle = 12  # past the operator's re-reads of Kueue's status after a claim change
+
+    def written_for(pod: str, namespace: str) -> tuple[float, float]:
+        """The operator's writes (GpuUsage, all) from a pod's creation to its interval settled."""
+        before = (_writes(operator, "GpuUsage"), _writes(operator))
+        apply(cl, [_pod(pod, namespace, resource, queue)])
+        wait_for(lambda: pod in _running(cl, namespace), 90, f"{pod} Running")
+        wait_for(lambda: any(iv["pod"] == pod for iv in _intervals(cl, namespace)), 30, f"{pod} metered")
+        time.sleep(settle)
+        return _writes(operator, "GpuUsage") - before[0], _writes(operator) - before[1]
+
+    try:
+        # Each is entitled to 2 (the GPU has 4 slices): the owner uses 1 of its own, the borrower
+        # its 2 and a third lent from the owner's idle one.
+        apply(cl, [_pod("b0", borrower, resource, queue)])
+        wait_for(lambda: _running(cl, borrower) == ["b0"], 90, "b0 Running")
+        plain = written_for("b1", borrower)  # within the entitlement
+        lent_writes = written_for("b2", borrower)  # borrowed
+        wait_for(lambda: _borrowed(cl, cq, resource) == 1, 30, "Kueue: 1 borrowed")
+        apply(cl, [_pod("o0", owner, resource, queue)])
+        wait_for(lambda: _running(cl, owner) == ["o0"], 90, "o0 Running")
+
+        def marked() -> list[dict[str, Any]] | None:
+            ivs = [iv for iv in _intervals(cl, borrower) if iv.get("end") is None]
+            return ivs if len(ivs) == 3 and sum(bool(iv.get("borrowed")) for iv in ivs) == 1 else None
+
+        ivs = wait_for(marked, 30, "the borrower's ledger: 3 open intervals, 1 borrowed")
+        (lent,) = [iv for iv in ivs if iv.get("borrowed")]
+        # Kueue counts quota, not pods: the newest slice is the borrowed one, borrowed from its start
+        # (no split at the moment Kueue's status said so).
+        assert lent["pod"] == "b2", ivs
+        assert [iv for iv in _intervals(cl, borrower) if iv["claimUID"] == lent["claimUID"]] == [lent]
+        owners = wait_for(lambda: _intervals(cl, owner) or None, 30, "the owner's ledger")
+        assert [iv.get("borrowed") for iv in owners] == [None], owners
+
+        # The operator restarts while the borrowed slice is held: nothing lost, nothing split.
+        operator.stop()
+        time.sleep(3)
+        operator.start()
+        time.sleep(8)  # its takeover, a flush and a Kueue read
+        assert [iv for iv in _intervals(cl, borrower) if iv["claimUID"] == lent["claimUID"]] == [lent]
+        cl.kubectl("delete", "pod", "b2", "-n", borrower, "--wait=true", "--timeout=60s")
+
+        def closed() -> dict[str, Any] | None:
+            mine = [iv for iv in _intervals(cl, borrower) if iv["claimUID"] == lent["claimUID"]]
+            return mine[0] if len(mine) == 1 and mine[0].get("end") else None
+
+        done = wait_for(closed, 30, "the borrowed interval closed")
+        assert done["borrowed"] is True and done["start"] == lent["start"]
+        # b0 and b1 were never borrowed, and are not now (Kueue: 0 borrowed).
+        wait_for(lambda: _borrowed(cl, cq, resource) == 0, 30, "Kueue: 0 borrowed")
+        time.sleep(3)
+        others = [iv for iv in _intervals(cl, borrower) if iv["pod"] in ("b0", "b1")]
+        assert len(others) == 2 and not any(iv.get("borrowed") for iv in others), others
+        usage = [sys.executable, "-m", "gpuslice", "usage", f"--kubeconfig={cl.kubeconfig}", "-n", borrower]
+        proc = subprocess.run([*usage, "-o", "json"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        (row,) = json.loads(proc.stdout)["usage"]
+        held = int((parse_rfc3339(done["end"]) - parse_rfc3339(done["start"])).total_seconds())
+        assert row["borrowedSliceSeconds"] == held and 0 < held < row["sliceSeconds"], row
+        assert row["borrowedCost"] is not None and float(row["borrowedCost"]) > 0
+        table = subprocess.run(usage, capture_output=True, text=True, timeout=60).stdout
+        assert "BORROWED-HOURS" in table.splitlines()[1], table
+        print(
+            f"borrowed interval {done['start']}..{done['end']} ({held}s) metered borrowed; "
+            f"operator's writes (GpuUsage, all kinds) for a slice within the entitlement {plain}, "
+            f"for a borrowed one {lent_writes}",
+            flush=True,
+        )
+    finally:
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)

@@ -228,6 +228,9 @@ class UsageInterval(CamelModel):
     observed_seconds: int = Field(default=0, alias="observedSeconds")
     #: The claim's refused allocations since its allocation (the agent's running count), as of the end.
     refused_allocations: int = Field(default=0, alias="refusedAllocations")
+    #: Held on quota Kueue lent from the cohort, above the namespace's entitlement (sharing mode
+    #: Kueue); absent: within the entitlement.
+    borrowed: bool | None = None
 
 
 class PackageTotals(CamelModel):
@@ -235,6 +238,8 @@ class PackageTotals(CamelModel):
     slice_seconds: int = Field(alias="sliceSeconds")
     peak_slices: int = Field(alias="peakSlices")
     intervals: int
+    #: Of sliceSeconds, those held on quota borrowed through Kueue (absent: none).
+    borrowed_slice_seconds: int | None = Field(default=None, alias="borrowedSliceSeconds")
     #: Decimal strings per currency ("EUR": "1.125"); empty when the package has no price.
     cost: dict[str, str] = Field(default_factory=dict)
 

@@ -118,6 +118,9 @@ class Interval:
     mean_utilization_percent: float = 0.0
     observed_seconds: int = 0
     refused_allocations: int = 0
+    #: Held above its namespace's entitlement, on quota Kueue lent from the cohort (its ClusterQueue's
+    #: status says how many of the namespace's slices are borrowed): priced apart.
+    borrowed: bool = False
     #: Which object of the month holds it (see `api.usage.SHARD_MAX_INTERVALS`).
     shard: int = 0
 
@@ -331,6 +334,47 @@ def reprice(ledgers: Mapping[str, Ledger], package: str, price: Price | None, at
     return changed
 
 
+#: An interval opened this recently when Kueue's status first counts it borrowed is marked borrowed
+#: from its start, not split: Kueue admitted the pod (and so decided the borrowing) before its claim
+#: was allocated, and its ClusterQueue's status is written a moment after the admission.
+BORROW_SETTLE = timedelta(seconds=10)
+
+
+def mark_borrowed(ledgers: Mapping[str, Ledger], package: str, borrowed: int, now: datetime) -> set[str]:
+    """Make `borrowed` of the namespace's open intervals of `package` the borrowed ones (Kueue's
+    count of its slices held above the entitlement); returns the months changed. Kueue counts
+    quota, not which pod holds it: the newest intervals are the ones marked borrowed, and when the
+    count falls the oldest borrowed go back to the entitlement. A change splits an interval at
+    `now` (what was held before is billed as it was), except in its first `BORROW_SETTLE`."""
+    changed: set[str] = set()
+    rows = [
+        (ledger, iv)
+        for month, ledger in sorted(ledgers.items())
+        if not ledger.final
+        for iv in ledger.open_intervals()
+        if iv.package == package
+    ]
+    want = max(0, min(borrowed, len(rows)))
+    marked = [r for r in rows if r[1].borrowed]
+    if len(marked) < want:
+        plain = sorted((r for r in rows if not r[1].borrowed), key=lambda r: r[1].start, reverse=True)
+        flips = [(ledger, iv, True) for ledger, iv in plain[: want - len(marked)]]
+    else:
+        marked.sort(key=lambda r: r[1].start)
+        flips = [(ledger, iv, False) for ledger, iv in marked[: len(marked) - want]]
+    for ledger, iv, to in flips:
+        if (to and now - iv.start <= BORROW_SETTLE) or now <= iv.start:
+            iv.borrowed = to
+        else:
+            _close(iv, now, ledger)
+            if now < ledger.end:
+                nxt = _continuation(iv, now, None, iv.price)
+                nxt.borrowed = to
+                ledger.append(nxt)
+        changed.add(ledger.month)
+    return changed
+
+
 def observe(interval: Interval, reading: Reading, previous: Reading | None) -> bool:
     """Fold one usage reading into an open interval; True when a recorded number changed. The mean
     utilization is weighted by time: `previous` (the reading before, same interval) held until now."""
@@ -395,6 +439,9 @@ class Total:
     peak_slices: int
     intervals: int
     cost: Decimal | None
+    #: Of `slice_seconds`, those held on quota borrowed through Kueue, and their cost.
+    borrowed_seconds: int = 0
+    borrowed_cost: Decimal | None = None
 
 
 def clip(interval: Interval, since: datetime | None, until: datetime) -> Interval | None:
@@ -427,6 +474,8 @@ def totals(
     ):
         costs = [iv.cost(until) for iv in ivs]
         priced = [x for x in costs if x is not None]
+        lent = [iv for iv in ivs if iv.borrowed]
+        lent_costs = [x for x in (iv.cost(until) for iv in lent) if x is not None]
         out.append(
             Total(
                 namespace=namespace,
@@ -436,6 +485,8 @@ def totals(
                 peak_slices=peak_concurrent(ivs, until),
                 intervals=len(ivs),
                 cost=sum(priced, Decimal(0)) if priced else None,
+                borrowed_seconds=sum(iv.seconds(until) for iv in lent),
+                borrowed_cost=sum(lent_costs, Decimal(0)) if lent_costs else None,
             )
         )
     return out
@@ -460,6 +511,7 @@ def to_wire(interval: Interval) -> UsageInterval:
         end=rfc3339(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
         currency=interval.price.currency if interval.price else None,
+        borrowed=True if interval.borrowed else None,
     )
 
 
@@ -475,6 +527,7 @@ def from_wire(wire: UsageInterval, shard: int) -> Interval:
         end=parse_rfc3339(wire.end) if wire.end else None,
         price=price,
         shard=shard,
+        borrowed=bool(wire.borrowed),
     )
 
 
@@ -558,6 +611,8 @@ def encode(ledger: Ledger, now: datetime) -> dict[int, GpuUsage]:
         )
         entry.slice_seconds += t.slice_seconds
         entry.intervals += t.intervals
+        if t.borrowed_seconds:
+            entry.borrowed_slice_seconds = (entry.borrowed_slice_seconds or 0) + t.borrowed_seconds
         if t.cost is not None and t.currency:
             entry.cost[t.currency] = money(t.cost)
     for package, entry in per_package.items():

@@ -194,3 +194,25 @@ def stale(
         for o in existing
         if o["kind"] in ("ClusterQueue", "LocalQueue") and owned_by(o, package) and _key(o) not in keep
     ]
+
+
+def borrowed_slices(cluster_queue: Mapping[str, Any] | None, package: str, resource: str) -> int | None:
+    """How many of its namespace's slices Kueue counts borrowed from the cohort (its ClusterQueue's
+    status.flavorsUsage `borrowed`, admitted workloads only); None when the queue is not the
+    package's own (missing, or someone else's): then nothing is known of borrowing."""
+    if cluster_queue is None or not owned_by(cluster_queue, package):
+        return None
+    total = 0
+    for flavor in (cluster_queue.get("status") or {}).get("flavorsUsage") or []:
+        for r in flavor.get("resources") or []:
+            if r.get("name") == resource:
+                total += _count(r.get("borrowed"))
+    return total
+
+
+def _count(quantity: Any) -> int:
+    """A Kueue quantity of slices ("2", 2, "0"); anything else counts none."""
+    try:
+        return max(0, int(str(quantity or 0)))
+    except ValueError:
+        return 0

@@ -41,6 +41,7 @@ from gpuslice.domain.ledger import (
     accumulator,
     encode,
     load,
+    mark_borrowed,
     merge,
     month_end,
     months_between,
@@ -48,6 +49,7 @@ from gpuslice.domain.ledger import (
     reconcile,
     reprice,
 )
+from gpuslice.domain.queues import KUEUE_API, borrowed_slices, cluster_queue_name, uses_kueue
 from gpuslice.domain.views import claim_package, uses_gpuslice
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -58,6 +60,11 @@ from gpuslice.operator.state import OperatorState, one, values
 from gpuslice.timefmt import micro_time, parse_rfc3339
 
 log = get(__name__)
+
+#: After a claim changes in a namespace holding slices of a package in sharing mode Kueue, how long
+#: its ClusterQueue's status is read again every flush: Kueue writes its borrowed count a moment
+#: after its admission (or eviction), which the claim event does not wait for.
+BORROW_RECHECK_SECONDS = 10.0
 
 #: How often marked namespaces are reconciled and written: an interval is in the API this long (plus
 #: the write) after the operator sees its allocation. A crash before that loses nothing: the claim
@@ -170,6 +177,7 @@ async def ledger_claim_event(
         # Deallocated as we watch: now is when (a deallocated claim keeps no time of it).
         metering.released.setdefault(uid, now)
     metering.mark(ns_of(namespace))
+    metering.borrow_recheck[ns_of(namespace)] = time.monotonic() + BORROW_RECHECK_SECONDS
 
 
 @kopf.on.event(c.API_GROUP, c.API_VERSION, c.SLICE_PLURAL)
@@ -372,6 +380,7 @@ async def flush(state: OperatorState, claims: kopf.Index[str, MeteredClaim], kw:
     targets, metering.dirty = metering.dirty, set()
     _export_prices(metering, _prices(kw["gs_packages"]))
     uuids = state.published(kw["gs_resource_slices"], kw["gs_pool_claims"], kw["gs_claims"]).uuids
+    kueue = _kueue_resources(kw["gs_packages"])
     for namespace in sorted(targets):
         if time.monotonic() < metering.retry_at.get(namespace, 0.0):
             metering.dirty.add(namespace)  # refused a moment ago: not again every second
@@ -385,7 +394,7 @@ async def flush(state: OperatorState, claims: kopf.Index[str, MeteredClaim], kw:
             _export(metering, namespace, [])
             continue
         try:
-            await _flush_namespace(state, namespace, values(claims, namespace), uuids, checkpoint)
+            await _flush_namespace(state, namespace, values(claims, namespace), uuids, checkpoint, kueue)
         except (ApiError, TimeoutError, aiohttp.ClientError) as exc:
             LEDGER_WRITE_ERRORS.labels("refused").inc()
             log.warning("ledger write refused; retried", namespace=namespace, error=str(exc))
@@ -393,6 +402,38 @@ async def flush(state: OperatorState, claims: kopf.Index[str, MeteredClaim], kw:
             metering.dirty.add(namespace)
         else:
             metering.retry_at.pop(namespace, None)
+
+
+def _kueue_resources(packages: kopf.Index[str, Any]) -> dict[str, str]:
+    """Package -> the resource Kueue counts, for packages in sharing mode Kueue."""
+    out: dict[str, str] = {}
+    for name in packages:
+        view = one(packages, name)
+        if view is not None and uses_kueue(view.spec):
+            resource = view.spec.extended_resource(name)
+            if resource:
+                out[name] = resource
+    return out
+
+
+async def _mark_borrowed(
+    state: OperatorState, namespace: str, months: dict[str, Ledger], kueue: Mapping[str, str], now: datetime
+) -> set[str]:
+    """Kueue's word on how many of the namespace's open slices are borrowed, per package in sharing
+    mode Kueue that it holds; kept re-read while Kueue may not have written its status yet."""
+    metering = state.metering
+    held = {iv.package for ledger in months.values() if not ledger.final for iv in ledger.open_intervals()}
+    changed: set[str] = set()
+    for package in sorted(held & set(kueue)):
+        cq = await state.kube.get(KUEUE_API, "ClusterQueue", cluster_queue_name(package, namespace))
+        borrowed = borrowed_slices(cq, package, kueue[package])
+        if borrowed is not None:
+            changed |= mark_borrowed(months, package, borrowed, now)
+    if held & set(kueue) and time.monotonic() < metering.borrow_recheck.get(namespace, 0.0):
+        metering.dirty.add(namespace)
+    else:
+        metering.borrow_recheck.pop(namespace, None)
+    return changed
 
 
 def _ledgers(metering: Metering, namespace: str) -> dict[str, Ledger]:
@@ -449,6 +490,7 @@ async def _flush_namespace(
     claims: list[MeteredClaim],
     uuids: Mapping[tuple[str, str], str],
     checkpoint: bool,
+    kueue: Mapping[str, str],
 ) -> None:
     metering = state.metering
     months = _ledgers(metering, namespace)
@@ -467,6 +509,8 @@ async def _flush_namespace(
         # A price that changed (or changed while no operator ran) from here on.
         changed |= reprice(months, package, price, now)
     changed |= reconcile(months, namespace, held, released, metering.prices, now, metering.heartbeat_at)
+    if kueue:
+        changed |= await _mark_borrowed(state, namespace, months, kueue, now)
     _export(metering, namespace, held)
     stats = {m for ns, m in metering.stats_dirty if ns == namespace}
     write = changed | (stats if checkpoint or changed else set())

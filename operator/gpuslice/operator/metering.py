@@ -48,6 +48,8 @@ class Metering:
     heartbeat_sent: float | None = None
     #: namespace -> monotonic time before which a refused write is not tried again.
     retry_at: dict[str, float] = field(default_factory=dict)
+    #: namespace -> monotonic time until which its Kueue borrowed count is read again every flush.
+    borrow_recheck: dict[str, float] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def mark(self, namespace: str) -> None:

@@ -1,0 +1,81 @@
+"""Borrowed slice-hours (sharing mode Kueue): of a namespace's open intervals, as many as its
+ClusterQueue's status counts borrowed are marked borrowed, split where the count changes, kept
+across a restart (the objects carry the mark), and totalled apart."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from gpuslice.api.usage import GpuUsage, Price
+from gpuslice.domain.ledger import Holding, Ledger, encode, load, mark_borrowed, reconcile, totals
+
+NS = "team-b"
+PKG = "v100-8g"
+EUR = Price(perHour="0.45", currency="EUR")
+
+
+def t(s: str) -> datetime:
+    return datetime.strptime(s, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+
+
+def holding(uid: str, at: str) -> Holding:
+    return Holding(NS, PKG, f"s-{uid}", f"c-{uid}", uid, f"p-{uid}", "node-1", "GPU-0", t(at))
+
+
+def test_slices_above_the_entitlement_are_borrowed_from_their_start_and_billed_apart() -> None:
+    books: dict[str, Ledger] = {}
+    held = [holding("a", "2026-12-05 10:00:00"), holding("b", "2026-12-05 10:00:00")]
+    reconcile(books, NS, held, {}, {PKG: EUR}, t("2026-12-05 10:00:01"))
+    assert mark_borrowed(books, PKG, 0, t("2026-12-05 10:00:01")) == set()
+    # A third slice, two hours later, on quota Kueue lent: its ClusterQueue's status says 1 borrowed
+    # a moment after the claim was allocated. It is borrowed from its start, not from the moment.
+    held.append(holding("c", "2026-12-05 12:00:00"))
+    reconcile(books, NS, held, {}, {PKG: EUR}, t("2026-12-05 12:00:02"))
+    assert mark_borrowed(books, PKG, 1, t("2026-12-05 12:00:04")) == {"2026-12"}
+    ivs = {iv.claim_uid: iv for iv in books["2026-12"].intervals}
+    assert [uid for uid, iv in sorted(ivs.items()) if iv.borrowed] == ["c"]
+    assert ivs["c"].start == t("2026-12-05 12:00:00")
+    # The same count again changes nothing (no write).
+    assert mark_borrowed(books, PKG, 1, t("2026-12-05 12:30:00")) == set()
+    # At 13:00 slice a is released: c is within the entitlement from then on (Kueue says 0).
+    reconcile(books, NS, held[1:], {"a": t("2026-12-05 13:00:00")}, {PKG: EUR}, t("2026-12-05 13:00:01"))
+    assert mark_borrowed(books, PKG, 0, t("2026-12-05 13:00:01")) == {"2026-12"}
+    c_ivs = [iv for iv in books["2026-12"].intervals if iv.claim_uid == "c"]
+    assert [(iv.start, iv.end, iv.borrowed) for iv in c_ivs] == [
+        (t("2026-12-05 12:00:00"), t("2026-12-05 13:00:01"), True),
+        (t("2026-12-05 13:00:01"), None, False),
+    ]
+    (total,) = totals(((NS, iv) for iv in books["2026-12"].intervals), t("2026-12-05 14:00:00"))
+    # a: 3 h, b: 4 h, c: 2 h of which 1 h 0 min 1 s borrowed
+    assert total.slice_seconds == 3 * 3600 + 4 * 3600 + 2 * 3600
+    assert total.borrowed_seconds == 3601
+    assert total.borrowed_cost == Decimal("0.45") * 3601 / 3600
+
+
+def test_the_mark_survives_a_restart_and_the_totals_carry_borrowed_seconds() -> None:
+    books: dict[str, Ledger] = {}
+    held = [holding("a", "2026-12-05 10:00:00"), holding("b", "2026-12-05 10:00:00")]
+    reconcile(books, NS, held, {}, {PKG: EUR}, t("2026-12-05 10:00:02"))
+    mark_borrowed(books, PKG, 1, t("2026-12-05 10:00:03"))
+    books["2026-12"].confirmed_at = t("2026-12-05 11:00:00")
+    saved = encode(books["2026-12"], t("2026-12-05 11:00:00"))
+    assert saved[0].packages[0].borrowed_slice_seconds == 3600
+    wire = [GpuUsage.model_validate(json.loads(s.model_dump_json(by_alias=True))) for s in saved.values()]
+    after = {"2026-12": load(NS, wire)}
+    # A new process, Kueue still counting 1 borrowed: nothing changes, nothing is lost.
+    assert reconcile(after, NS, held, {}, {PKG: EUR}, t("2026-12-05 11:30:00")) == set()
+    assert mark_borrowed(after, PKG, 1, t("2026-12-05 11:30:00")) == set()
+    assert sorted(iv.borrowed for iv in after["2026-12"].intervals) == [False, True]
+    (total,) = totals(((NS, iv) for iv in after["2026-12"].intervals), t("2026-12-05 12:00:00"))
+    assert total.borrowed_seconds == 2 * 3600
+
+
+def test_a_ledger_written_before_sharing_reads_the_same() -> None:
+    books: dict[str, Ledger] = {}
+    reconcile(books, NS, [holding("a", "2026-12-05 10:00:00")], {}, {}, t("2026-12-05 10:00:02"))
+    shard = encode(books["2026-12"], t("2026-12-05 10:00:02"))[0]
+    dumped = shard.model_dump(by_alias=True, exclude_none=True)
+    assert "borrowed" not in dumped["intervals"][0]
+    assert "borrowedSliceSeconds" not in dumped["packages"][0]
