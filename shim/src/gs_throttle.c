@@ -112,10 +112,12 @@ static double nvml_slice_util(gs_meter *m)
     return total > 100 ? 100 : total;
 }
 
-#define GS_UTIL_FILE_SIZE 16 /* "GSUTIL01", then the word */
+#define GS_UTIL_FILE_SIZE 24 /* "GSUTIL01", the utilization word, the allowance word */
 
-/* The agent's word, mapped read-only once the file exists; 0 while there is none. */
-static uint64_t agent_word(void)
+/* The agent's words (0: utilization, 1: the share this slice may use now), mapped read-only once the
+ * file exists; 0 while there is none. A file of the older 16-byte layout reads 0 as its allowance
+ * (the mapping covers the whole page, zero past the end). */
+static uint64_t agent_word_at(int i)
 {
     static const _Atomic uint64_t *word;
     if (word == NULL) {
@@ -131,7 +133,23 @@ static uint64_t agent_word(void)
         }
         word = (const _Atomic uint64_t *)((const char *)p + 8);
     }
-    return atomic_load(word);
+    return atomic_load(word + i);
+}
+
+static uint64_t agent_word(void) { return agent_word_at(0); }
+
+/* The share to steer to now: the agent's allowance while it is fresh (a burst slice on an otherwise
+ * idle card may use more than its share), else the configured share. A stale or missing allowance
+ * falls back to the share: only the agent, which sees every slice of the card, may lift it. */
+static double share_now(void)
+{
+    uint64_t word = agent_word_at(1);
+    uint64_t now = unix_ms();
+    if (word != 0 && now >= (word >> 16) && now - (word >> 16) <= GS_AGENT_UTIL_MAX_AGE_MS) {
+        double allowed = (double)(word & 0xffffu) / 100.0;
+        if (allowed >= 1 && allowed <= 100) return allowed;
+    }
+    return (double)gs_cfg.compute_share;
 }
 
 static double measure(gs_meter *m);
@@ -177,10 +195,10 @@ static void *watcher(void *arg)
 {
     (void)arg;
     static gs_meter meter;
-    double share = (double)gs_cfg.compute_share;
     for (;;) {
         struct timespec ts = {.tv_sec = 0, .tv_nsec = GS_THROTTLE_PERIOD_MS * 1000000L};
         nanosleep(&ts, NULL);
+        double share = share_now();
         double util = measure(&meter);
         uint64_t d = next_delay(atomic_load(&gs_throttle_delay_ns), util, share);
         atomic_store(&gs_throttle_delay_ns, d);

@@ -52,6 +52,8 @@ class PreparedDevice(BaseModel):
     memory_bytes: int
     compute_share: int
     cdi_device_ids: list[str]
+    #: may use idle compute of its card above its share (the package's computeBurst)
+    compute_burst: bool = False
 
 
 class ClaimRecord(BaseModel):
