@@ -16,8 +16,9 @@ from pathlib import Path
 
 from gpuslice import logs
 from gpuslice.agent import nvml
-from gpuslice.agent.checkpoint import ClaimRecord, CheckpointStore
+from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
 from gpuslice.agent.prepare import NodePaths
+from gpuslice.domain import burst
 from gpuslice.shim.region import (
     REGION_FILE,
     RegionFormatError,
@@ -27,7 +28,6 @@ from gpuslice.shim.region import (
     write_allowance,
     write_utilization,
 )
-from gpuslice.domain import burst
 
 log = logs.get(__name__)
 
