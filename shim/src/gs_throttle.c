@@ -208,6 +208,17 @@ static uint64_t first_delay(double util, double share, uint64_t launches)
     return d > (double)GS_DELAY_MAX_NS ? GS_DELAY_MAX_NS : (uint64_t)d;
 }
 
+/* The same sizing for a delay already set, when utilization stays above the share by more than 10 %
+ * after the hold (the first step was sized on a cycle a neighbour's kernels stretched, and the
+ * neighbour then backed off): the cycle grows by c * (u / share - 1), 0.8 of it. */
+static uint64_t resize_delay(uint64_t d, double util, double share, uint64_t launches)
+{
+    if (util < 0 || launches == 0 || util <= 1.1 * share) return 0;
+    double cycle = (double)GS_THROTTLE_PERIOD_MS * 1e6 / (double)launches;
+    double nd = (double)d + 0.8 * cycle * (util / share - 1);
+    return nd > (double)GS_DELAY_MAX_NS ? GS_DELAY_MAX_NS : (uint64_t)nd;
+}
+
 static void *watcher(void *arg)
 {
     (void)arg;
@@ -227,6 +238,9 @@ static void *watcher(void *arg)
             hold = 2;
         } else if (hold > 0 && util > share) {
             hold--;
+        } else if ((jump = resize_delay(d, util, share, launches)) > d) {
+            d = jump;
+            hold = 2;
         } else {
             hold = 0;
             d = next_delay(d, util, share);
