@@ -38,6 +38,7 @@ void gs_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* --- throttle (gs_throttle.c) --- */
 extern _Atomic uint64_t gs_throttle_delay_ns;
 extern _Atomic int gs_throttle_started;
+extern _Atomic uint64_t gs_throttle_launches;
 void gs_throttle_start(void);
 void gs_throttle_sleep(uint64_t ns);
 void gs_throttle_after_fork_child(void);
@@ -45,6 +46,8 @@ void gs_throttle_after_fork_child(void);
 static inline void gs_throttle_before_launch(void)
 {
     if (GS_UNLIKELY(!atomic_load_explicit(&gs_throttle_started, memory_order_relaxed))) gs_throttle_start();
+    /* counted so the throttle's first step can size the delay from the launch period */
+    atomic_fetch_add_explicit(&gs_throttle_launches, 1, memory_order_relaxed);
     uint64_t d = atomic_load_explicit(&gs_throttle_delay_ns, memory_order_relaxed);
     if (GS_UNLIKELY(d != 0)) gs_throttle_sleep(d);
 }

@@ -7,7 +7,10 @@
  * next to the config (read-only in a container: the tenant cannot fake it; the agent sees host PIDs,
  * so it works inside any PID namespace), if fresher than GS_AGENT_UTIL_MAX_AGE_MS; or NVML
  * per-process utilization summed over the slice's live processes (which only matches while the
- * processes share the driver's PID namespace, i.e. outside containers). The usage region's
+ * processes share the driver's PID namespace, i.e. outside containers).
+ *
+ * The share steered to is the configured one, or, for a burst slice, the allowance the agent writes
+ * beside the utilization (the card's idle compute, or the share again once a neighbour runs). The usage region's
  * agent_utilization word is never read: every process of the slice can write the region.
  * With neither, the delay decays to zero (cooperative: the share is steered, never guessed).
  */
@@ -34,6 +37,7 @@
 
 _Atomic uint64_t gs_throttle_delay_ns;
 _Atomic int gs_throttle_started;
+_Atomic uint64_t gs_throttle_launches;
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void gs_throttle_sleep(uint64_t ns)
@@ -112,10 +116,12 @@ static double nvml_slice_util(gs_meter *m)
     return total > 100 ? 100 : total;
 }
 
-#define GS_UTIL_FILE_SIZE 16 /* "GSUTIL01", then the word */
+#define GS_UTIL_FILE_SIZE 24 /* "GSUTIL01", the utilization word, the allowance word */
 
-/* The agent's word, mapped read-only once the file exists; 0 while there is none. */
-static uint64_t agent_word(void)
+/* The agent's words (0: utilization, 1: the share this slice may use now), mapped read-only once the
+ * file exists; 0 while there is none. A file of the older 16-byte layout reads 0 as its allowance
+ * (the mapping covers the whole page, zero past the end). */
+static uint64_t agent_word_at(int i)
 {
     static const _Atomic uint64_t *word;
     if (word == NULL) {
@@ -131,7 +137,23 @@ static uint64_t agent_word(void)
         }
         word = (const _Atomic uint64_t *)((const char *)p + 8);
     }
-    return atomic_load(word);
+    return atomic_load(word + i);
+}
+
+static uint64_t agent_word(void) { return agent_word_at(0); }
+
+/* The share to steer to now: the agent's allowance while it is fresh (a burst slice on an otherwise
+ * idle card may use more than its share), else the configured share. A stale or missing allowance
+ * falls back to the share: only the agent, which sees every slice of the card, may lift it. */
+static double share_now(void)
+{
+    uint64_t word = agent_word_at(1);
+    uint64_t now = unix_ms();
+    if (word != 0 && now >= (word >> 16) && now - (word >> 16) <= GS_AGENT_UTIL_MAX_AGE_MS) {
+        double allowed = (double)(word & 0xffffu) / 100.0;
+        if (allowed >= 1 && allowed <= 100) return allowed;
+    }
+    return (double)gs_cfg.compute_share;
 }
 
 static double measure(gs_meter *m);
@@ -173,16 +195,56 @@ static uint64_t next_delay(uint64_t d, double util, double share)
     return nd < GS_DELAY_MIN_NS / 2 ? 0 : nd;
 }
 
+/* The first step from unthrottled, sized from the launch period instead of grown from
+ * GS_DELAY_MIN_NS: with kernels of milliseconds the multiplicative steps alone take seconds, and a
+ * burst slice must be back at its share within 2 s of a neighbour starting. A launch cycle of c ns at
+ * utilization u becomes c * u / share with the delay added; 0.8 of that, the rest left to the steps
+ * below. Then the controller holds for two periods while the (lagging) measurement catches up. */
+static uint64_t first_delay(double util, double share, uint64_t launches)
+{
+    if (util < 0 || launches == 0 || util <= 1.5 * share) return 0;
+    double cycle = (double)GS_THROTTLE_PERIOD_MS * 1e6 / (double)launches;
+    double d = 0.8 * cycle * (util / share - 1);
+    return d > (double)GS_DELAY_MAX_NS ? GS_DELAY_MAX_NS : (uint64_t)d;
+}
+
+/* The same sizing for a delay already set, when utilization stays above the share by more than 10 %
+ * after the hold (the first step was sized on a cycle a neighbour's kernels stretched, and the
+ * neighbour then backed off): the cycle grows by c * (u / share - 1), 0.8 of it. */
+static uint64_t resize_delay(uint64_t d, double util, double share, uint64_t launches)
+{
+    if (util < 0 || launches == 0 || util <= 1.1 * share) return 0;
+    double cycle = (double)GS_THROTTLE_PERIOD_MS * 1e6 / (double)launches;
+    double nd = (double)d + 0.8 * cycle * (util / share - 1);
+    return nd > (double)GS_DELAY_MAX_NS ? GS_DELAY_MAX_NS : (uint64_t)nd;
+}
+
 static void *watcher(void *arg)
 {
     (void)arg;
     static gs_meter meter;
-    double share = (double)gs_cfg.compute_share;
+    uint64_t seen = atomic_load(&gs_throttle_launches);
+    int hold = 0;
     for (;;) {
         struct timespec ts = {.tv_sec = 0, .tv_nsec = GS_THROTTLE_PERIOD_MS * 1000000L};
         nanosleep(&ts, NULL);
+        uint64_t count = atomic_load(&gs_throttle_launches), launches = count - seen;
+        seen = count;
+        double share = share_now();
         double util = measure(&meter);
-        uint64_t d = next_delay(atomic_load(&gs_throttle_delay_ns), util, share);
+        uint64_t d = atomic_load(&gs_throttle_delay_ns), jump = 0;
+        if (d < GS_DELAY_MIN_NS && (jump = first_delay(util, share, launches)) > GS_DELAY_MIN_NS) {
+            d = jump;
+            hold = 2;
+        } else if (hold > 0 && util > share) {
+            hold--;
+        } else if ((jump = resize_delay(d, util, share, launches)) > d) {
+            d = jump;
+            hold = 2;
+        } else {
+            hold = 0;
+            d = next_delay(d, util, share);
+        }
         atomic_store(&gs_throttle_delay_ns, d);
         if (util >= 0) atomic_store(&gs_reg.hdr->shim_utilization, gs_util_encode(unix_ms(), (unsigned)(util * 100)));
         atomic_store(&gs_reg.hdr->throttle_delay_ns, d);

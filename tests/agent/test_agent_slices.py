@@ -24,6 +24,7 @@ from gpuslice.agent.slices import (
     with_generation,
 )
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice.api.resourceslice import parse_resource_slices
 from support import V100, gpu
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -84,6 +85,14 @@ def test_v100_with_8g_16g_32g_packages() -> None:
 def test_compute_share_overrides_fraction_in_the_counters() -> None:
     (_, _), (_, devices) = build_specs("n", [gpu(0)], [pkg("v100-8g-fast", 25, compute=50)])
     assert {d["consumesCounters"][0]["counters"]["compute"]["value"] for d in devices["devices"]} == {"50"}
+
+
+def test_a_burst_package_reaches_the_prepared_slice_through_its_devices() -> None:
+    burst = Package("v100-8g-burst", GpuPackageSpec(gpuModel=V100, fraction=25, computeBurst=True))
+    specs = build_specs("n", [gpu(0)], [burst, pkg("v100-8g", 25)])
+    parsed = parse_resource_slices([{"metadata": {"name": n}, "spec": spec} for n, spec in specs])
+    flags = {d.package: d.compute_burst for s in parsed for d in s.devices}
+    assert flags == {"v100-8g-burst": True, "v100-8g": False}
 
 
 def test_node_without_matching_packages_still_publishes_its_cards() -> None:

@@ -181,3 +181,13 @@ def test_every_claim_survives_a_write_and_a_read(
         written = json.loads(store.path.read_text())
     assert written["version"] == WRITE_VERSION
     assert Checkpoint.model_validate(migrate(written)).claims == checkpoint.claims
+
+
+def test_a_burst_slice_keeps_its_flag_and_others_keep_the_older_document() -> None:
+    from gpuslice.agent.checkpoint import PreparedDevice
+
+    fields = dict(request="r", pool="n", device="d", gpu_uuid="GPU-1", memory_bytes=1, compute_share=25)
+    plain = PreparedDevice(**fields, cdi_device_ids=[])
+    burst = PreparedDevice(**fields, cdi_device_ids=[], compute_burst=True)
+    assert "compute_burst" not in plain.model_dump(mode="json")
+    assert PreparedDevice.model_validate(burst.model_dump(mode="json")).compute_burst is True

@@ -17,6 +17,7 @@ from gpuslice.shim.region import (
     create_utilization_file,
     read_usage,
     utilization_file_for,
+    write_allowance,
     write_utilization,
 )
 from gpuslice_dev.gpusim.simulate import start_fake_driverd
@@ -154,3 +155,27 @@ def test_share_holds_inside_a_pid_namespace(make_slice, built):
         agent.wait(timeout=30)
         daemon.terminate()
         daemon.wait(timeout=30)
+
+
+def test_an_older_agents_utilization_file_grows_in_place_for_the_allowance(tmp_path):
+    """A file of the 16-byte layout (an agent before computeBurst) keeps its inode, which a
+    container's bind mount pins, and gains the allowance word."""
+    path = tmp_path / "utilization"
+    path.write_bytes(b"GSUTIL01" + bytes(8))
+    inode = path.stat().st_ino
+    assert write_allowance(path, 100.0) is False, "no room for the allowance yet"
+    create_utilization_file(path)
+    assert path.stat().st_ino == inode and path.stat().st_size == 24
+    assert write_allowance(path, 100.0) is True and write_utilization(path, 40.0) is True
+    with pytest.raises(ValueError, match=r"1\.\.100"):
+        write_allowance(path, 0)
+
+
+def test_a_stale_allowance_is_not_a_burst(make_slice, built):
+    """An allowance older than 3 s (a stopped agent) no longer lifts the share."""
+    s = make_slice(memory_bytes=LIMIT, compute_share=25)
+    util = create_utilization_file(utilization_file_for(s.config_path))
+    out = _launch_beside(
+        s, built, ["5", "10000", "kernel"], lambda: write_allowance(util, 100.0, now=time.time() - 10), 0.1
+    )
+    assert float(values(out)["busy_fraction"]) <= 0.35

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from gpuslice import __version__
 from gpuslice.files import atomic_write
@@ -52,6 +52,17 @@ class PreparedDevice(BaseModel):
     memory_bytes: int
     compute_share: int
     cdi_device_ids: list[str]
+    #: may use idle compute of its card above its share (the package's computeBurst)
+    compute_burst: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_default_burst(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Written only when set: a slice that does not burst keeps the document of the releases
+        # before the field (a rollback reads the same checkpoint).
+        out: dict[str, Any] = handler(self)
+        if not self.compute_burst:
+            out.pop("compute_burst", None)
+        return out
 
 
 class ClaimRecord(BaseModel):

@@ -80,6 +80,7 @@ def resolve_claim(
                 gpu_uuid=device.uuid,
                 memory_bytes=device.memory_bytes,
                 compute_share=device.compute_share,
+                compute_burst=device.compute_burst,
                 cdi_device_ids=[cdi.cdi_device_id(uid), cdi.nvidia_device_id(device.uuid)],
             )
         )

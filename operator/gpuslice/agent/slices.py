@@ -93,6 +93,7 @@ def _device(gpu: GpuInfo, package: Package, k: int, taints: Sequence[dict[str, A
             "gpuIndex": {"int": gpu.index},
             "pciBusId": {"string": gpu.pci_bus_id},
             "computeShare": {"int": package.spec.effective_compute_share},
+            **({"computeBurst": {"bool": True}} if package.spec.compute_burst else {}),
         },
         "capacity": {"memory": {"value": str(memory)}},
         "consumesCounters": [

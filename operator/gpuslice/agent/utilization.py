@@ -16,14 +16,16 @@ from pathlib import Path
 
 from gpuslice import logs
 from gpuslice.agent import nvml
-from gpuslice.agent.checkpoint import CheckpointStore
+from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
 from gpuslice.agent.prepare import NodePaths
+from gpuslice.domain import burst
 from gpuslice.shim.region import (
     REGION_FILE,
     RegionFormatError,
     create_utilization_file,
     open_region,
     utilization_file_for,
+    write_allowance,
     write_utilization,
 )
 
@@ -84,6 +86,7 @@ class UtilizationFeedback:
     paths: NodePaths
     interval: float = 0.5
     _meters: dict[str, nvml.UtilizationMeter] = field(default_factory=dict)
+    _last: dict[str, float] = field(default_factory=dict)  # the latest figure per claim
 
     async def run(self) -> None:
         while True:
@@ -109,10 +112,32 @@ class UtilizationFeedback:
                     utilization_file_for(self.paths.claim_dir(record.uid) / "slice.conf")
                 )
                 try:
-                    write_slice_utilization(meter, region, target)
+                    percent = write_slice_utilization(meter, region, target)
+                    if percent is not None:
+                        self._last[record.uid] = percent
                 except nvml.Error as exc:  # this card failed (agent.health says so); the others go on
                     log.debug("no utilization for the slice's card", claim=record.uid, error=str(exc))
                 except (OSError, RegionFormatError) as exc:  # the usage reporter says what is wrong
                     log.debug("no utilization for the slice", claim=record.uid, error=str(exc))
+        self._write_allowances(records)
         for uid in set(self._meters) - {r.uid for r in records}:
             del self._meters[uid]
+        for uid in set(self._last) - {r.uid for r in records}:
+            del self._last[uid]
+
+    def _write_allowances(self, records: list[ClaimRecord]) -> None:
+        """Each burst slice's allowance, decided per card from every slice's latest figure."""
+        cards: dict[str, list[burst.SliceLoad]] = {}
+        files: dict[str, Path] = {}
+        for r in records:
+            device = r.devices[0]
+            cards.setdefault(device.gpu_uuid, []).append(
+                burst.SliceLoad(r.uid, device.compute_share, device.compute_burst, self._last.get(r.uid))
+            )
+            files[r.uid] = utilization_file_for(self.paths.claim_dir(r.uid) / "slice.conf")
+        for card in cards.values():
+            for uid, percent in burst.allowances(card).items():
+                try:
+                    write_allowance(files[uid], percent)
+                except OSError as exc:
+                    log.debug("no allowance for the slice", claim=uid, error=str(exc))

@@ -52,6 +52,9 @@ class GpuPackageSpec(CamelModel):
     gpu_model: str = Field(alias="gpuModel", min_length=1)
     fraction: int = Field(ge=1, le=100, description="percent of one card")
     compute_share: int | None = Field(default=None, alias="computeShare", ge=1, le=100)
+    #: Work-conserving compute: a slice may use idle compute of its card above its share and is held
+    #: back to its share within 2 s once a neighbour runs (gpuslice.domain.burst).
+    compute_burst: bool = Field(default=False, alias="computeBurst")
     entitlements: list[Entitlement] = Field(default_factory=list)
     isolation: Isolation = Field(default_factory=Isolation)
     #: What a slice costs per hour held; the metering ledger records it per interval.

@@ -46,6 +46,8 @@ class PublishedDevice:
     consumes: Mapping[str, int] = field(default_factory=dict)
     #: DRA device taints (resource.k8s.io/v1 DeviceTaint: key, value, effect, timeAdded)
     taints: tuple[Mapping[str, Any], ...] = ()
+    #: may use idle compute of its card above its share (published only when it may)
+    compute_burst: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         counter_set=consumption.get("counterSet"),
         consumes=_counters(consumption.get("counters")),
         taints=tuple(dev.get("taints") or ()),
+        compute_burst=attribute(attrs, "computeBurst") is True,
     )
 
 

@@ -18,6 +18,21 @@ GUARANTEES = Guarantees(
     "quota Entitlement (not a reservation: when GPUs are full, workloads wait)",
 )
 
+BURST_GUARANTEES = GUARANTEES.model_copy(
+    update={
+        "compute": "CooperativeBurst",
+        "summary": "memory Enforced (hard limit), compute CooperativeBurst (a share, not a throughput "
+        "guarantee; alone on its card a slice may use the idle compute up to the whole card, and is held "
+        "back to its share within 2 s once a neighbouring slice runs), quota Entitlement (not a "
+        "reservation: when GPUs are full, workloads wait)",
+    }
+)
+
+
+def guarantees_for(spec: GpuPackageSpec) -> Guarantees:
+    """What the package's status promises, in words (its computeBurst changes the compute part)."""
+    return BURST_GUARANTEES if spec.compute_burst else GUARANTEES
+
 
 def format_bytes(n: int) -> str:
     """Largest binary unit that divides evenly, as Kubernetes writes quantities: 8589934592 -> 8Gi."""
@@ -119,7 +134,7 @@ def package_status(
         slicesPerGpu=spec.slices_per_card(),
         capacity=capacity_status(capacity),
         entitledNamespaces=entitled_namespaces,
-        guarantees=GUARANTEES,
+        guarantees=guarantees_for(spec),
         conditions=stamp(conditions, previous, now),
         observedGeneration=generation,
     )

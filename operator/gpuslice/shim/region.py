@@ -244,7 +244,10 @@ def read_usage(usage_dir: Path | str) -> UsageSnapshot:
 #: a tenant can read it and never write it (the usage region, which tenants write, is not trusted).
 UTILIZATION_FILE = "utilization"
 UTILIZATION_MAGIC = b"GSUTIL01"
-UTILIZATION_SIZE = 16  # magic, then one u64: (unix_ms << 16) | basis points; 0 = none yet
+# magic, then two u64s of (unix_ms << 16) | basis points, 0 = none yet: the slice's measured
+# utilization, and the share it may use now (a burst slice's allowance; 0 = its configured share)
+UTILIZATION_SIZE = 24
+_UTILIZATION_V1_SIZE = 16  # the utilization word alone: an older agent's file, still read
 
 
 def create_usage_region(usage_dir: Path | str) -> Path:
@@ -279,8 +282,12 @@ def create_utilization_file(path: Path | str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        if os.fstat(fd).st_size < UTILIZATION_SIZE or os.pread(fd, 8, 0) != UTILIZATION_MAGIC:
-            os.pwrite(fd, UTILIZATION_MAGIC + bytes(8), 0)
+        size = os.fstat(fd).st_size
+        if size < _UTILIZATION_V1_SIZE or os.pread(fd, 8, 0) != UTILIZATION_MAGIC:
+            os.pwrite(fd, UTILIZATION_MAGIC + bytes(16), 0)
+            os.fsync(fd)
+        elif size < UTILIZATION_SIZE:  # an older agent's file: grown in place (mounts pin the inode)
+            os.pwrite(fd, bytes(UTILIZATION_SIZE - size), size)
             os.fsync(fd)
     finally:
         os.close(fd)
@@ -297,21 +304,36 @@ def write_utilization(path: Path | str, percent: float, now: float | None = None
     """
     if not 0 <= percent <= 100:
         raise ValueError(f"utilization must be within 0..100 percent, got {percent}")
+    return _write_word(path, 1, percent, now)
+
+
+def write_allowance(path: Path | str, percent: float, now: float | None = None) -> bool:
+    """Tell a burst slice's shims the share of the GPU they may use now (percent, 1..100).
+
+    The shim steers to it while it is at most 3 s old, else to the configured share: a stopped agent
+    drops every burst slice back to its share within 3 s.
+    """
+    if not 1 <= percent <= 100:
+        raise ValueError(f"allowance must be within 1..100 percent, got {percent}")
+    return _write_word(path, 2, percent, now)
+
+
+def _write_word(path: Path | str, index: int, percent: float, now: float | None) -> bool:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
-        if os.fstat(fd).st_size < UTILIZATION_SIZE:
+        if os.fstat(fd).st_size < 8 * (index + 1):
             return False
         word = (int((time.time() if now is None else now) * 1000) << 16) | round(percent * 100)
-        mem = mmap.mmap(fd, UTILIZATION_SIZE)
+        mem = mmap.mmap(fd, 8 * (index + 1))
         try:
             if mem[:8] != UTILIZATION_MAGIC:
                 return False
             # A "Q" view writes the word in a single access.
             with memoryview(mem) as raw, raw.cast("Q") as words:
-                words[1] = word
+                words[index] = word
         finally:
             mem.close()
     finally:
