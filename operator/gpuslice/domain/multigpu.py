@@ -135,3 +135,32 @@ def quota_devices(spec: GpuPackageSpec, products: int) -> int:
 def card_seconds(spec: GpuPackageSpec, held_seconds: float) -> float:
     """Card-seconds one product held for `held_seconds` stands for, for metering."""
     return held_seconds * spec.cards_per_product
+
+
+def cards_from_slices(
+    slices: Iterable[dict[str, Any]], allocated: set[tuple[str, str]], package: str
+) -> list[Card]:
+    """The package's whole-card devices from ResourceSlice objects of driver gpuslice.io, with their
+    topology attributes; `allocated`: (pool, device) of every device in an allocated claim."""
+    out: list[Card] = []
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != c.DRIVER_NAME:
+            continue
+        pool = (spec.get("pool") or {}).get("name", "")
+        node = spec.get("nodeName") or pool
+        for d in spec.get("devices") or []:
+            attrs = d.get("attributes") or {}
+            if (attrs.get("package") or {}).get("string") != package:
+                continue
+            numa = (attrs.get("numaNode") or {}).get("int")
+            out.append(
+                Card(
+                    node=node,
+                    device=d["name"],
+                    pcie_root=(attrs.get(PCIE_ROOT_ATTRIBUTE) or {}).get("string"),
+                    numa_node=int(numa) if numa is not None else None,
+                    free=(pool, d["name"]) not in allocated,
+                )
+            )
+    return out
