@@ -5,17 +5,23 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from gpuslice.agent.slices import Package, build_specs, with_generation
 from gpuslice.api.package import GpuPackageSpec, Topology
+from gpuslice.api.resourceslice import parse_resource_slices
 from gpuslice.domain.multigpu import (
     NUMA_NODE_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     Card,
     card_seconds,
+    cards_from_published,
     claim_spec,
     placement,
     products_free,
     quota_devices,
 )
+from gpuslice.domain.package_status import capacity_status
+from gpuslice.operator.state import Snapshot
+from support import gpu
 
 V100 = "Tesla V100-SXM2-16GB"
 
@@ -104,3 +110,28 @@ def test_quota_and_metering_count_cards() -> None:
     assert quota_devices(four, 3) == 12
     assert card_seconds(four, 60.0) == 240.0
     assert card_seconds(spec(fraction=25), 60.0) == 60.0
+
+
+def test_package_status_counts_products_free_from_what_the_node_publishes() -> None:
+    # A PCIe node of 4 cards on 2 roots, offering a 2-card product and a quarter slice on every card.
+    cards = [
+        gpu(i, V100, node="pcie").model_copy(update={"pcie_root": f"pci0000:{0x40 * (i // 2):02x}"})
+        for i in range(4)
+    ]
+    x2, quarter = spec(gpus=2, topology="SamePcieRoot"), spec(fraction=25)
+    objs = with_generation("pcie", build_specs("pcie", cards, [Package("x2", x2), Package("q", quarter)]), 1)
+    published = parse_resource_slices(objs)
+    assert products_free(cards_from_published(published, [], "x2"), 2, x2.topology) == 2
+    # One quarter slice on card 0 leaves card 0 not whole: one product left, on the other root.
+    slice_on_0 = next(
+        d.name for s in published for d in s.devices if d.package == "q" and d.counter_set == "gpu-0"
+    )
+    left = cards_from_published(published, [("pcie", slice_on_0)], "x2")
+    assert products_free(left, 2, x2.topology) == 1
+    assert not placement(left, 4, Topology.ANY, V100).fits
+    snapshot = Snapshot(taken_at=0.0, slices=published, allocated=[("pcie", slice_on_0)], uuids={})
+    status = capacity_status(snapshot.capacity("x2", x2)).model_dump(by_alias=True, exclude_none=True)
+    assert status["productsFree"] == 1 and status["slicesFree"] == 3
+    assert "productsFree" not in capacity_status(snapshot.capacity("q", quarter)).model_dump(
+        exclude_none=True
+    )

@@ -46,6 +46,9 @@ class PublishedDevice:
     consumes: Mapping[str, int] = field(default_factory=dict)
     #: DRA device taints (resource.k8s.io/v1 DeviceTaint: key, value, effect, timeAdded)
     taints: tuple[Mapping[str, Any], ...] = ()
+    #: topology the agent publishes (multi-GPU products' constraints); None where it does not
+    pcie_root: str | None = None
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,10 @@ class PublishedSlice:
     node: str | None
     devices: tuple[PublishedDevice, ...]
     counter_sets: Mapping[str, Mapping[str, int]]
+
+
+#: Kubernetes' standard attribute for a device's PCIe root complex (also in domain.multigpu).
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
 
 def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
@@ -76,6 +83,8 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         counter_set=consumption.get("counterSet"),
         consumes=_counters(consumption.get("counters")),
         taints=tuple(dev.get("taints") or ()),
+        pcie_root=_text(attribute(attrs, PCIE_ROOT)),
+        numa_node=int(numa) if isinstance(numa := attribute(attrs, "numaNode"), int) else None,
     )
 
 

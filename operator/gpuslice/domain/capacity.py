@@ -25,6 +25,8 @@ class Capacity:
     free: int
     memory_per_slice_bytes: int | None
     unhealthy_gpus: int = 0
+    #: multi-GPU packages: whole products placeable now (`domain.multigpu.products_free`)
+    products_free: int | None = None
 
 
 def package_capacity(

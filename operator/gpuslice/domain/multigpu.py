@@ -17,6 +17,8 @@ from typing import Any, Final
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec, Topology
+from gpuslice.api.resourceslice import PublishedSlice, newest_generation
+from gpuslice.domain.health import tainted_effect
 
 #: The attribute Kubernetes standardises for a device's PCIe root complex (KEP 4381 "standardized
 #: device attributes"); the agent publishes it under this fully qualified name.
@@ -164,3 +166,26 @@ def cards_from_slices(
                 )
             )
     return out
+
+
+def cards_from_published(
+    slices: Iterable[PublishedSlice], allocated: Iterable[tuple[str, str]], package: str
+) -> list[Card]:
+    """The package's whole-card devices from the operator's parsed ResourceSlices (newest generation
+    of each pool). A card is free when no device on it, of this package or another, is allocated:
+    a whole card needs all of its counters. A tainted (unhealthy) card is left out."""
+    live = newest_generation(slices)
+    taken = set(allocated)
+    busy = {(d.pool, d.counter_set) for s in live for d in s.devices if (d.pool, d.name) in taken}
+    return [
+        Card(
+            node=s.node or s.pool,
+            device=d.name,
+            pcie_root=d.pcie_root,
+            numa_node=d.numa_node,
+            free=(d.pool, d.counter_set) not in busy and (d.pool, d.name) not in taken,
+        )
+        for s in live
+        for d in s.devices
+        if d.package == package and not tainted_effect(d.taints)
+    ]
