@@ -87,12 +87,12 @@ def product(cluster: DevCluster, ns: str, name: str, package: str, spec: GpuPack
     apply(cluster, [claim, pod_doc(name, ns, node_selector={"kubernetes.io/hostname": node})])
 
 
-def allocated_roots(cluster: DevCluster, ns: str, name: str) -> list[str] | None:
+def allocated_roots(cluster: DevCluster, ns: str, name: str, label: str = TEST_LABEL) -> list[str] | None:
     claim = get_json(cluster, "resourceclaim", name, "-n", ns)
     results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
     if not results:
         return None
-    published = get_json(cluster, "resourceslices", "-l", TEST_LABEL)["items"]
+    published = get_json(cluster, "resourceslices", "-l", label)["items"]
     root = {
         (s["spec"]["pool"]["name"], d["name"]): d["attributes"][PCIE_ROOT_ATTRIBUTE]["string"]
         for s in published

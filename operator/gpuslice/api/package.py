@@ -97,7 +97,10 @@ class GpuPackageSpec(CamelModel):
         return self.gpus or 1
 
     def extended_resource(self, package: str) -> str | None:
-        """The product's extended resource name, or None when the package turns it off."""
+        """The product's extended resource name, or None when the package turns it off. A multi-GPU
+        product has none: kube-scheduler's claim for `resources.limits` is for one device."""
+        if self.gpus is not None:
+            return None
         if self.extended_resource_name is None:
             return c.extended_resource_name(package)
         return self.extended_resource_name or None
