@@ -27,6 +27,9 @@ Policies (all prefixed gpuslice-), what they bind to, their action and what they
 - claims, claim-templates (all namespaces, Deny): gpuslice claims not in the documented form, or
   in a namespace that holds no entitlement; kube-scheduler's own claim for a product in
   resources.limits has its form too (one request `container-<i>-request-<j>`, ExactCount 1).
+- product-claims, product-claim-templates (all namespaces, Deny; every GpuPackage a param): a claim
+  labelled with a package in any other count or constraint than the package's own (1 for a slice;
+  `gpus` and the topology's matchAttribute for a multi-GPU product).
 - other-claims, other-claim-templates (all namespaces, Deny): claims for other classes that reach
   gpuslice devices by a selector or config naming gpuslice; in tenant namespaces allocationMode All
   and adminAccess for any class.
