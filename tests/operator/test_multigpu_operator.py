@@ -36,7 +36,7 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
     token = "g" + uuid.uuid4().hex[:5]
     pkg = f"{token}-x4"
     spec: dict[str, Any] = {"gpuModel": SXM2, "gpus": 4, "topology": "SamePcieRoot"}
-    spec["entitlements"] = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": 2}]
+    spec["entitlements"] = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": 3}]
     package = {
         "apiVersion": c.GROUP_VERSION,
         "kind": c.PACKAGE_KIND,
@@ -52,12 +52,12 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
         d["metadata"]["labels"]["gpuslice-test/operator"] = "true"
     apply(cluster, docs)
 
-    # Quota counts cards: 2 products of 4 cards are 8 devices.
+    # Quota counts cards: 3 products of 4 cards are 12 devices.
     def hard() -> str | None:
         q = get_json(cluster, "resourcequota", c.QUOTA_NAME, "-n", namespace) or {}
         return (q.get("spec") or {}).get("hard", {}).get(c.quota_key(pkg))
 
-    assert wait_for(hard, 30, "quota") == "8"
+    assert wait_for(hard, 30, "quota") == "12"
     apply(cluster, [slice_doc("big", namespace, pkg)])
     wait_for(lambda: get_json(cluster, "resourceclaim", "big", "-n", namespace), 30, "the slice's claim")
     apply(cluster, [pod_doc("big", namespace, "big")])
@@ -70,6 +70,22 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
         return value if value == 1 else None
 
     assert wait_for(free, 60, "productsFree 1 (the other root)") == 1
+
+    # The second product takes the other root; the third finds no node with 4 free cards on one root.
+    for name in ("big2", "big3"):
+        apply(cluster, [slice_doc(name, namespace, pkg)])
+        wait_for(lambda n=name: get_json(cluster, "resourceclaim", n, "-n", namespace), 30, "claim")
+        apply(cluster, [pod_doc(name, namespace, name)])
+    second = wait_for(lambda: allocated_roots_any(cluster, namespace, "big2"), 60, "second product")
+    assert len(set(second)) == 1 and set(second) != set(roots)
+
+    def waiting() -> dict[str, Any] | None:
+        st = (get_json(cluster, "gpuslice", "big3", "-n", namespace) or {}).get("status") or {}
+        return st if st.get("reason") == "NoNodeFits" else None
+
+    status = wait_for(waiting, 60, "third product Pending NoNodeFits")
+    assert status["phase"] == "Pending"
+    assert f"no node has 4 free cards of {SXM2} on one PCIe root" in status["message"], status["message"]
 
     # A hand-written claim of the product with count 1 is not its form.
     claim = {

@@ -668,8 +668,11 @@ def _product_claim_policy(name: str, resource: str, base: str, labels: str) -> d
         [
             {
                 "expression": f"{labels}['{c.LABEL_PACKAGE}'] != params.metadata.name || ("
-                f"{requests}.all(r, !has(r.exactly) || r.exactly.count == {count}) && "
+                # No count (allocationMode All): the `claims` policy refuses it, with its own message.
+                f"{requests}.all(r, !has(r.exactly) || !has(r.exactly.count) || "
+                f"r.exactly.count == {count}) && "
                 f"(({wants}) ? (has({constraints}) && size({constraints}) == 1 && "
+                f"has({constraints}[0].matchAttribute) && "
                 f"{constraints}[0].matchAttribute == {attribute}) : {none}))",
                 "messageExpression": "'a claim for a gpuslice DeviceClass has one request named gpu with "
                 "allocationMode ExactCount and count 1, or for the multi-GPU product ' + "

@@ -17,7 +17,7 @@ from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.features import Platform
-from gpuslice.domain.multigpu import cards_from_published, products_free
+from gpuslice.domain.multigpu import cards_from_published, placement, products_free
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
@@ -70,7 +70,12 @@ class Snapshot:
         if spec is None or spec.gpus is None:
             return found
         cards = cards_from_published(self.slices, self.allocated, package)
-        return dataclasses.replace(found, products_free=products_free(cards, spec.gpus, spec.topology))
+        fit = placement(cards, spec.gpus, spec.topology, spec.gpu_model)
+        return dataclasses.replace(
+            found,
+            products_free=products_free(cards, spec.gpus, spec.topology),
+            placement_message=None if fit.fits else fit.message,
+        )
 
 
 @dataclass
