@@ -5,6 +5,8 @@ the product to its form."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -86,6 +88,20 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
     status = wait_for(waiting, 60, "third product Pending NoNodeFits")
     assert status["phase"] == "Pending"
     assert f"no node has 4 free cards of {SXM2} on one PCIe root" in status["message"], status["message"]
+    explained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuslice",
+            "explain",
+            f"{namespace}/big3",
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "NoNodeFits" in explained and f"no node has 4 free cards of {SXM2} on one PCIe root" in explained
 
     # A hand-written claim of the product with count 1 is not its form.
     claim = {
