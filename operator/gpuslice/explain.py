@@ -35,6 +35,12 @@ ADVICE: Mapping[str, tuple[str, ...]] = {
         "(quota is an entitlement, not a reservation)",
         "or use a smaller product that still fits: kubectl get gpupackages",
     ),
+    Reason.NO_NODE_FITS: (
+        "nothing: it starts by itself when enough whole cards free on one node (quota is an "
+        "entitlement, not a reservation); see free products: kubectl get gpupackage {package} "
+        "-o jsonpath='{{.status.capacity.productsFree}}'",
+        "or use a product of fewer cards: kubectl get gpupackages",
+    ),
     Reason.GPUS_UNHEALTHY: (
         "nothing you can do: the platform team resets or replaces the card; "
         "the pod starts by itself once a GPU of the model is healthy again",

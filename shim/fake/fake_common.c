@@ -97,6 +97,18 @@ static int set_gpu_key(fake_gpu *g, const char *key, const char *val)
         if (*end) return -1;
     } else if (strcmp(key, "pci_bus_id") == 0) {
         if (sscanf(val, "%x:%x:%x.0", &g->pci_domain, &g->pci_bus, &g->pci_device) != 3) return -1;
+    } else if (strcmp(key, "nvlink") == 0) {
+        g->nvlink_count = 0;
+        for (const char *p = val; *p;) {
+            if (g->nvlink_count >= FAKE_MAX_NVLINKS) return -1;
+            int k = g->nvlink_count, used = 0;
+            if (sscanf(p, "%x:%x:%x.0%n", &g->nvlink_domain[k], &g->nvlink_bus[k], &g->nvlink_device[k], &used) != 3)
+                return -1;
+            g->nvlink_count++;
+            p += used;
+            if (*p == ',') p++;
+            else if (*p) return -1;
+        }
     } else if (strcmp(key, "pci_device_id") == 0) {
         g->pci_device_id = (unsigned)strtoul(val, &end, 16);
         if (*end) return -1;

@@ -35,6 +35,7 @@
 #define FAKE_DEFAULT_CONFIG "/run/nvidia-fake/fake-gpus.conf"
 #define FAKE_MAX_GPUS 16
 #define FAKE_MAX_PROCS 256
+#define FAKE_MAX_NVLINKS 6
 #define FAKE_RING 8192
 #define FAKE_EXPORT __attribute__((visibility("default")))
 
@@ -47,6 +48,10 @@ typedef struct {
     int multiprocessors;
     unsigned pci_domain, pci_bus, pci_device;
     unsigned pci_device_id;
+    /* NVLinks (gpu.N.nvlink: the peer's bus id per link, comma-separated; none on a PCIe board,
+     * where NVML answers NotSupported). A V100-SXM2 has 6 links. */
+    int nvlink_count;
+    unsigned nvlink_domain[FAKE_MAX_NVLINKS], nvlink_bus[FAKE_MAX_NVLINKS], nvlink_device[FAKE_MAX_NVLINKS];
     unsigned minor;
     char serial[32];
     uint64_t context_bytes; /* device memory each context takes (gpu.N.context_bytes; default 0) */

@@ -825,30 +825,55 @@ CARD_STRING(nvmlDeviceGetInforomImageVersion, "G500.0200.00.03")
 CARD_STRING(nvmlDeviceGetBoardPartNumber, "900-2G500-0010-000")
 CARD_VALUE(nvmlDeviceGetMultiGpuBoard, unsigned int, 0)
 
-/* PCIe boards have no NVLink. */
+/* NVLink as the board has it (gpu.N.nvlink): a PCIe board has none and answers NotSupported for every
+ * link; an SXM2 board has FAKE_MAX_NVLINKS links, the configured ones active, each to a peer card. */
+static nvmlReturn_t nvlink_of(nvmlDevice_t dev, unsigned int link_id, const fake_gpu **out)
+{
+    GET_GPU(dev, g);
+    if (g->nvlink_count == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (link_id >= FAKE_MAX_NVLINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    *out = g;
+    return NVML_SUCCESS;
+}
+
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned int link_id, nvmlEnableState_t *active)
 {
-    (void)link_id;
-    (void)active;
-    CHECK_CARD(dev);
-    return NVML_ERROR_NOT_SUPPORTED;
+    const fake_gpu *g = NULL;
+    nvmlReturn_t rc = nvlink_of(dev, link_id, &g);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!active) return NVML_ERROR_INVALID_ARGUMENT;
+    *active = (int)link_id < g->nvlink_count ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link_id,
                                                               nvmlIntNvLinkDeviceType_t *type)
 {
-    (void)link_id;
-    (void)type;
-    CHECK_CARD(dev);
-    return NVML_ERROR_NOT_SUPPORTED;
+    const fake_gpu *g = NULL;
+    nvmlReturn_t rc = nvlink_of(dev, link_id, &g);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!type) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((int)link_id >= g->nvlink_count) return NVML_ERROR_NOT_FOUND;
+    *type = NVML_NVLINK_DEVICE_TYPE_GPU;
+    return NVML_SUCCESS;
 }
 
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link_id, nvmlPciInfo_t *pci)
 {
-    (void)link_id;
-    (void)pci;
-    CHECK_CARD(dev);
-    return NVML_ERROR_NOT_SUPPORTED;
+    const fake_gpu *g = NULL;
+    nvmlReturn_t rc = nvlink_of(dev, link_id, &g);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((int)link_id >= g->nvlink_count) return NVML_ERROR_NOT_FOUND;
+    memset(pci, 0, sizeof(*pci));
+    snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.0", g->nvlink_domain[link_id], g->nvlink_bus[link_id],
+             g->nvlink_device[link_id]);
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.0", g->nvlink_domain[link_id] & 0xffff,
+             g->nvlink_bus[link_id], g->nvlink_device[link_id]);
+    pci->domain = g->nvlink_domain[link_id];
+    pci->bus = g->nvlink_bus[link_id];
+    pci->device = g->nvlink_device[link_id];
+    return NVML_SUCCESS;
 }
 
 /* GPU fabric (NVSwitch / multi-node NVLink) membership: a Hopper-and-later notion; PCIe boards have none. */

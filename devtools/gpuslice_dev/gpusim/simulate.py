@@ -53,6 +53,8 @@ class FakeGpu(BaseModel):
     pci_device_id: str
     minor: int
     serial: str
+    #: the peer's bus id at the end of each NVLink (one entry per link; empty on a PCIe board)
+    nvlink: tuple[str, ...] = ()
 
 
 class _Model(BaseModel):
@@ -149,9 +151,41 @@ def parse_gpu_spec(spec: str, seed: str = "gpuslice") -> list[FakeGpu]:
             )
     if not gpus:
         raise GpuSpecError("GPU spec is empty; give e.g. '1x Tesla V100-PCIE-32GB'")
+    gpus = with_nvlinks(gpus)
     if len(gpus) > 16:
         raise GpuSpecError(f"the driver test double simulates at most 16 GPUs, spec asks for {len(gpus)}")
     return gpus
+
+
+#: NVLinks of a DGX-1 with V100 (the hybrid cube-mesh `nvidia-smi topo -m` shows): card -> (peer,
+#: links). Six links per card; cards 0-3 and 4-7 form two quads joined card to card.
+DGX1_NVLINKS: dict[int, tuple[tuple[int, int], ...]] = {
+    0: ((1, 1), (2, 1), (3, 2), (4, 2)),
+    1: ((0, 1), (2, 2), (3, 1), (5, 2)),
+    2: ((0, 1), (1, 2), (3, 2), (6, 1)),
+    3: ((0, 2), (1, 1), (2, 2), (7, 1)),
+    4: ((0, 2), (5, 1), (6, 1), (7, 2)),
+    5: ((1, 2), (4, 1), (6, 2), (7, 1)),
+    6: ((2, 1), (4, 1), (5, 2), (7, 2)),
+    7: ((3, 1), (4, 2), (5, 1), (6, 2)),
+}
+
+
+def with_nvlinks(gpus: list[FakeGpu]) -> list[FakeGpu]:
+    """SXM2 boards get the DGX-1's NVLinks among the first 8 of them (links to a card the node does
+    not have stay down); other boards are PCIe and have none."""
+    sxm2 = [g for g in gpus if "SXM2" in g.name][:8]
+    slot = {g.index: k for k, g in enumerate(sxm2)}
+    by_slot = {k: g for k, g in enumerate(sxm2)}
+    out = []
+    for g in gpus:
+        k = slot.get(g.index)
+        if k is None:
+            out.append(g)
+            continue
+        links = tuple(by_slot[p].pci_bus_id for p, n in DGX1_NVLINKS[k] if p in by_slot for _ in range(n))
+        out.append(g.model_copy(update={"nvlink": links}))
+    return out
 
 
 def render_fake_config(
@@ -173,6 +207,8 @@ def render_fake_config(
             f"{p}minor={g.minor}",
             f"{p}serial={g.serial}",
         ]
+        if g.nvlink:
+            lines.append(f"{p}nvlink={','.join(g.nvlink)}")
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,12 @@ class GpuInfo(BaseModel):
     cuda_driver_version: str  # "12.2"
     minor_number: int
     pci_bus_id: str
+    #: Topology, where the node shows it (None / empty where not): the PCIe root complex the card
+    #: hangs off (sysfs name, e.g. "pci0000:00"), its NUMA node, and the indices of the cards NVML
+    #: reports an active NVLink to.
+    pcie_root: str | None = None
+    numa_node: int | None = None
+    nvlink_peers: tuple[int, ...] = ()
 
 
 class DiscoveryError(RuntimeError):
@@ -67,9 +73,52 @@ def discover() -> list[GpuInfo]:
             cuda_driver_version=cuda_version,
             minor_number=d.minor_number,
             pci_bus_id=d.pci_bus_id,
+            pcie_root=pci_topology(d.pci_bus_id)[0],
+            numa_node=pci_topology(d.pci_bus_id)[1],
+            nvlink_peers=nvlink_peers(d.nvlink_remote_bus_ids, {f.pci_bus_id: f.index for f in facts}),
         )
         for d in facts
     ]
+
+
+#: Where the kernel shows PCI devices; a parameter of `pci_topology` so a test can lay out a node's.
+SYSFS = Path("/sys")
+NVIDIA_PCI_VENDOR = "0x10de"
+
+
+def _sysfs_name(bus_id: str) -> str:
+    """NVML's "00000000:04:00.0" as sysfs names it: "0000:04:00.0" (4-digit domain, lower case)."""
+    domain, _, rest = bus_id.partition(":")
+    return f"{int(domain, 16) & 0xFFFF:04x}:{rest}".lower()
+
+
+def pci_topology(bus_id: str, sysfs: Path | None = None) -> tuple[str | None, int | None]:
+    """The card's PCIe root complex and NUMA node as the kernel shows them: the first `pciDDDD:BB`
+    directory of the card's device path (`/sys/devices/pci0000:00/0000:00:01.0/0000:04:00.0`), the
+    name Kubernetes' `resource.kubernetes.io/pcieRoot` uses, and `numa_node` (-1: none). Nothing
+    where the node has no NVIDIA device at that address (a simulated card)."""
+    try:
+        real = ((sysfs or SYSFS) / "bus" / "pci" / "devices" / _sysfs_name(bus_id)).resolve(strict=True)
+        vendor = (real / "vendor").read_text().strip().lower()
+    except (OSError, RuntimeError, ValueError):
+        return None, None
+    if vendor != NVIDIA_PCI_VENDOR:
+        # Not an NVIDIA card at that address: a simulated card's made-up bus id that some other
+        # device of this machine happens to have; its topology is not the card's.
+        return None, None
+    root = next((p for p in real.parts if p.startswith("pci") and ":" in p), None)
+    try:
+        numa = int((real / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        numa = -1
+    return root, numa if numa >= 0 else None
+
+
+def nvlink_peers(remote_bus_ids: tuple[str, ...], index_by_bus_id: dict[str, int]) -> tuple[int, ...]:
+    """Indices of the cards at the far end of the card's NVLinks (a link to an NVSwitch or to a card
+    NVML does not list names no peer); NVML's bus ids compared case-insensitively."""
+    by_bus = {b.lower(): i for b, i in index_by_bus_id.items()}
+    return tuple(sorted({by_bus[b.lower()] for b in remote_bus_ids if b.lower() in by_bus}))
 
 
 def with_remembered(found: list[GpuInfo], state_dir: Path) -> list[GpuInfo]:

@@ -38,6 +38,8 @@ class DeviceFacts:
     compute_capability: tuple[int, int]
     minor_number: int
     pci_bus_id: str
+    #: PCI bus ids at the far end of each active NVLink (empty on PCIe boards, which have none)
+    nvlink_remote_bus_ids: tuple[str, ...] = ()
 
 
 def _text(value: Any) -> str:
@@ -79,9 +81,26 @@ def devices() -> list[DeviceFacts]:
                 compute_capability=(int(major), int(minor)),
                 minor_number=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
                 pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                nvlink_remote_bus_ids=_nvlink_remotes(handle),
             )
         )
     return out
+
+
+def _nvlink_remotes(handle: Any) -> tuple[str, ...]:
+    """The bus id at the other end of every active NVLink of the card. NVML answers NotSupported for
+    a board without NVLink (or a link index past its last), which ends the walk."""
+    out: list[str] = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                continue
+            out.append(_text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+        except pynvml.NVMLError_NotSupported:
+            break
+        except pynvml.NVMLError:
+            continue
+    return tuple(out)
 
 
 def compute_processes(gpu_uuids: Sequence[str]) -> list[GpuProcess]:

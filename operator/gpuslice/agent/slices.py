@@ -22,6 +22,7 @@ from gpuslice import constants as c
 from gpuslice.agent.gpus import GpuInfo, semver
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import parse_resource_slices
+from gpuslice.domain.multigpu import PCIE_ROOT_ATTRIBUTE
 
 #: Per-slice limits from k8s.io/api/resource/v1 (ResourceSliceMaxCounterSets,
 #: ResourceSliceMaxDevicesWithAdvancedFeatures).
@@ -79,11 +80,26 @@ def matching_packages(gpu: GpuInfo, packages: Iterable[Package]) -> list[Package
     return sorted((p for p in packages if p.spec.gpu_model == gpu.product_name), key=lambda p: p.name)
 
 
+def topology_attributes(gpu: GpuInfo) -> dict[str, Any]:
+    """The card's place on the node, for multi-GPU products' `matchAttribute` constraints: the PCIe
+    root under Kubernetes' standard name, NUMA node and NVLink peers under the driver's domain.
+    Left out where the node does not show them (a constraint on them then matches no such card)."""
+    out: dict[str, Any] = {}
+    if gpu.pcie_root:
+        out[PCIE_ROOT_ATTRIBUTE] = {"string": gpu.pcie_root}
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        out["numaNode"] = {"int": gpu.numa_node}
+    if gpu.nvlink_peers:
+        out["nvlinkPeers"] = {"string": ",".join(str(i) for i in sorted(gpu.nvlink_peers))}
+    return out
+
+
 def _device(gpu: GpuInfo, package: Package, k: int, taints: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     memory = package.spec.memory_bytes(gpu.memory_bytes)
     return {
         "name": device_name(gpu, package.name, k),
         "attributes": {
+            **topology_attributes(gpu),
             "package": {"string": package.name},
             "uuid": {"string": gpu.uuid},
             "productName": {"string": gpu.product_name},

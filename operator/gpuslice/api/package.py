@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
@@ -47,10 +47,25 @@ class Isolation(CamelModel):
     on_violation: OnViolation = Field(default=OnViolation.STOP, alias="onViolation")
 
 
+class Topology(StrEnum):
+    """Where the cards of a multi-GPU product must sit relative to each other on their node."""
+
+    #: All cards under one PCIe root complex (DRA attribute `resource.kubernetes.io/pcieRoot`).
+    SAME_PCIE_ROOT = "SamePcieRoot"
+    #: All cards attached to one NUMA node (attribute `numaNode`).
+    SAME_NUMA_NODE = "SameNumaNode"
+    #: Any cards of the node.
+    ANY = "Any"
+
+
 class GpuPackageSpec(CamelModel):
     display_name: str | None = Field(default=None, alias="displayName")
     gpu_model: str = Field(alias="gpuModel", min_length=1)
-    fraction: int = Field(ge=1, le=100, description="percent of one card")
+    #: Required unless `gpus` is set (the CRD's CEL and `_whole_cards` say so); 100 for whole cards.
+    fraction: int = Field(default=100, ge=1, le=100, description="percent of one card")
+    #: Whole cards one product holds (on one node); None: one slice of one card (`fraction`).
+    gpus: Literal[2, 4, 8] | None = None
+    topology: Topology = Topology.ANY
     compute_share: int | None = Field(default=None, alias="computeShare", ge=1, le=100)
     #: Work-conserving compute: a slice may use idle compute of its card above its share and is held
     #: back to its share within 2 s once a neighbour runs (gpuslice.domain.burst).
@@ -65,8 +80,30 @@ class GpuPackageSpec(CamelModel):
     # --- sharing (gpuslice.api.sharing): entitlements lent through Kueue, opt-in ---
     sharing: Sharing = Field(default_factory=Sharing)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_cards(cls, data: object) -> object:
+        # A multi-GPU product is whole cards: fraction may be left out (it is 100) or say 100.
+        if isinstance(data, dict) and data.get("gpus") is None and data.get("fraction") is None:
+            raise ValueError("fraction is required (percent of one card) unless gpus is set (whole cards)")
+        return data
+
+    @model_validator(mode="after")
+    def _whole_cards_only(self) -> GpuPackageSpec:
+        if self.gpus is not None and self.fraction != 100:
+            raise ValueError(f"gpus: {self.gpus} sells whole cards: fraction must be 100 or absent")
+        return self
+
+    @property
+    def cards_per_product(self) -> int:
+        """Cards one product (a GpuSlice) holds: 1 for a slice, `gpus` for a multi-GPU product."""
+        return self.gpus or 1
+
     def extended_resource(self, package: str) -> str | None:
-        """The product's extended resource name, or None when the package turns it off."""
+        """The product's extended resource name, or None when the package turns it off. A multi-GPU
+        product has none: kube-scheduler's claim for `resources.limits` is for one device."""
+        if self.gpus is not None:
+            return None
         if self.extended_resource_name is None:
             return c.extended_resource_name(package)
         return self.extended_resource_name or None
@@ -104,6 +141,8 @@ class PackageCapacity(CamelModel):
     slices_free: int = Field(default=0, alias="slicesFree")
     #: cards whose devices are tainted (domain.health): not in gpus, slicesTotal or slicesFree
     unhealthy_gpus: int | None = Field(default=None, alias="unhealthyGpus")  # None: none
+    #: multi-GPU packages only: whole products (gpus free cards, topology kept) placeable now
+    products_free: int | None = Field(default=None, alias="productsFree")
 
 
 class Guarantees(CamelModel):

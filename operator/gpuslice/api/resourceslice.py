@@ -48,6 +48,9 @@ class PublishedDevice:
     taints: tuple[Mapping[str, Any], ...] = ()
     #: may use idle compute of its card above its share (published only when it may)
     compute_burst: bool = False
+    #: topology the agent publishes (multi-GPU products' constraints); None where it does not
+    pcie_root: str | None = None
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,10 @@ class PublishedSlice:
     node: str | None
     devices: tuple[PublishedDevice, ...]
     counter_sets: Mapping[str, Mapping[str, int]]
+
+
+#: Kubernetes' standard attribute for a device's PCIe root complex (also in domain.multigpu).
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
 
 def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
@@ -79,6 +86,8 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         consumes=_counters(consumption.get("counters")),
         taints=tuple(dev.get("taints") or ()),
         compute_burst=attribute(attrs, "computeBurst") is True,
+        pcie_root=_text(attribute(attrs, PCIE_ROOT)),
+        numa_node=int(numa) if isinstance(numa := attribute(attrs, "numaNode"), int) else None,
     )
 
 

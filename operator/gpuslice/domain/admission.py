@@ -27,6 +27,9 @@ Policies (all prefixed gpuslice-), what they bind to, their action and what they
 - claims, claim-templates (all namespaces, Deny): gpuslice claims not in the documented form, or
   in a namespace that holds no entitlement; kube-scheduler's own claim for a product in
   resources.limits has its form too (one request `container-<i>-request-<j>`, ExactCount 1).
+- product-claims, product-claim-templates (all namespaces, Deny; every GpuPackage a param): a claim
+  labelled with a package in any other count or constraint than the package's own (1 for a slice;
+  `gpus` and the topology's matchAttribute for a multi-GPU product).
 - other-claims, other-claim-templates (all namespaces, Deny): claims for other classes that reach
   gpuslice devices by a selector or config naming gpuslice; in tenant namespaces allocationMode All
   and adminAccess for any class.
@@ -48,6 +51,7 @@ from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.domain.claims import documented_form_text
+from gpuslice.domain.multigpu import NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 
 ADMISSION_API = c.ADMISSION_API
 
@@ -586,9 +590,11 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
         f"(labels under {where}): {form}"
     )
     scheduler = _scheduler_claim() if resource == "resourceclaims" else "false"
+    cons = f"{base}.devices.constraints"
+    # Count 1, or a multi-GPU product's whole cards: `product-claims` holds each to its package's.
     exact = (
         "r.name == 'gpu' && has(r.exactly) && r.exactly.allocationMode == 'ExactCount' && "
-        "r.exactly.count == 1 && (!has(r.exactly.selectors) || size(r.exactly.selectors) == 0) && "
+        "r.exactly.count in [1, 2, 4, 8] && (!has(r.exactly.selectors) || size(r.exactly.selectors) == 0) && "
         "(!has(r.exactly.adminAccess) || !r.exactly.adminAccess) && !has(r.exactly.capacity) && "
         "(!has(r.exactly.tolerations) || size(r.exactly.tolerations) == 0)"
     )
@@ -611,7 +617,8 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
                 "tolerations or firstAvailable" + tail,
             },
             {
-                "expression": f"(!has({base}.devices.constraints) || size({base}.devices.constraints) == 0) "
+                "expression": f"(!has({cons}) || size({cons}) == 0 || "
+                f"(size({cons}) == 1 && {cons}.all(k, {_TOPOLOGY_CONSTRAINT}))) "
                 f"&& (!has({base}.devices.config) || size({base}.devices.config) == 0)",
                 "message": "a claim for a gpuslice DeviceClass may not carry constraints or config: "
                 "the product fixes them" + tail,
@@ -627,6 +634,61 @@ def _claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str,
         ],
         match_conditions=[{"name": "uses-gpuslice-class", "expression": uses}],
     )
+
+
+#: CEL: the one constraint a multi-GPU product's claim may carry (`product-claims` checks it is the
+#: package's own): all cards share the PCIe root or the NUMA node.
+_TOPOLOGY_CONSTRAINT = (
+    f"has(k.matchAttribute) && k.matchAttribute in ['{PCIE_ROOT_ATTRIBUTE}', '{NUMA_NODE_ATTRIBUTE}'] && "
+    f"has(k.requests) && k.requests == ['{c.CLAIM_REQUEST_NAME}']"
+)
+
+
+def _product_claim_policy(name: str, resource: str, base: str, labels: str) -> dict[str, Any]:
+    """Each GpuPackage (the policy's params, every one of them) holds the claims labelled with its
+    name to its own form: count 1 for a slice; `gpus` and the topology's constraint for a multi-GPU
+    product. The `claims` policy already refuses everything else."""
+    requests = f"{base}.devices.requests"
+    constraints = f"{base}.devices.constraints"
+    uses = (
+        f"has({base}.devices) && has({requests}) && {requests}.exists(r, "
+        f"has(r.exactly) && r.exactly.deviceClassName.endsWith('{c.DEVICE_CLASS_SUFFIX}')) && "
+        f"has({labels}) && '{c.LABEL_PACKAGE}' in {labels}"
+    )
+    count = "(has(params.spec.gpus) ? params.spec.gpus : 1)"
+    attribute = (
+        f"(params.spec.topology == 'SamePcieRoot' ? '{PCIE_ROOT_ATTRIBUTE}' : '{NUMA_NODE_ATTRIBUTE}')"
+    )
+    wants = "has(params.spec.gpus) && has(params.spec.topology) && params.spec.topology != 'Any'"
+    none = f"(!has({constraints}) || size({constraints}) == 0)"
+    form = documented_form_text(one_line=True)
+    policy = _policy(
+        name,
+        [_rule(c.DRA_GROUP, [resource], ["CREATE", "UPDATE"])],
+        [
+            {
+                "expression": f"{labels}['{c.LABEL_PACKAGE}'] != params.metadata.name || ("
+                # No count (allocationMode All): the `claims` policy refuses it, with its own message.
+                f"{requests}.all(r, !has(r.exactly) || !has(r.exactly.count) || "
+                f"r.exactly.count == {count}) && "
+                f"(({wants}) ? (has({constraints}) && size({constraints}) == 1 && "
+                f"has({constraints}[0].matchAttribute) && "
+                f"{constraints}[0].matchAttribute == {attribute}) : {none}))",
+                "messageExpression": "'a claim for a gpuslice DeviceClass has one request named gpu with "
+                "allocationMode ExactCount and count 1, or for the multi-GPU product ' + "
+                f"params.metadata.name + ' count ' + string({count}) + "
+                "' and the matchAttribute constraint of its topology ' + "
+                "(has(params.spec.topology) ? params.spec.topology : 'Any') + "
+                "'. Create a GpuSlice instead (it writes the claim for you), or use exactly this form: "
+                f"{form}'",
+                "message": "a claim for a gpuslice DeviceClass has allocationMode ExactCount and count 1 "
+                "(a multi-GPU product: its gpus and topology constraint). Create a GpuSlice instead",
+            }
+        ],
+        match_conditions=[{"name": "names-gpuslice-package", "expression": uses}],
+    )
+    policy["spec"]["paramKind"] = {"apiVersion": c.GROUP_VERSION, "kind": c.PACKAGE_KIND}
+    return policy
 
 
 def _other_claim_policy(name: str, resource: str, base: str) -> dict[str, Any]:
@@ -780,6 +842,23 @@ def admission_objects(config: AdmissionConfig) -> list[dict[str, Any]]:
             None,
         ),
         (
+            _product_claim_policy(
+                f"{c.POLICY_PREFIX}product-claims", "resourceclaims", "object.spec", "object.metadata.labels"
+            ),
+            ["Deny"],
+            None,
+        ),
+        (
+            _product_claim_policy(
+                f"{c.POLICY_PREFIX}product-claim-templates",
+                "resourceclaimtemplates",
+                "object.spec.spec",
+                "object.spec.metadata.labels",
+            ),
+            ["Deny"],
+            None,
+        ),
+        (
             _other_claim_policy(f"{c.POLICY_PREFIX}other-claims", "resourceclaims", "object.spec"),
             ["Deny"],
             None,
@@ -797,6 +876,10 @@ def admission_objects(config: AdmissionConfig) -> list[dict[str, Any]]:
     ]
     policies = [p for p, _, _ in pairs]
     bindings = [_binding(p["metadata"]["name"], actions, match) for p, actions, match in pairs]
+    for b in bindings:
+        if b["metadata"]["name"].startswith(f"{c.POLICY_PREFIX}product-claim"):
+            # Every GpuPackage is a param: each holds the claims labelled with its name to its form.
+            b["spec"]["paramRef"] = {"selector": {}, "parameterNotFoundAction": "Allow"}
     mutation = gpu_toleration_mutation()
     mutating = [mutation, _binding(mutation["metadata"]["name"], None, tenant, "MutatingAdmissionPolicy")]
     return policies + mutating[:1] + bindings + mutating[1:]

@@ -25,6 +25,10 @@ class Capacity:
     free: int
     memory_per_slice_bytes: int | None
     unhealthy_gpus: int = 0
+    #: multi-GPU packages: whole products placeable now (`domain.multigpu.products_free`)
+    products_free: int | None = None
+    #: multi-GPU packages, when no product fits: why (`domain.multigpu.placement`)
+    placement_message: str | None = None
 
 
 def package_capacity(

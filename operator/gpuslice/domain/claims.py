@@ -22,11 +22,16 @@ from typing import Any
 import yaml
 
 from gpuslice import constants as c
+from gpuslice.api.package import GpuPackageSpec
+from gpuslice.domain import multigpu
 from gpuslice.domain.ownership import managed_labels, owner_reference
 from gpuslice.domain.views import ClaimView
 
 
-def documented_claim_spec(package: str) -> dict[str, Any]:
+def documented_claim_spec(package: str, spec: GpuPackageSpec | None = None) -> dict[str, Any]:
+    """With the spec of a multi-GPU package: its N whole cards and topology constraint instead."""
+    if spec is not None and spec.gpus is not None:
+        return multigpu.claim_spec(package, spec)
     return {
         "devices": {
             "requests": [
@@ -54,7 +59,9 @@ def documented_form_text(package: str = "<package>", *, one_line: bool = False) 
     return yaml.safe_dump(doc, sort_keys=False).strip()
 
 
-def slice_claim(namespace: str, name: str, uid: str, package: str) -> dict[str, Any]:
+def slice_claim(
+    namespace: str, name: str, uid: str, package: str, spec: GpuPackageSpec | None = None
+) -> dict[str, Any]:
     """The ResourceClaim of a GpuSlice: same name, same namespace, owned by the slice (GC deletes it).
 
     It is made with the finalizer kube-scheduler adds before it allocates a claim: finding it there,
@@ -72,7 +79,7 @@ def slice_claim(namespace: str, name: str, uid: str, package: str) -> dict[str, 
             "ownerReferences": [owner_reference(c.SLICE_KIND, name, uid)],
             "finalizers": [c.DRA_CLAIM_FINALIZER],
         },
-        "spec": documented_claim_spec(package),
+        "spec": documented_claim_spec(package, spec),
     }
 
 
@@ -95,7 +102,9 @@ def protection_patch(claim: ClaimView) -> list[dict[str, Any]] | None:
     ]
 
 
-def slice_claim_template(namespace: str, name: str, uid: str, package: str) -> dict[str, Any]:
+def slice_claim_template(
+    namespace: str, name: str, uid: str, package: str, spec: GpuPackageSpec | None = None
+) -> dict[str, Any]:
     """The ResourceClaimTemplate of a template GpuSlice: every pod referencing it gets its own claim.
 
     The claims kube-controller-manager makes from it carry the labels of `spec.metadata`, so the
@@ -111,7 +120,7 @@ def slice_claim_template(namespace: str, name: str, uid: str, package: str) -> d
             "labels": managed_labels(package=package, slice_template=name),
             "ownerReferences": [owner_reference(c.SLICE_KIND, name, uid)],
         },
-        "spec": {"metadata": {"labels": claim_labels}, "spec": documented_claim_spec(package)},
+        "spec": {"metadata": {"labels": claim_labels}, "spec": documented_claim_spec(package, spec)},
     }
 
 

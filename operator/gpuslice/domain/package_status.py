@@ -50,6 +50,7 @@ def capacity_status(capacity: Capacity) -> PackageCapacity:
         slicesAllocated=capacity.allocated,
         slicesFree=capacity.free,
         unhealthyGpus=capacity.unhealthy_gpus or None,
+        productsFree=capacity.products_free,
     )
 
 

@@ -34,6 +34,8 @@ class Reason(StrEnum):
     WAITING_FOR_POD = "WaitingForPod"
     NO_MATCHING_GPU = "NoMatchingGpu"
     GPUS_FULL = "AllGpusFull"
+    #: a multi-GPU product: no node has N free whole cards with the package's topology
+    NO_NODE_FITS = "NoNodeFits"
     GPUS_UNHEALTHY = "GpusUnhealthy"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULING = "Scheduling"
@@ -56,6 +58,7 @@ HEALTH: Mapping[str, Health] = {
     Reason.CREATING_CLAIM: Health.RECONCILING,
     Reason.SCHEDULING: Health.RECONCILING,
     Reason.GPUS_FULL: Health.RECONCILING,
+    Reason.NO_NODE_FITS: Health.RECONCILING,
     Reason.QUOTA_EXCEEDED: Health.STALLED,
     Reason.NOT_ENTITLED: Health.STALLED,
     Reason.NO_MATCHING_GPU: Health.STALLED,
@@ -70,7 +73,7 @@ HEALTH: Mapping[str, Health] = {
 
 #: Reasons decided on the package's capacity: the slice's status records the numbers it saw.
 CAPACITY_REASONS: frozenset[str] = frozenset(
-    {Reason.GPUS_FULL, Reason.NO_MATCHING_GPU, Reason.GPUS_UNHEALTHY}
+    {Reason.GPUS_FULL, Reason.NO_MATCHING_GPU, Reason.GPUS_UNHEALTHY, Reason.NO_NODE_FITS}
 )
 
 
@@ -260,6 +263,13 @@ def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
             Reason.NO_MATCHING_GPU,
             f"pod {pod.name} waits: no node publishes a GPU of model {model!r} for package "
             f"{facts.package}; it starts once a node with such a GPU runs the gpuslice agent",
+        )
+    if cap is not None and cap.products_free == 0 and cap.placement_message:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.NO_NODE_FITS,
+            f"pod {pod.name} waits: {cap.placement_message}; quota is an entitlement, not a "
+            "reservation, so the pod starts when enough cards free on one node",
         )
     if cap is not None and cap.free == 0:
         return _Verdict(

@@ -109,7 +109,13 @@ def tenant_state(
     entitled = {name: entitled_slices(spec, namespace_labels) for name, spec in packages.items()}
     tenant = any(v is not None for v in entitled.values())
     entitled = quota_ceilings(packages, entitled)
-    hard = {c.quota_key(name): str(v or 0) for name, v in sorted(entitled.items())} if tenant else {}
+    # The quota Kubernetes keeps counts devices, and a multi-GPU product's claim holds one per card:
+    # `slices` products of N cards are N x slices devices.
+    hard = (
+        {c.quota_key(n): str((v or 0) * packages[n].cards_per_product) for n, v in sorted(entitled.items())}
+        if tenant
+        else {}
+    )
     if tenant:
         hard.update(extended_resource_quota(packages, entitled))
     labels = {c.LABEL_TENANT: "true", **pod_security_labels(namespace_labels, pod_security)} if tenant else {}

@@ -102,7 +102,7 @@ def _facts(
         pods=pods,
         quotas=values(idx.quotas, ns),
         workloads=workloads,
-        capacity=snapshot.capacity(pkg) if package else None,
+        capacity=snapshot.capacity(pkg, package.spec) if package else None,
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
         device_taints=snapshot.taints,
@@ -146,7 +146,7 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
         if one(idx.templates, entry.ref) is not None:
             state.applied.pop(key, None)
             return None
-        body = slice_claim_template(ns, name, entry.uid, pkg)
+        body = slice_claim_template(ns, name, entry.uid, pkg, package.spec)
     else:
         # Its own, or a deleted predecessor's of the same name (`predecessor_claim`): an apply over
         # that one would fail; its deletion (a claim event) refreshes this slice, which creates its own.
@@ -154,7 +154,7 @@ async def ensure_claim(state: OperatorState, entry: SliceView, idx: Indexes) -> 
             state.applied.pop(key, None)
             state.created.pop(key, None)
             return None
-        body = slice_claim(ns, name, entry.uid, pkg)
+        body = slice_claim(ns, name, entry.uid, pkg, package.spec)
     error = state.create_errors.get(key)
     if error is None and time.monotonic() - state.applied.get(key, -1e9) < APPLIED_GRACE_SECONDS:
         # Applied, its watch event not here yet: the claim as the apply answered, so a refresh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -11,10 +12,12 @@ from typing import Any, TypeVar
 
 import kopf
 
+from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.features import Platform
+from gpuslice.domain.multigpu import cards_from_published, placement, products_free
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
 from gpuslice.operator.config import OperatorConfig
@@ -59,10 +62,20 @@ class Snapshot:
     taints: dict[tuple[str, str], tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     _capacity: dict[str, Capacity] = field(default_factory=dict)
 
-    def capacity(self, package: str) -> Capacity:
+    def capacity(self, package: str, spec: GpuPackageSpec | None = None) -> Capacity:
+        """With the spec of a multi-GPU package, `products_free` too."""
         if package not in self._capacity:
             self._capacity[package] = package_capacity(package, self.slices, self.allocated)
-        return self._capacity[package]
+        found = self._capacity[package]
+        if spec is None or spec.gpus is None:
+            return found
+        cards = cards_from_published(self.slices, self.allocated, package)
+        fit = placement(cards, spec.gpus, spec.topology, spec.gpu_model)
+        return dataclasses.replace(
+            found,
+            products_free=products_free(cards, spec.gpus, spec.topology),
+            placement_message=None if fit.fits else fit.message,
+        )
 
 
 @dataclass

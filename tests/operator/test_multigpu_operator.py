@@ -1,0 +1,131 @@
+"""A multi-GPU product through the operator: a GpuSlice of a `gpus: 4` package gets one claim of
+4 whole cards on one PCIe root, quota counts its cards, and admission holds hand-written claims of
+the product to its form."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuslice import constants as c
+from gpuslice_dev.devcluster.cluster import DevCluster
+from support import apply, get_json, pod_doc, slice_doc, wait_for
+
+from .operator_cluster import TEST_LABEL, OperatorProcess, module_operator
+from .test_multigpu_cluster import SXM2, allocated_roots, dgx, slices
+
+pytestmark = pytest.mark.slow(seconds=90)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    with module_operator(cluster, tmp_path_factory.mktemp("operator") / "operator.log") as op:
+        yield op
+
+
+def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
+    cluster: DevCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    from gpuslice.agent.slices import Package
+    from gpuslice.api.package import GpuPackageSpec
+
+    token = "g" + uuid.uuid4().hex[:5]
+    pkg = f"{token}-x4"
+    spec: dict[str, Any] = {"gpuModel": SXM2, "gpus": 4, "topology": "SamePcieRoot"}
+    spec["entitlements"] = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": 3}]
+    package = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.PACKAGE_KIND,
+        "metadata": {"name": pkg, "labels": {TEST_LABEL: "true"}},
+        "spec": spec,
+    }
+    cluster.create_namespace(namespace, {"mg": token})
+    apply(cluster, [package])
+    wait_for(lambda: get_json(cluster, "deviceclass", c.device_class_name(pkg)), 30, "DeviceClass")
+    node = cluster.nodes[0]
+    docs = slices(node, dgx(node), [Package(pkg, GpuPackageSpec.model_validate(spec))])
+    for d in docs:
+        d["metadata"]["labels"]["gpuslice-test/operator"] = "true"
+    apply(cluster, docs)
+
+    # Quota counts cards: 3 products of 4 cards are 12 devices.
+    def hard() -> str | None:
+        q = get_json(cluster, "resourcequota", c.QUOTA_NAME, "-n", namespace) or {}
+        return (q.get("spec") or {}).get("hard", {}).get(c.quota_key(pkg))
+
+    assert wait_for(hard, 30, "quota") == "12"
+    apply(cluster, [slice_doc("big", namespace, pkg)])
+    wait_for(lambda: get_json(cluster, "resourceclaim", "big", "-n", namespace), 30, "the slice's claim")
+    apply(cluster, [pod_doc("big", namespace, "big")])
+    roots = wait_for(lambda: allocated_roots_any(cluster, namespace, "big"), 60, "4 cards allocated")
+    assert len(roots) == 4 and len(set(roots)) == 1, roots
+
+    def free() -> int | None:
+        st = (get_json(cluster, "gpupackage", pkg) or {}).get("status") or {}
+        value = (st.get("capacity") or {}).get("productsFree")
+        return value if value == 1 else None
+
+    assert wait_for(free, 60, "productsFree 1 (the other root)") == 1
+
+    # The second product takes the other root; the third finds no node with 4 free cards on one root.
+    for name in ("big2", "big3"):
+        apply(cluster, [slice_doc(name, namespace, pkg)])
+        wait_for(lambda n=name: get_json(cluster, "resourceclaim", n, "-n", namespace), 30, "claim")
+        apply(cluster, [pod_doc(name, namespace, name)])
+    second = wait_for(lambda: allocated_roots_any(cluster, namespace, "big2"), 60, "second product")
+    assert len(set(second)) == 1 and set(second) != set(roots)
+
+    def waiting() -> dict[str, Any] | None:
+        st = (get_json(cluster, "gpuslice", "big3", "-n", namespace) or {}).get("status") or {}
+        return st if st.get("reason") == "NoNodeFits" else None
+
+    status = wait_for(waiting, 60, "third product Pending NoNodeFits")
+    assert status["phase"] == "Pending"
+    assert f"no node has 4 free cards of {SXM2} on one PCIe root" in status["message"], status["message"]
+    explained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuslice",
+            "explain",
+            f"{namespace}/big3",
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "NoNodeFits" in explained and f"no node has 4 free cards of {SXM2} on one PCIe root" in explained
+
+    # A hand-written claim of the product with count 1 is not its form.
+    claim = {
+        "apiVersion": c.DRA_GROUP_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "hand", "namespace": namespace, "labels": {c.LABEL_PACKAGE: pkg}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": c.device_class_name(pkg),
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    out = cluster.kubectl("create", "-f", "-", input=json.dumps(claim), check=False)
+    assert out.returncode != 0 and f"multi-GPU product {pkg} count 4" in out.stderr, out.stderr
+
+
+def allocated_roots_any(cluster: DevCluster, ns: str, name: str) -> list[str] | None:
+    return allocated_roots(cluster, ns, name, label="gpuslice-test/operator")
