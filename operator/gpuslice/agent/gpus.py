@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuslice import logs
 from gpuslice.agent import nvml
+from gpuslice.domain.mig import MigProfile
 from gpuslice.files import atomic_write
 
 log = logs.get(__name__)
@@ -34,6 +35,9 @@ class GpuInfo(BaseModel):
     cuda_driver_version: str  # "12.2"
     minor_number: int
     pci_bus_id: str
+    #: The card's MIG GPU instance profiles while MIG mode is on (it then sells only Hardware
+    #: products); None: MIG mode off or no MIG, it sells software slices.
+    mig_profiles: tuple[MigProfile, ...] | None = None
 
 
 class DiscoveryError(RuntimeError):
@@ -47,6 +51,7 @@ def discover() -> list[GpuInfo]:
             try:
                 driver, cuda = nvml.driver_versions()
                 facts = nvml.devices()
+                migs = {d.uuid: _mig_profiles(d.uuid) for d in facts}
             except nvml.Error as exc:
                 raise DiscoveryError(f"NVML query failed: {exc}") from exc
     except nvml.Error as exc:
@@ -67,9 +72,19 @@ def discover() -> list[GpuInfo]:
             cuda_driver_version=cuda_version,
             minor_number=d.minor_number,
             pci_bus_id=d.pci_bus_id,
+            mig_profiles=migs[d.uuid],
         )
         for d in facts
     ]
+
+
+def _mig_profiles(uuid: str) -> tuple[MigProfile, ...] | None:
+    """The card's MIG profiles when its current MIG mode is on; a pending change counts only after the
+    card is reset (the driver serves the current mode)."""
+    mode = nvml.mig_mode(uuid)
+    if mode is None or not mode[0]:
+        return None
+    return tuple(nvml.mig_profiles(uuid))
 
 
 def with_remembered(found: list[GpuInfo], state_dir: Path) -> list[GpuInfo]:
