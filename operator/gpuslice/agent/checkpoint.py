@@ -52,6 +52,12 @@ class PreparedDevice(BaseModel):
     memory_bytes: int
     compute_share: int
     cdi_device_ids: list[str]
+    #: A MIG placement (Hardware package): its profile and first memory slice, and the UUID of the
+    #: instance made for it at prepare (None until made). Left out of the file when None, so a
+    #: software slice's record is what earlier agents wrote and read.
+    mig_profile: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    mig_start: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    mig_uuid: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ClaimRecord(BaseModel):

@@ -46,6 +46,9 @@ class PublishedDevice:
     consumes: Mapping[str, int] = field(default_factory=dict)
     #: DRA device taints (resource.k8s.io/v1 DeviceTaint: key, value, effect, timeAdded)
     taints: tuple[Mapping[str, Any], ...] = ()
+    #: a MIG placement (domain.mig): its profile and first memory slice
+    mig_profile: str | None = None
+    mig_start: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         counter_set=consumption.get("counterSet"),
         consumes=_counters(consumption.get("counters")),
         taints=tuple(dev.get("taints") or ()),
+        mig_profile=_text(attribute(attrs, "migProfile")),
+        mig_start=int(start) if (start := attribute(attrs, "migPlacementStart")) is not None else None,
     )
 
 
