@@ -110,6 +110,5 @@ def test_prepare_makes_the_allocated_instance_and_unprepare_destroys_it(tmp_path
     assert out["again"] == small and out["instances_after_restart"] == sorted([small, large])
     assert out["after_unprepare"] == [large]
     assert out["after_all"] == [] and out["cdi_left"] == []
-    print(
-        f"\nMIG prepare with instance creation (driver double), median of 10: {out['prepare_ms_median']:.1f} ms"
-    )
+    median = out["prepare_ms_median"]
+    print(f"\nMIG prepare with instance creation (driver double), median of 10: {median:.1f} ms")
