@@ -168,7 +168,7 @@ async def _write_status(
     state: OperatorState, name: str, spec: GpuPackageSpec, body: kopf.Body, idx: Indexes
 ) -> None:
     snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, rules=idx.device_taint_rules)
-    _export(name, snapshot.capacity(name), idx)
+    _export(name, snapshot.capacity(name, spec), idx)
     entitled = 0
     for ns in idx.namespaces:
         entry = one(idx.namespaces, ns)
@@ -181,7 +181,7 @@ async def _write_status(
         name,
         spec,
         body.get("metadata", {}).get("generation"),
-        snapshot.capacity(name),
+        snapshot.capacity(name, spec),
         entitled,
         present,
         previous=previous,

@@ -102,7 +102,7 @@ def _facts(
         pods=pods,
         quotas=values(idx.quotas, ns),
         workloads=workloads,
-        capacity=snapshot.capacity(pkg) if package else None,
+        capacity=snapshot.capacity(pkg, package.spec) if package else None,
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
         device_taints=snapshot.taints,

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import kopf
 
+from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.drains import with_rule_taints
@@ -57,12 +58,15 @@ class Snapshot:
     uuids: dict[tuple[str, str], str]
     #: the taints of tainted devices (an unhealthy card's), by (pool, device)
     taints: dict[tuple[str, str], tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
-    _capacity: dict[str, Capacity] = field(default_factory=dict)
+    _capacity: dict[tuple[str, tuple[str, str] | None], Capacity] = field(default_factory=dict)
 
-    def capacity(self, package: str) -> Capacity:
-        if package not in self._capacity:
-            self._capacity[package] = package_capacity(package, self.slices, self.allocated)
-        return self._capacity[package]
+    def capacity(self, package: str, spec: GpuPackageSpec | None = None) -> Capacity:
+        """`spec`: the package's, needed for a Hardware package (its devices carry no package)."""
+        mig = (spec.gpu_model, spec.mig_profile) if spec is not None and spec.mig_profile else None
+        key = (package, mig)
+        if key not in self._capacity:
+            self._capacity[key] = package_capacity(package, self.slices, self.allocated, mig)
+        return self._capacity[key]
 
 
 @dataclass
