@@ -74,9 +74,23 @@ async def main():
     p2 = Preparer("node-a", paths, fetch, list_slices, [card])
     out["again"] = (await p2.prepare("team-a", "small", "small"))[0].mig_uuid
     out["instances_after_restart"] = instances()
+    # an agent killed after the driver made the instance but before it recorded the UUID: the record
+    # says PrepareStarted without one; the next agent finishes it with the same instance
+    store = json.loads((paths.state_dir / "checkpoint.json").read_text())
+    store["claims"]["large"]["state"] = "PrepareStarted"
+    del store["claims"]["large"]["devices"][0]["mig_uuid"]
+    (paths.state_dir / "checkpoint.json").write_text(json.dumps(store))
+    p2 = Preparer("node-a", paths, fetch, list_slices, [card])
+    out["finished"] = (await p2.prepare("team-a", "large", "large"))[0].mig_uuid
+    out["instances_after_crash"] = instances()
     await p2.unprepare("small")
     out["after_unprepare"] = instances()
     await p2.unprepare("small")  # kubelet repeats it: nothing left to do, no error
+    # a record without the UUID (an agent that wrote no UUID): unprepare finds it by its placement
+    store = json.loads((paths.state_dir / "checkpoint.json").read_text())
+    del store["claims"]["large"]["devices"][0]["mig_uuid"]
+    (paths.state_dir / "checkpoint.json").write_text(json.dumps(store))
+    p2 = Preparer("node-a", paths, fetch, list_slices, [card])
     await p2.unprepare("large")
     out["after_all"] = instances()
     out["cdi_left"] = sorted(x.name for x in paths.cdi_dir.iterdir())
@@ -108,6 +122,7 @@ def test_prepare_makes_the_allocated_instance_and_unprepare_destroys_it(tmp_path
     assert out["env_small"] == {"env": [f"CUDA_VISIBLE_DEVICES={small}", f"NVIDIA_VISIBLE_DEVICES={small}"]}
     assert "1g.10gb" in out["clash"] and "memory slice 5" in out["clash"]
     assert out["again"] == small and out["instances_after_restart"] == sorted([small, large])
+    assert out["finished"] == large and out["instances_after_crash"] == sorted([small, large])
     assert out["after_unprepare"] == [large]
     assert out["after_all"] == [] and out["cdi_left"] == []
     median = out["prepare_ms_median"]
