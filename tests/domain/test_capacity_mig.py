@@ -8,6 +8,7 @@ from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import parse_resource_slices
 from gpuslice.domain import mig
 from gpuslice.domain.capacity import package_capacity
+from gpuslice.domain.package_status import package_status
 from support import gpu
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -56,3 +57,16 @@ def test_scattered_1g_instances_leave_no_room_for_a_4g() -> None:
     taken = ["gpu-0-mig-1g-10gb-0", "gpu-0-mig-1g-10gb-4"]
     assert cap("4g.40gb", taken).free == 0 and cap("1g.10gb", taken).free == 5
     assert cap("4g.40gb", taken, cards=2).free == 1  # the other card still holds one
+
+
+def test_a_hardware_package_status_says_its_instances_per_card_memory_and_dedicated_compute() -> None:
+    (pkg,) = [p for p in PACKAGES if p.name == "a-1g"]
+    status = package_status("a-1g", pkg.spec, 1, cap("1g.10gb", ["gpu-0-mig-1g-10gb-3"], cards=2), 0, True)
+    assert status.slices_per_gpu == 7 and status.memory_per_slice == "9728Mi"
+    assert status.capacity is not None and (status.capacity.slices_total, status.capacity.slices_free) == (
+        14,
+        13,
+    )
+    assert status.guarantees is not None and status.guarantees.compute == "Dedicated"
+    # before any card publishes the profile, the count per card is not known
+    assert package_status("a-1g", pkg.spec, 1, cap("1g.10gb", [], cards=0), 0, True).slices_per_gpu is None
