@@ -9,6 +9,8 @@ from gpuslice.api.resourceslice import parse_resource_slices
 from gpuslice.domain import mig
 from gpuslice.domain.capacity import package_capacity
 from gpuslice.domain.package_status import package_status
+from gpuslice.domain.slice_status import Reason, SliceFacts, slice_status
+from gpuslice.domain.views import claim_view, pod_view
 from support import gpu
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -70,3 +72,19 @@ def test_a_hardware_package_status_says_its_instances_per_card_memory_and_dedica
     assert status.guarantees is not None and status.guarantees.compute == "Dedicated"
     # before any card publishes the profile, the count per card is not known
     assert package_status("a-1g", pkg.spec, 1, cap("1g.10gb", [], cards=0), 0, True).slices_per_gpu is None
+
+
+def test_a_4g_slice_pending_on_scattered_1g_instances_says_why() -> None:
+    taken = ["gpu-0-mig-1g-10gb-0", "gpu-0-mig-1g-10gb-4"]
+    msg = "0/1 nodes are available: 1 cannot allocate all claims."
+    cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg}
+    pod = pod_view({"metadata": {"namespace": "ns", "name": "p"}, "spec": {"resourceClaims": [
+        {"name": "gpu", "resourceClaimName": "s"}], "containers": [{"name": "c"}]},
+        "status": {"phase": "Pending", "conditions": [cond]}})  # fmt: skip
+    claim = claim_view({"metadata": {"namespace": "ns", "name": "s"}, "spec": {}, "status": {}})
+    facts = SliceFacts(namespace="ns", name="s", package="a-4g", template=False, generation=1,
+                       package_found=True, gpu_model=A100, claims=[claim], pods=[pod], quotas=[],
+                       workloads=[], capacity=cap("4g.40gb", taken), mig_profile="4g.40gb")  # fmt: skip
+    st = slice_status(facts, "2026-12-07T09:00:00Z")
+    assert st.phase == "Pending" and st.reason == Reason.GPUS_FULL
+    assert "placements of MIG profile 4g.40gb" in st.message and "overlap MIG instances in use" in st.message
