@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = r"""
-import asyncio, json, statistics, sys, time
+import asyncio, json, os, statistics, subprocess, sys, time
 from pathlib import Path
 import pynvml
 from gpuslice import logs
@@ -22,7 +22,13 @@ from gpuslice.domain.claims import documented_claim_spec
 from gpuslice_dev.gpusim import simulate
 logs.configure()
 tmp = Path(sys.argv[1])
-simulate.use_fake_driver(simulate.write_node_config("1x NVIDIA A100-SXM4-80GB", "node-a", tmp / "sim"))
+config = simulate.write_node_config("1x NVIDIA A100-SXM4-80GB", "node-a", tmp / "sim")
+simulate.use_fake_driver(config)
+from gpuslice_dev.gpusim.build import ensure_built
+built = ensure_built()
+probe = str(built.fake_dir.parent / "probe" / "gpuslice-probe")
+def in_container(mig_uuid):  # a container's CUDA process: the CDI env, no shim
+    return {**os.environ, **simulate.fake_driver_env(config, built.fake_dir), "CUDA_VISIBLE_DEVICES": mig_uuid}
 with nvml.session():  # the platform turns MIG on, as with nvidia-smi -mig 1
     uuid = nvml.devices()[0].uuid
     assert pynvml.nvmlDeviceSetMigMode(nvml.handle(uuid), 1) == 0
@@ -62,6 +68,14 @@ async def main():
     out["uuids"] = [small.mig_uuid, large.mig_uuid]
     out["instances"] = instances()
     out["env_small"] = env("small")
+    # the instance is the container's whole GPU: past its memory the driver itself refuses
+    def hold(size, mig_uuid):  # what the holder says first (it keeps the memory until killed)
+        h = subprocess.Popen([probe, "hold", size, "0"], env=in_container(mig_uuid), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        line = h.stdout.readline().strip()
+        h.terminate(); h.wait(timeout=30)
+        return line
+    out["hold"] = [hold("9Gi", small.mig_uuid), hold("10Gi", small.mig_uuid)]
     # an instance overlapping the 3g one (the scheduler's counters would not allocate it): the
     # driver itself refuses it, and the claim's error says so
     try:
@@ -86,6 +100,17 @@ async def main():
     await p2.unprepare("small")
     out["after_unprepare"] = instances()
     await p2.unprepare("small")  # kubelet repeats it: nothing left to do, no error
+    # while a process still runs on the instance the driver keeps it: unprepare fails, kubelet retries
+    h = subprocess.Popen([probe, "hold", "1Gi", "0"], env=in_container(large.mig_uuid), stdout=subprocess.PIPE,
+                         text=True)
+    assert "held" in h.stdout.readline()
+    try:
+        await p2.unprepare("large")
+        out["busy"] = "unprepared"
+    except PrepareError as e:
+        out["busy"] = str(e)
+    out["busy_kept"] = instances()
+    h.terminate(); h.wait(timeout=30)
     # a record without the UUID (an agent that wrote no UUID): unprepare finds it by its placement
     store = json.loads((paths.state_dir / "checkpoint.json").read_text())
     del store["claims"]["large"]["devices"][0]["mig_uuid"]
@@ -120,6 +145,11 @@ def test_prepare_makes_the_allocated_instance_and_unprepare_destroys_it(tmp_path
     assert out["instances"] == sorted([small, large])
     # the container is told only its instance; no shim, no limits file: the driver keeps the memory
     assert out["env_small"] == {"env": [f"CUDA_VISIBLE_DEVICES={small}", f"NVIDIA_VISIBLE_DEVICES={small}"]}
+    assert out["hold"] == [
+        "held 9663676416 -> 0 CUDA_SUCCESS",
+        "held 10737418240 -> 2 CUDA_ERROR_OUT_OF_MEMORY",
+    ]
+    assert "in use" in out["busy"].lower() and out["busy_kept"] == [large]
     assert "1g.10gb" in out["clash"] and "memory slice 5" in out["clash"]
     assert out["again"] == small and out["instances_after_restart"] == sorted([small, large])
     assert out["finished"] == large and out["instances_after_crash"] == sorted([small, large])
