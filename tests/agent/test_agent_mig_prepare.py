@@ -28,7 +28,8 @@ from gpuslice_dev.gpusim.build import ensure_built
 built = ensure_built()
 probe = str(built.fake_dir.parent / "probe" / "gpuslice-probe")
 def in_container(mig_uuid):  # a container's CUDA process: the CDI env, no shim
-    return {**os.environ, **simulate.fake_driver_env(config, built.fake_dir), "CUDA_VISIBLE_DEVICES": mig_uuid}
+    env = {**os.environ, **simulate.fake_driver_env(config, built.fake_dir)}
+    return {**env, "CUDA_VISIBLE_DEVICES": mig_uuid}
 with nvml.session():  # the platform turns MIG on, as with nvidia-smi -mig 1
     uuid = nvml.devices()[0].uuid
     assert pynvml.nvmlDeviceSetMigMode(nvml.handle(uuid), 1) == 0
@@ -101,8 +102,8 @@ async def main():
     out["after_unprepare"] = instances()
     await p2.unprepare("small")  # kubelet repeats it: nothing left to do, no error
     # while a process still runs on the instance the driver keeps it: unprepare fails, kubelet retries
-    h = subprocess.Popen([probe, "hold", "1Gi", "0"], env=in_container(large.mig_uuid), stdout=subprocess.PIPE,
-                         text=True)
+    h = subprocess.Popen([probe, "hold", "1Gi", "0"], env=in_container(large.mig_uuid),
+                         stdout=subprocess.PIPE, text=True)
     assert "held" in h.stdout.readline()
     try:
         await p2.unprepare("large")
