@@ -35,6 +35,7 @@ SOFTWARE = {"a100-half": 50}
 
 MIG_ON = """
 import sys
+from pathlib import Path
 import pynvml
 from gpuslice_dev.gpusim import simulate
 simulate.use_fake_driver(simulate.write_node_config(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
