@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=60)]
 
 A100 = "NVIDIA A100-SXM4-80GB"
 SPEC = f"1x {A100}"
-HARDWARE = {"mig-1g": "1g.10gb", "mig-3g": "3g.40gb"}
+HARDWARE = {"mig-1g": "1g.10gb", "mig-3g": "3g.40gb", "mig-4g": "4g.40gb"}
 SOFTWARE = {"a100-half": 50}
 
 MIG_ON = """
@@ -111,7 +111,7 @@ def test_a_mig_card_publishes_its_placements_and_two_profiles_are_allocated_side
     assert all(sets[mig.counter_set_name(0)][mig.memory_slice_counter(k)] == {"value": "1"} for k in range(8))
     devices = _devices(cluster, mig_node)
     profiles = sorted(d["attributes"]["migProfile"]["string"] for d in devices)
-    assert profiles == ["1g.10gb"] * 7 + ["3g.40gb"] * 2, "every placement of the two sold profiles"
+    assert profiles == ["1g.10gb"] * 7 + ["3g.40gb"] * 2 + ["4g.40gb"], "every placement of the sold profiles"
     assert not [d for d in devices if "package" in d["attributes"]], "no software slice on a MIG card"
     one_g = next(d for d in devices if d["attributes"]["migProfile"]["string"] == "1g.10gb")
     assert one_g["attributes"]["productName"] == {"string": A100}
@@ -154,3 +154,59 @@ def test_a_mig_card_publishes_its_placements_and_two_profiles_are_allocated_side
     assert allocated("soft") is None
     events = json.dumps(get_items(cluster, "events", "-n", namespace))
     assert "CEL runtime error" not in events
+
+
+def test_a_4g_waits_while_a_1g_splits_its_only_placement_and_gets_it_when_that_frees(
+    cluster: DevCluster, mig_node: str, namespace: str
+) -> None:
+    # 4g.40gb has one placement (memory slices 0-3); a 1g.10gb at slice 1 leaves 6 of 7 compute
+    # slices and 7 of 8 memory slices free, yet no 4g fits: the counters model placements, not sums
+    small = claim_doc("small", namespace, "mig-1g")
+    (request,) = small["spec"]["devices"]["requests"]
+    request["exactly"]["selectors"] = [
+        {"cel": {"expression": 'device.attributes["gpuslice.io"].migPlacementStart == 1'}}
+    ]
+    apply_docs(cluster, [small, pod_doc("small", namespace, "small", node=mig_node)])
+    wait_for(
+        lambda: (
+            (get_json(cluster, "resourceclaim", "small", "-n", namespace) or {})
+            .get("status", {})
+            .get("allocation")
+        ),
+        timeout=60,
+        what="the 1g.10gb claim to be allocated",
+    )
+    apply_docs(
+        cluster, [claim_doc("big", namespace, "mig-4g"), pod_doc("big", namespace, "big", node=mig_node)]
+    )
+
+    def unschedulable() -> str | None:
+        pod = get_json(cluster, "pod", "big", "-n", namespace) or {}
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                return str(cond.get("message", ""))
+        return None
+
+    message = wait_for(unschedulable, timeout=60, what="the 4g.40gb pod to be found unschedulable")
+    assert "claim" in message and "CEL" not in message, message
+    assert (
+        not (get_json(cluster, "resourceclaim", "big", "-n", namespace) or {})
+        .get("status", {})
+        .get("allocation")
+    )
+
+    # the 1g's pod and claim go: the 4g gets the card's only 4g placement
+    cluster.kubectl("delete", "pod", "small", "-n", namespace, "--grace-period=0", "--force")
+    cluster.kubectl("delete", "resourceclaim", "small", "-n", namespace)
+    big = wait_for(
+        lambda: (
+            (get_json(cluster, "resourceclaim", "big", "-n", namespace) or {})
+            .get("status", {})
+            .get("allocation")
+        ),
+        timeout=90,
+        what="the 4g.40gb claim to be allocated once the 1g.10gb is gone",
+    )
+    ((pool, dev),) = allocated_devices({"status": {"allocation": big}})
+    by_name = {d["name"]: d for d in _devices(cluster, mig_node)}
+    assert pool == mig_node and by_name[dev]["attributes"]["migProfile"] == {"string": "4g.40gb"}
