@@ -61,14 +61,18 @@ def _specs() -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def mig_node(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def mig_node(
+    cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A kwok node whose agent simulates SPEC (or the test's `indirect` parameter), card 0 in MIG mode."""
+    spec = getattr(request, "param", SPEC)
     cluster.apply_crds()
     node = f"mig-{os.getpid() % 10000}"
     apply_docs(cluster, [node_manifest(node)])
     root = tmp_path_factory.mktemp("mig")
     # the card's MIG mode, on in the double's state before the agent first looks at it
     simulated = agent_dirs(root, node)["state"] / "simulated"
-    proc = subprocess.run([sys.executable, "-c", MIG_ON, SPEC, node, str(simulated)],
+    proc = subprocess.run([sys.executable, "-c", MIG_ON, spec, node, str(simulated)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     specs = _specs()
@@ -76,7 +80,7 @@ def mig_node(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     docs += [device_class(n, None, GpuPackageSpec.model_validate(s), None) for n, s in specs.items()]
     apply_docs(cluster, docs)
     log = root / "agent.log"
-    agent = spawn_agent(node, SPEC, agent_kubeconfig(cluster, node), root, log)
+    agent = spawn_agent(node, spec, agent_kubeconfig(cluster, node), root, log)
     try:
         wait_for(
             lambda: (
@@ -210,3 +214,34 @@ def test_a_4g_waits_while_a_1g_splits_its_only_placement_and_gets_it_when_that_f
     ((pool, dev),) = allocated_devices({"status": {"allocation": big}})
     by_name = {d["name"]: d for d in _devices(cluster, mig_node)}
     assert pool == mig_node and by_name[dev]["attributes"]["migProfile"] == {"string": "4g.40gb"}
+
+
+@pytest.mark.parametrize("mig_node", [f"2x {A100}"], indirect=True)
+def test_a_node_sells_mig_on_one_card_and_software_slices_on_the_other(
+    cluster: DevCluster, mig_node: str, namespace: str
+) -> None:
+    devices = _devices(cluster, mig_node)
+    on = {i: [d for d in devices if d["attributes"]["gpuIndex"]["int"] == i] for i in (0, 1)}
+    assert all("migProfile" in d["attributes"] and "package" not in d["attributes"] for d in on[0])
+    assert [d["attributes"]["package"]["string"] for d in on[1]] == ["a100-half", "a100-half"]
+    docs: list[dict[str, Any]] = []
+    for name, package in (("small", "mig-1g"), ("soft", "a100-half")):
+        docs += [claim_doc(name, namespace, package), pod_doc(name, namespace, name, node=mig_node)]
+    apply_docs(cluster, docs)
+    got = {}
+    for name in ("small", "soft"):
+        claim = wait_for(
+            lambda n=name: (
+                (get_json(cluster, "resourceclaim", n, "-n", namespace) or {})
+                .get("status", {})
+                .get("allocation")
+            ),
+            timeout=60,
+            what=f"claim {name} to be allocated",
+        )
+        ((_, got[name]),) = allocated_devices({"status": {"allocation": claim}})
+    by_name = {d["name"]: d for d in devices}
+    # the software class, evaluated on the MIG card's devices too, matched only the other card
+    assert by_name[got["soft"]]["attributes"]["gpuIndex"] == {"int": 1}
+    assert by_name[got["small"]]["attributes"]["gpuIndex"] == {"int": 0}
+    assert by_name[got["small"]]["attributes"]["migProfile"] == {"string": "1g.10gb"}
