@@ -25,6 +25,8 @@ from typing import Any
 from kubernetes_asyncio import client, config, watch
 
 from gpuslice import constants
+from gpuslice.api.package import GpuPackageSpec
+from gpuslice.domain.deviceclass import device_selector_expression
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
 
@@ -45,7 +47,9 @@ def setup(cluster: DevCluster, nodes: int, gpus: int) -> None:
                 "spec": {"gpuModel": MODEL, "fraction": fraction},
             }
         )
-        expr = f'device.driver == "gpuslice.io" && device.attributes["gpuslice.io"].package == "{name}"'
+        expr = device_selector_expression(
+            name, GpuPackageSpec.model_validate({"gpuModel": MODEL, "fraction": fraction})
+        )
         docs.append(
             {
                 "apiVersion": "resource.k8s.io/v1",

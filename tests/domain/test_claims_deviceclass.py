@@ -96,7 +96,8 @@ def test_device_class_selects_driver_package_and_model() -> None:
     assert dc["spec"]["extendedResourceName"] == "gpuslice.io/v100-8g"
     (selector,) = dc["spec"]["selectors"]
     assert selector["cel"]["expression"] == (
-        'device.driver == "gpuslice.io" && device.attributes["gpuslice.io"].package == "v100-8g"'
+        'device.driver == "gpuslice.io" && "package" in device.attributes["gpuslice.io"]'
+        ' && device.attributes["gpuslice.io"].package == "v100-8g"'
         ' && device.attributes["gpuslice.io"].productName == "Tesla V100-PCIE-32GB"'
     )
     assert dc["metadata"]["ownerReferences"][0]["kind"] == "GpuPackage"

@@ -175,6 +175,19 @@ def _tenant_ok(w: World) -> None:
             {"gpuModel": "X", "fraction": 25, "entitlements": [{"namespaceSelector": {}, "slices": 1}]},
             "would entitle every namespace",
         ),
+        (
+            {"gpuModel": "X", "fraction": 100, "isolation": {"mode": "Hardware"}},
+            "migProfile is required with isolation.mode Hardware",
+        ),
+        ({"gpuModel": "X", "fraction": 25, "migProfile": "1g.10gb"}, "forbidden otherwise"),
+        (
+            {"gpuModel": "X", "fraction": 25, "isolation": {"mode": "Hardware"}, "migProfile": "1g.10gb"},
+            "fraction must be 100",
+        ),
+        (
+            {"gpuModel": "X", "fraction": 100, "isolation": {"mode": "Hardware"}, "migProfile": "10gb"},
+            "migProfile must be a MIG GPU instance profile name",
+        ),
     ],
 )
 def test_package_schema_rejects_bad_products_with_clear_messages(
@@ -184,6 +197,25 @@ def test_package_schema_rejects_bad_products_with_clear_messages(
     doc = {"apiVersion": c.GROUP_VERSION, "kind": c.PACKAGE_KIND, "metadata": {"name": "bad"}, "spec": spec}
     proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
     assert proc.returncode != 0 and expect in proc.stderr, proc.stderr
+
+
+def test_a_hardware_package_of_a_mig_profile_is_accepted(cluster: DevCluster) -> None:
+    cluster.apply_crds()
+    spec = {"gpuModel": "NVIDIA A100-SXM4-80GB", "fraction": 100, "isolation": {"mode": "Hardware"}}
+    doc = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.PACKAGE_KIND,
+        "metadata": {"name": "a100-1g"},
+        "spec": {**spec, "migProfile": "1g.10gb+me"},
+    }
+    create = ("create", "--dry-run=server", "-o", "json", "-f", "-")
+    proc = cluster.kubectl(*create, input=json.dumps(doc), check=False)
+    assert proc.returncode == 0, proc.stderr
+    # the default the API server fills in says which kind of product a package that names none is
+    doc["spec"] = {"gpuModel": "X", "fraction": 25, "isolation": {}}
+    proc = cluster.kubectl(*create, input=json.dumps(doc), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["spec"]["isolation"]["mode"] == "Software"
 
 
 @pytest.mark.parametrize("template", [False, True], ids=["claim", "template"])

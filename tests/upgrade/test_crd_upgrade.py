@@ -24,9 +24,21 @@ FIRST_RELEASE = "4ff7adc9020e534cac8e7a17758cdd38992dd65f"  # 0.1.0, CHANGELOG.m
 NAMESPACE = "team-a"
 
 
+#: New rules over fields the first release stored that hold for every object it could store: they
+#: constrain only fields it did not have (no isolation.mode, no migProfile: both sides false, or the
+#: implication's premise false). The round trip below updates such objects under them on a real API
+#: server.
+_HARDWARE = "(has(self.isolation) && has(self.isolation.mode) && self.isolation.mode == 'Hardware')"
+TRUE_FOR_THE_FIRST_RELEASE = {f"{_HARDWARE} == has(self.migProfile)", f"!{_HARDWARE} || self.fraction == 100"}
+
+
 @pytest.mark.parametrize("name", sorted(crds_here()))
 def test_this_trees_crds_keep_every_field_and_version_the_first_release_stored(name: str) -> None:
-    problems = breaking_changes(crds_at(FIRST_RELEASE)[name], crds_here()[name])
+    problems = [
+        p
+        for p in breaking_changes(crds_at(FIRST_RELEASE)[name], crds_here()[name])
+        if not any(f"new validation rule {r!r}" in p for r in TRUE_FOR_THE_FIRST_RELEASE)
+    ]
     assert not problems, f"{name}: a stored 0.1.0 object could be refused or lose data:\n" + "\n".join(
         problems
     )

@@ -66,3 +66,12 @@ def refusal(claim: Mapping[str, Any], request: str, device: str, package: str | 
             f"resources.limits {{gpuslice.io/{package}: 1}} or a GpuSlice (spec.package: {package})"
         )
     return None
+
+
+def package_of_request(claim: Mapping[str, Any], request: str) -> str | None:
+    """The package whose DeviceClass the request names, or None. A MIG device belongs to every
+    Hardware package of its profile and model, so its package is the one the claim asked through."""
+    cls, _, _ = _request_class(claim, request)
+    if cls is None or not cls.endswith(c.DEVICE_CLASS_SUFFIX):
+        return None
+    return cls.removesuffix(c.DEVICE_CLASS_SUFFIX) or None

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuslice import logs
 from gpuslice.agent import nvml
+from gpuslice.domain.mig import MigProfile
 from gpuslice.files import atomic_write
 
 log = logs.get(__name__)
@@ -40,6 +41,9 @@ class GpuInfo(BaseModel):
     pcie_root: str | None = None
     numa_node: int | None = None
     nvlink_peers: tuple[int, ...] = ()
+    #: The card's MIG GPU instance profiles while MIG mode is on (it then sells only Hardware
+    #: products); None: MIG mode off or no MIG, it sells software slices.
+    mig_profiles: tuple[MigProfile, ...] | None = None
 
 
 class DiscoveryError(RuntimeError):
@@ -53,6 +57,7 @@ def discover() -> list[GpuInfo]:
             try:
                 driver, cuda = nvml.driver_versions()
                 facts = nvml.devices()
+                migs = {d.uuid: _mig_profiles(d.uuid) for d in facts}
             except nvml.Error as exc:
                 raise DiscoveryError(f"NVML query failed: {exc}") from exc
     except nvml.Error as exc:
@@ -76,6 +81,7 @@ def discover() -> list[GpuInfo]:
             pcie_root=pci_topology(d.pci_bus_id)[0],
             numa_node=pci_topology(d.pci_bus_id)[1],
             nvlink_peers=nvlink_peers(d.nvlink_remote_bus_ids, {f.pci_bus_id: f.index for f in facts}),
+            mig_profiles=migs[d.uuid],
         )
         for d in facts
     ]
@@ -119,6 +125,13 @@ def nvlink_peers(remote_bus_ids: tuple[str, ...], index_by_bus_id: dict[str, int
     NVML does not list names no peer); NVML's bus ids compared case-insensitively."""
     by_bus = {b.lower(): i for b, i in index_by_bus_id.items()}
     return tuple(sorted({by_bus[b.lower()] for b in remote_bus_ids if b.lower() in by_bus}))
+def _mig_profiles(uuid: str) -> tuple[MigProfile, ...] | None:
+    """The card's MIG profiles when its current MIG mode is on; a pending change counts only after the
+    card is reset (the driver serves the current mode)."""
+    mode = nvml.mig_mode(uuid)
+    if mode is None or not mode[0]:
+        return None
+    return tuple(nvml.mig_profiles(uuid))
 
 
 def with_remembered(found: list[GpuInfo], state_dir: Path) -> list[GpuInfo]:

@@ -16,7 +16,7 @@ import grpc
 
 from gpuslice import constants as c
 from gpuslice import logs
-from gpuslice.agent.prepare import Preparer, prepare_many
+from gpuslice.agent.prepare import PrepareError, Preparer, prepare_many
 from gpuslice.agent.proto import dra_v1_pb2 as dra
 from gpuslice.agent.proto import dra_v1_pb2_grpc as dra_grpc
 from gpuslice.agent.proto import pluginregistration_v1_pb2 as reg
@@ -72,7 +72,7 @@ class DRAService(dra_grpc.DRAPluginServicer):
             try:
                 await self._preparer.unprepare(claim.uid)
                 response.claims[claim.uid].CopyFrom(dra.NodeUnprepareResourceResponse())
-            except OSError as exc:
+            except (OSError, PrepareError) as exc:  # PrepareError: the driver kept a MIG instance in use
                 response.claims[claim.uid].error = f"cleaning up claim {claim.namespace}/{claim.name}: {exc}"
         return response
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuslice import constants as c
 from gpuslice import logs, metrics
-from gpuslice.agent import cdi, claimcheck
+from gpuslice.agent import cdi, claimcheck, mig
 from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.limits import write_limits
@@ -64,12 +64,18 @@ def resolve_claim(
                 f"{where}: device {result.device} is not in any ResourceSlice of pool {node}; "
                 "the agent will retry once its slices are published"
             )
-        if device.uuid is None or device.memory_bytes is None or device.compute_share is None:
+        hardware = device.mig_profile is not None and device.mig_start is not None
+        # a MIG instance is the whole of its SMs: no compute share is published for it
+        share = 100 if hardware else device.compute_share
+        if device.uuid is None or device.memory_bytes is None or share is None:
             raise PrepareError(
                 f"{where}: device {result.device} of pool {node} lacks uuid, memory capacity or "
                 "computeShare; it was not published by this agent version"
             )
-        refused = claimcheck.refusal(claim, result.request, result.device, device.package)
+        package = device.package
+        if hardware and package is None:
+            package = claimcheck.package_of_request(claim, result.request)
+        refused = claimcheck.refusal(claim, result.request, result.device, package)
         if refused:
             raise PrepareError(f"{where}: {refused}")
         prepared.append(
@@ -79,9 +85,11 @@ def resolve_claim(
                 device=result.device,
                 gpu_uuid=device.uuid,
                 memory_bytes=device.memory_bytes,
-                compute_share=device.compute_share,
+                compute_share=share,
                 compute_burst=device.compute_burst,
                 cdi_device_ids=[cdi.cdi_device_id(uid), cdi.nvidia_device_id(device.uuid)],
+                mig_profile=device.mig_profile if hardware else None,
+                mig_start=device.mig_start if hardware else None,
             )
         )
     return prepared
@@ -247,6 +255,9 @@ class Preparer:
 
     def _write_files(self, record: ClaimRecord) -> None:
         device = record.devices[0]
+        if device.mig_profile is not None:
+            self._write_mig(record, device)
+            return
         claim_dir = self.paths.claim_dir(record.uid)
         claim_dir.mkdir(parents=True, exist_ok=True)
         preload = claim_dir / "ld.so.preload"
@@ -273,6 +284,18 @@ class Preparer:
         self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.paths.cdi_spec(record.uid), json.dumps(spec, indent=1).encode())
 
+    def _write_mig(self, record: ClaimRecord, device: PreparedDevice) -> None:
+        """Make the claim's MIG instance (or find the one a killed agent made) and a CDI spec that
+        names only it; the UUID is checkpointed before the spec is written."""
+        try:
+            device.mig_uuid = mig.create(device)
+        except mig.MigPrepareError as exc:
+            raise PrepareError(str(exc)) from exc
+        self._save()
+        spec = mig.cdi_spec(record.uid, cdi.CDI_KIND, cdi.cdi_device_name(record.uid), device.mig_uuid)
+        self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.paths.cdi_spec(record.uid), json.dumps(spec, indent=1).encode())
+
     async def unprepare(self, uid: str) -> None:
         async with self._lock:
             record = self._remove(uid)
@@ -282,6 +305,12 @@ class Preparer:
     def _remove(self, uid: str) -> ClaimRecord | None:
         """The claim's files and record gone (under the lock); the record it had."""
         record = self._checkpoint.claims.get(uid)
+        for d in record.devices if record is not None else ():
+            if d.mig_profile is not None:
+                try:
+                    mig.destroy(d)  # before the record goes: a failure is retried by kubelet
+                except mig.MigPrepareError as exc:
+                    raise PrepareError(str(exc)) from exc
         self.paths.cdi_spec(uid).unlink(missing_ok=True)
         shutil.rmtree(self.paths.claim_dir(uid), ignore_errors=True)
         shutil.rmtree(self.paths.usage_dir(uid), ignore_errors=True)

@@ -23,6 +23,7 @@ from gpuslice.agent.gpus import GpuInfo, semver
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import parse_resource_slices
 from gpuslice.domain.multigpu import PCIE_ROOT_ATTRIBUTE
+from gpuslice.domain import mig
 
 #: Per-slice limits from k8s.io/api/resource/v1 (ResourceSliceMaxCounterSets,
 #: ResourceSliceMaxDevicesWithAdvancedFeatures).
@@ -76,8 +77,43 @@ def slice_name(node: str, kind: str, index: int) -> str:
 
 
 def matching_packages(gpu: GpuInfo, packages: Iterable[Package]) -> list[Package]:
-    """Packages cut from this card's model, ordered by name so device names are stable."""
-    return sorted((p for p in packages if p.spec.gpu_model == gpu.product_name), key=lambda p: p.name)
+    """Packages cut from this card's model, ordered by name so device names are stable: on a card in
+    MIG mode only Hardware packages (the driver has split the card; a software slice of it would span
+    instances), on any other card only Software ones."""
+    in_mig = gpu.mig_profiles is not None
+    return sorted(
+        (p for p in packages if p.spec.gpu_model == gpu.product_name and p.spec.hardware == in_mig),
+        key=lambda p: p.name,
+    )
+
+
+def _card_attributes(gpu: GpuInfo) -> dict[str, Any]:
+    return {
+        "uuid": {"string": gpu.uuid},
+        "productName": {"string": gpu.product_name},
+        "cudaComputeCapability": {"version": semver(gpu.cuda_compute_capability)},
+        "driverVersion": {"version": semver(gpu.driver_version)},
+        "cudaDriverVersion": {"version": semver(gpu.cuda_driver_version)},
+        "pciBusId": {"string": gpu.pci_bus_id},
+    }
+
+
+def _mig_devices(
+    gpu: GpuInfo, packages: Sequence[Package], taints: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """One device per placement of every MIG profile a Hardware package of this model sells (a profile
+    the card's driver lacks offers nothing), each consuming its memory slices and compute slices of the
+    card's MIG counter set. The devices carry `migProfile`, not `package`: two packages of one profile
+    sell the same placements, and the scheduler's counters keep them from overlapping."""
+    wanted = {p.spec.mig_profile for p in packages if p.spec.hardware}
+    profiles = [q for q in gpu.mig_profiles or () if q.name in wanted]
+    out = []
+    for p in mig.placements(gpu.index, profiles):
+        d = mig.device(p, _card_attributes(gpu))
+        if taints:
+            d["taints"] = [dict(t) for t in taints]
+        out.append(d)
+    return out
 
 
 def topology_attributes(gpu: GpuInfo) -> dict[str, Any]:
@@ -131,12 +167,20 @@ def devices_for(
     """The partition devices one card offers, each with the card's DRA device `taints` (an unhealthy
     card). A package whose slice would have no memory on this card (a tiny card and a tiny
     fraction) offers nothing rather than a zero-sized device."""
+    if gpu.mig_profiles is not None:
+        return _mig_devices(gpu, matching_packages(gpu, packages), taints)
     out: list[dict[str, Any]] = []
     for package in matching_packages(gpu, packages):
         if package.spec.memory_bytes(gpu.memory_bytes) <= 0:
             continue
         out.extend(_device(gpu, package, k, taints) for k in range(package.spec.slices_per_card()))
     return out
+
+
+def _counter_sets(gpu: GpuInfo) -> list[dict[str, Any]]:
+    """The card's counter set; a card in MIG mode has its MIG counter set (memory and compute slices)
+    instead, so nothing can consume the card as a whole."""
+    return [mig.counter_set(gpu.index)] if gpu.mig_profiles is not None else [_counter_set(gpu)]
 
 
 def _counter_set(gpu: GpuInfo) -> dict[str, Any]:
@@ -167,7 +211,7 @@ def build_specs(
     """
     packages = list(packages)
     ordered = sorted(gpus, key=lambda g: g.index)
-    counter_chunks = _chunks([_counter_set(g) for g in ordered], MAX_COUNTER_SETS_PER_SLICE)
+    counter_chunks = _chunks([cs for g in ordered for cs in _counter_sets(g)], MAX_COUNTER_SETS_PER_SLICE)
     devices = [d for g in ordered for d in devices_for(g, packages, (taints or {}).get(g.uuid, ()))]
     device_chunks = _chunks(devices, MAX_DEVICES_PER_SLICE)
     count = len(counter_chunks) + len(device_chunks)

@@ -182,7 +182,13 @@ class UsageReporter:
 
     async def tick(self) -> None:
         checkpoint = CheckpointStore(self.paths.state_dir / "checkpoint.json").load()
-        records = [r for r in checkpoint.claims.values() if r.state == "Prepared" and r.devices]
+        # A MIG instance (Hardware package) has no shim and no usage region: the driver keeps its
+        # memory, so there is nothing to read or to judge.
+        records = [
+            r
+            for r in checkpoint.claims.values()
+            if r.state == "Prepared" and r.devices and r.devices[0].mig_profile is None
+        ]
         now_s = time.monotonic()
         now_iso = _iso(time.time())
         for record in records:

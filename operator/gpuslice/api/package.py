@@ -41,9 +41,19 @@ class OnViolation(StrEnum):
     STOP = "Stop"
 
 
-class Isolation(CamelModel):
-    """How the node agent treats processes that bypass the shim on GPUs of this package."""
+class IsolationMode(StrEnum):
+    """What keeps one slice from another."""
 
+    #: The shim's memory limit and cooperative compute on a shared card (the slice is a fraction).
+    SOFTWARE = "Software"
+    #: A MIG instance of the card (spec.migProfile): own memory, SMs and fault domain, kept by the driver.
+    HARDWARE = "Hardware"
+
+
+class Isolation(CamelModel):
+    """What isolates a slice, and how the node agent treats processes that bypass the shim."""
+
+    mode: IsolationMode = Field(default=IsolationMode.SOFTWARE)
     on_violation: OnViolation = Field(default=OnViolation.STOP, alias="onViolation")
 
 
@@ -79,6 +89,21 @@ class GpuPackageSpec(CamelModel):
     extended_resource_name: str | None = Field(default=None, alias="extendedResourceName")
     # --- sharing (gpuslice.api.sharing): entitlements lent through Kueue, opt-in ---
     sharing: Sharing = Field(default_factory=Sharing)
+    #: The MIG GPU instance profile one slice is (isolation.mode Hardware only), e.g. "1g.10gb".
+    mig_profile: str | None = Field(default=None, alias="migProfile", min_length=1, max_length=32)
+
+    @model_validator(mode="after")
+    def _mig_profile_with_hardware_only(self) -> GpuPackageSpec:
+        # The CRD's CEL says the same to the user; this keeps a spec built in code just as honest.
+        if self.hardware != (self.mig_profile is not None):
+            raise ValueError("migProfile is required with isolation.mode Hardware and forbidden otherwise")
+        if self.hardware and self.fraction != 100:
+            raise ValueError("isolation.mode Hardware: fraction must be 100 (a slice is one MIG instance)")
+        return self
+
+    @property
+    def hardware(self) -> bool:
+        return self.isolation.mode == IsolationMode.HARDWARE
 
     @model_validator(mode="before")
     @classmethod

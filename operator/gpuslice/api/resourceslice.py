@@ -51,6 +51,9 @@ class PublishedDevice:
     #: topology the agent publishes (multi-GPU products' constraints); None where it does not
     pcie_root: str | None = None
     numa_node: int | None = None
+    #: a MIG placement (domain.mig): its profile and first memory slice
+    mig_profile: str | None = None
+    mig_start: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,8 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         compute_burst=attribute(attrs, "computeBurst") is True,
         pcie_root=_text(attribute(attrs, PCIE_ROOT)),
         numa_node=int(numa) if isinstance(numa := attribute(attrs, "numaNode"), int) else None,
+        mig_profile=_text(attribute(attrs, "migProfile")),
+        mig_start=int(start) if (start := attribute(attrs, "migPlacementStart")) is not None else None,
     )
 
 

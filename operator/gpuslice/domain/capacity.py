@@ -5,6 +5,9 @@ slice of package A can be unavailable although no A device is allocated: a 32 Gi
 package may hold the whole card. "Free" therefore counts what kube-scheduler could still place.
 A card whose devices carry a NoSchedule or NoExecute taint (an unhealthy card, `domain.health`)
 places nothing: it counts in `unhealthy_gpus` only, not in GPUs, total, allocated or free.
+A Hardware (MIG) package's devices are the placements of its profile on cards of its model (they
+carry no package); each placement consumes its own memory slices, so its free count is how many
+open placements still fit side by side, taken one after another.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ def package_capacity(
     package: str,
     slices: Iterable[PublishedSlice],
     allocated: Iterable[tuple[str, str]],
+    mig: tuple[str, str] | None = None,
 ) -> Capacity:
     """Count GPUs, slices and free slices of one package.
 
     `allocated` holds (pool, device) of every device of driver gpuslice.io in an allocated claim.
+    `mig`: (gpuModel, migProfile) of a Hardware package, whose devices are matched by those.
     """
     live = newest_generation(slices)
     taken = set(allocated)
@@ -54,7 +59,7 @@ def package_capacity(
             if (d.pool, d.name) in taken and d.counter_set:
                 for k, v in d.consumes.items():
                     used[(d.pool, d.counter_set)][k] += v
-            if d.package == package:
+            if (d.package == package) if mig is None else ((d.product_name, d.mig_profile) == mig):
                 mine[(d.pool, d.counter_set)].append(d)
                 if d.memory_bytes is not None:
                     memory = d.memory_bytes if memory is None else min(memory, d.memory_bytes)
@@ -75,6 +80,9 @@ def package_capacity(
             free += sum(1 for d in open_devices if not d.consumes)
             continue
         remaining = {k: v - used[(pool, cs)].get(k, 0) for k, v in counters[(pool, cs)].items()}
+        if mig is not None:
+            free += _placeable(open_devices, remaining)
+            continue
         need = open_devices[0].consumes
         fits = min(
             (remaining.get(k, 0) // v for k, v in need.items() if v > 0),
@@ -89,3 +97,15 @@ def package_capacity(
         memory_per_slice_bytes=memory,
         unhealthy_gpus=len(unhealthy),
     )
+
+
+def _placeable(devices: Iterable[PublishedDevice], remaining: dict[str, int]) -> int:
+    """How many of `devices` (each with its own counters) fit in `remaining` together, in order. The
+    placements of one MIG profile do not overlap each other, so taking them in order is the most."""
+    left, n = dict(remaining), 0
+    for d in sorted(devices, key=lambda x: (x.mig_start or 0, x.name)):
+        if all(left.get(k, 0) >= v for k, v in d.consumes.items()):
+            for k, v in d.consumes.items():
+                left[k] -= v
+            n += 1
+    return n

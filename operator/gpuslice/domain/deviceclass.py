@@ -19,12 +19,23 @@ def device_selector_expression(package: str, spec: GpuPackageSpec) -> str:
 
     The agent publishes one partition device per package that fits a GPU, with attribute `package`;
     `productName` is checked too so a package whose gpuModel was changed never matches stale devices.
+    A card in MIG mode publishes instead one device per MIG placement, with attribute `migProfile`
+    and no `package`: a Hardware package selects those of its profile. Each side tests that its
+    attribute exists first, because a selector that reads a device's missing attribute is a CEL
+    runtime error, and kube-scheduler then fails the whole claim instead of skipping the device.
     """
     domain = c.DRIVER_NAME
+    attrs = f'device.attributes["{domain}"]'
+    if spec.hardware and spec.mig_profile is not None:
+        return (
+            f'device.driver == "{c.DRIVER_NAME}"'
+            f' && "migProfile" in {attrs} && {attrs}.migProfile == {_cel_string(spec.mig_profile)}'
+            f" && {attrs}.productName == {_cel_string(spec.gpu_model)}"
+        )
     return (
         f'device.driver == "{c.DRIVER_NAME}"'
-        f' && device.attributes["{domain}"].package == {_cel_string(package)}'
-        f' && device.attributes["{domain}"].productName == {_cel_string(spec.gpu_model)}'
+        f' && "package" in {attrs} && {attrs}.package == {_cel_string(package)}'
+        f" && {attrs}.productName == {_cel_string(spec.gpu_model)}"
     )
 
 

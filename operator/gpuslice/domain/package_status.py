@@ -17,6 +17,22 @@ GUARANTEES = Guarantees(
     summary="memory Enforced (hard limit), compute Cooperative (a share, not a throughput guarantee), "
     "quota Entitlement (not a reservation: when GPUs are full, workloads wait)",
 )
+#: A Hardware (MIG) package: the driver keeps the instance's memory, SMs and faults apart.
+HARDWARE_GUARANTEES = Guarantees(
+    memory="Enforced",
+    compute="Dedicated",
+    quota="Entitlement",
+    summary="memory Enforced (by the driver: a MIG instance), compute Dedicated (the instance's own SMs), "
+    "quota Entitlement (not a reservation: when GPUs are full, workloads wait)",
+)
+
+
+def _slices_per_gpu(spec: GpuPackageSpec, capacity: Capacity) -> int | None:
+    """A fraction's slices per card; a MIG profile's placements per card (they do not overlap one
+    another), known only once a card publishes them."""
+    if not spec.hardware:
+        return spec.slices_per_card()
+    return capacity.total // capacity.gpus if capacity.gpus else None
 
 BURST_GUARANTEES = GUARANTEES.model_copy(
     update={
@@ -132,10 +148,10 @@ def package_status(
         memoryPerSlice=format_bytes(capacity.memory_per_slice_bytes)
         if capacity.memory_per_slice_bytes
         else None,
-        slicesPerGpu=spec.slices_per_card(),
+        slicesPerGpu=_slices_per_gpu(spec, capacity),
         capacity=capacity_status(capacity),
         entitledNamespaces=entitled_namespaces,
-        guarantees=guarantees_for(spec),
+        guarantees=HARDWARE_GUARANTEES if spec.hardware else guarantees_for(spec),
         conditions=stamp(conditions, previous, now),
         observedGeneration=generation,
     )

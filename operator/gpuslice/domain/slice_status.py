@@ -120,6 +120,8 @@ class SliceFacts:
     pod: str | None = None
     #: status.usage as the node agent wrote it (software compatibility, GPU use).
     usage: Mapping[str, Any] | None = None
+    #: The package's MIG profile (isolation.mode Hardware), None for a software package.
+    mig_profile: str | None = None
 
 
 def _pod_form(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
@@ -270,6 +272,16 @@ def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
             Reason.NO_NODE_FITS,
             f"pod {pod.name} waits: {cap.placement_message}; quota is an entitlement, not a "
             "reservation, so the pod starts when enough cards free on one node",
+        )
+    if cap is not None and cap.free == 0 and facts.mig_profile is not None:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.GPUS_FULL,
+            f"pod {pod.name} waits: none of the {cap.total} placements of MIG profile {facts.mig_profile} "
+            f"on {cap.gpus} GPU(s) of model {model!r} is free ({cap.allocated} allocated to this package; "
+            "the others overlap MIG instances in use, which hold the memory or compute slices it needs, "
+            "however many slices are free elsewhere on the card); quota is an entitlement, not a "
+            "reservation, so the pod starts when instances on one card are freed",
         )
     if cap is not None and cap.free == 0:
         return _Verdict(

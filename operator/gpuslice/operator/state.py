@@ -60,13 +60,16 @@ class Snapshot:
     uuids: dict[tuple[str, str], str]
     #: the taints of tainted devices (an unhealthy card's), by (pool, device)
     taints: dict[tuple[str, str], tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
-    _capacity: dict[str, Capacity] = field(default_factory=dict)
+    _capacity: dict[tuple[str, tuple[str, str] | None], Capacity] = field(default_factory=dict)
 
     def capacity(self, package: str, spec: GpuPackageSpec | None = None) -> Capacity:
-        """With the spec of a multi-GPU package, `products_free` too."""
-        if package not in self._capacity:
-            self._capacity[package] = package_capacity(package, self.slices, self.allocated)
-        found = self._capacity[package]
+        """`spec`: the package's, needed for a Hardware package (its devices carry no package) and for a
+        multi-GPU package (`products_free` too)."""
+        mig = (spec.gpu_model, spec.mig_profile) if spec is not None and spec.mig_profile else None
+        key = (package, mig)
+        if key not in self._capacity:
+            self._capacity[key] = package_capacity(package, self.slices, self.allocated, mig)
+        found = self._capacity[key]
         if spec is None or spec.gpus is None:
             return found
         cards = cards_from_published(self.slices, self.allocated, package)
