@@ -63,6 +63,7 @@ class PreparedDevice(BaseModel):
         if not self.compute_burst:
             out.pop("compute_burst", None)
         return out
+
     #: A MIG placement (Hardware package): its profile and first memory slice, and the UUID of the
     #: instance made for it at prepare (None until made). Left out of the file when None, so a
     #: software slice's record is what earlier agents wrote and read.

@@ -125,6 +125,8 @@ def nvlink_peers(remote_bus_ids: tuple[str, ...], index_by_bus_id: dict[str, int
     NVML does not list names no peer); NVML's bus ids compared case-insensitively."""
     by_bus = {b.lower(): i for b, i in index_by_bus_id.items()}
     return tuple(sorted({by_bus[b.lower()] for b in remote_bus_ids if b.lower() in by_bus}))
+
+
 def _mig_profiles(uuid: str) -> tuple[MigProfile, ...] | None:
     """The card's MIG profiles when its current MIG mode is on; a pending change counts only after the
     card is reset (the driver serves the current mode)."""

@@ -22,8 +22,8 @@ from gpuslice import constants as c
 from gpuslice.agent.gpus import GpuInfo, semver
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import parse_resource_slices
-from gpuslice.domain.multigpu import PCIE_ROOT_ATTRIBUTE
 from gpuslice.domain import mig
+from gpuslice.domain.multigpu import PCIE_ROOT_ATTRIBUTE
 
 #: Per-slice limits from k8s.io/api/resource/v1 (ResourceSliceMaxCounterSets,
 #: ResourceSliceMaxDevicesWithAdvancedFeatures).

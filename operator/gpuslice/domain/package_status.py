@@ -34,6 +34,7 @@ def _slices_per_gpu(spec: GpuPackageSpec, capacity: Capacity) -> int | None:
         return spec.slices_per_card()
     return capacity.total // capacity.gpus if capacity.gpus else None
 
+
 BURST_GUARANTEES = GUARANTEES.model_copy(
     update={
         "compute": "CooperativeBurst",
