@@ -79,3 +79,24 @@ def test_a_ledger_written_before_sharing_reads_the_same() -> None:
     dumped = shard.model_dump(by_alias=True, exclude_none=True)
     assert "borrowed" not in dumped["intervals"][0]
     assert "borrowedSliceSeconds" not in dumped["packages"][0]
+
+
+def test_a_count_kueue_has_not_updated_yet_moves_no_mark() -> None:
+    """Kueue writes its count a moment after the claims change, in either order. A borrowed slice
+    released while the count still says 1 hands no mark to an older slice (it split b's interval
+    twice, into borrowed and entitled pieces, in a loaded suite); a count that fell before the
+    borrowed slice's claim went releases nothing until it has held for BORROW_SETTLE."""
+    books: dict[str, Ledger] = {}
+    held = [holding("a", "2026-12-05 10:00:00"), holding("b", "2026-12-05 10:00:00")]
+    reconcile(books, NS, held, {}, {PKG: EUR}, t("2026-12-05 10:00:01"))
+    held.append(holding("c", "2026-12-05 11:00:00"))
+    reconcile(books, NS, held, {}, {PKG: EUR}, t("2026-12-05 11:00:01"))
+    assert mark_borrowed(books, PKG, 1, t("2026-12-05 11:00:02")) == {"2026-12"}
+    # Kueue's count falls first: c stays borrowed while the lower count has not held for 10 s.
+    assert mark_borrowed(books, PKG, 0, t("2026-12-05 12:00:00"), release=False) == set()
+    # c's claim goes; Kueue still says 1 for a moment: neither a nor b becomes borrowed.
+    reconcile(books, NS, held[:2], {"c": t("2026-12-05 12:00:01")}, {PKG: EUR}, t("2026-12-05 12:00:01"))
+    assert mark_borrowed(books, PKG, 1, t("2026-12-05 12:00:02")) == set()
+    ivs = books["2026-12"].intervals
+    assert sorted((iv.claim_uid, iv.borrowed) for iv in ivs) == [("a", False), ("b", False), ("c", True)]
+    assert [iv.end for iv in ivs if iv.claim_uid == "c"] == [t("2026-12-05 12:00:01")]

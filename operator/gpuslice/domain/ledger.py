@@ -340,12 +340,28 @@ def reprice(ledgers: Mapping[str, Ledger], package: str, price: Price | None, at
 BORROW_SETTLE = timedelta(seconds=10)
 
 
-def mark_borrowed(ledgers: Mapping[str, Ledger], package: str, borrowed: int, now: datetime) -> set[str]:
+def borrowed_open(ledgers: Mapping[str, Ledger], package: str) -> int:
+    """How many of the namespace's open intervals of `package` are marked borrowed."""
+    return sum(
+        1
+        for ledger in ledgers.values()
+        if not ledger.final
+        for iv in ledger.open_intervals()
+        if iv.package == package and iv.borrowed
+    )
+
+
+def mark_borrowed(
+    ledgers: Mapping[str, Ledger], package: str, borrowed: int, now: datetime, *, release: bool = True
+) -> set[str]:
     """Make `borrowed` of the namespace's open intervals of `package` the borrowed ones (Kueue's
     count of its slices held above the entitlement); returns the months changed. Kueue counts
-    quota, not which pod holds it: the newest intervals are the ones marked borrowed, and when the
-    count falls the oldest borrowed go back to the entitlement. A change splits an interval at
-    `now` (what was held before is billed as it was), except in its first `BORROW_SETTLE`."""
+    quota, not which pod holds it, and writes its count a moment after the claims change: so only
+    an interval in its first `BORROW_SETTLE` becomes borrowed (the newest first), from its start (a
+    count that stays up after a borrowed slice ended names no other slice), and, where the count
+    falls, the oldest borrowed go back to the entitlement, split at `now`, only with `release` (the
+    caller's word that the lower count has held for `BORROW_SETTLE`, not a status written before the
+    borrowed slice's own claim went)."""
     changed: set[str] = set()
     rows = [
         (ledger, iv)
@@ -357,13 +373,16 @@ def mark_borrowed(ledgers: Mapping[str, Ledger], package: str, borrowed: int, no
     want = max(0, min(borrowed, len(rows)))
     marked = [r for r in rows if r[1].borrowed]
     if len(marked) < want:
-        plain = sorted((r for r in rows if not r[1].borrowed), key=lambda r: r[1].start, reverse=True)
-        flips = [(ledger, iv, True) for ledger, iv in plain[: want - len(marked)]]
-    else:
+        fresh = [r for r in rows if not r[1].borrowed and now - r[1].start <= BORROW_SETTLE]
+        fresh.sort(key=lambda r: r[1].start, reverse=True)
+        flips = [(ledger, iv, True) for ledger, iv in fresh[: want - len(marked)]]
+    elif release:
         marked.sort(key=lambda r: r[1].start)
         flips = [(ledger, iv, False) for ledger, iv in marked[: len(marked) - want]]
+    else:
+        flips = []
     for ledger, iv, to in flips:
-        if (to and now - iv.start <= BORROW_SETTLE) or now <= iv.start:
+        if to or now <= iv.start:
             iv.borrowed = to
         else:
             _close(iv, now, ledger)

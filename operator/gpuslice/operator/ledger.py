@@ -33,12 +33,14 @@ from gpuslice import kubehttp
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.usage import GpuUsage, Price, object_name
 from gpuslice.domain.ledger import (
+    BORROW_SETTLE,
     Holding,
     Interval,
     Ledger,
     LedgerFull,
     Reading,
     accumulator,
+    borrowed_open,
     encode,
     load,
     mark_borrowed,
@@ -427,8 +429,22 @@ async def _mark_borrowed(
     for package in sorted(held & set(kueue)):
         cq = await state.kube.get(KUEUE_API, "ClusterQueue", cluster_queue_name(package, namespace))
         borrowed = borrowed_slices(cq, package, kueue[package])
-        if borrowed is not None:
-            changed |= mark_borrowed(months, package, borrowed, now)
+        if borrowed is None:
+            continue
+        # A lower count releases a borrowed interval only once it has held for BORROW_SETTLE: Kueue
+        # may write it before the borrowed slice's own claim is seen going.
+        key = (namespace, package)
+        if borrowed < borrowed_open(months, package):
+            since = metering.borrow_low_since.setdefault(key, now)
+            release = now - since >= BORROW_SETTLE
+            if not release:
+                metering.borrow_recheck[namespace] = max(
+                    metering.borrow_recheck.get(namespace, 0.0), time.monotonic() + 2.0
+                )
+        else:
+            metering.borrow_low_since.pop(key, None)
+            release = True
+        changed |= mark_borrowed(months, package, borrowed, now, release=release)
     if held & set(kueue) and time.monotonic() < metering.borrow_recheck.get(namespace, 0.0):
         metering.dirty.add(namespace)
     else:

@@ -50,6 +50,8 @@ class Metering:
     retry_at: dict[str, float] = field(default_factory=dict)
     #: namespace -> monotonic time until which its Kueue borrowed count is read again every flush.
     borrow_recheck: dict[str, float] = field(default_factory=dict)
+    #: (namespace, package): when Kueue's borrowed count was first read below the marked intervals
+    borrow_low_since: dict[tuple[str, str], datetime] = field(default_factory=dict)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def mark(self, namespace: str) -> None:
