@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gpuslice import constants as c
+from gpuslice.api.package import GpuPackageSpec, IsolationMode
 from gpuslice.operator.kube import MAX_WRITES_IN_FLIGHT
 from gpuslice.operator.run import POSTING_WORKERS
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
@@ -211,11 +212,28 @@ def test_a_hardware_package_of_a_mig_profile_is_accepted(cluster: DevCluster) ->
     create = ("create", "--dry-run=server", "-o", "json", "-f", "-")
     proc = cluster.kubectl(*create, input=json.dumps(doc), check=False)
     assert proc.returncode == 0, proc.stderr
-    # the default the API server fills in says which kind of product a package that names none is
+    # A package that names no mode is a Software product. The CRD adds no default (an object stored by
+    # 0.1.0 reads back as it was stored: tests/upgrade/test_crd_upgrade.py); the operator reads the
+    # absence as Software.
     doc["spec"] = {"gpuModel": "X", "fraction": 25, "isolation": {}}
     proc = cluster.kubectl(*create, input=json.dumps(doc), check=False)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["spec"]["isolation"]["mode"] == "Software"
+    stored = json.loads(proc.stdout)["spec"]
+    assert "mode" not in stored["isolation"]
+    assert GpuPackageSpec.model_validate(stored).isolation.mode == IsolationMode.SOFTWARE
+    # ... and it stays one: naming Hardware later (no mode stored, so no field to compare) is refused.
+    doc["metadata"]["name"] = "soft-then-hard"
+    doc["spec"] = {"gpuModel": "NVIDIA A100-SXM4-80GB", "fraction": 100}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(doc))
+    try:
+        change = {"spec": {"isolation": {"mode": "Hardware"}, "migProfile": "1g.10gb"}}
+        proc = cluster.kubectl(
+            "patch", "gpupackages.gpuslice.io", "soft-then-hard", "--type=merge", "-p", json.dumps(change),
+            check=False,
+        )  # fmt: skip
+        assert proc.returncode != 0 and "isolation.mode cannot be changed" in proc.stderr, proc.stderr
+    finally:
+        cluster.kubectl("delete", "gpupackages.gpuslice.io", "soft-then-hard", "--wait=false", check=False)
 
 
 @pytest.mark.parametrize("template", [False, True], ids=["claim", "template"])

@@ -35,6 +35,8 @@ TRUE_FOR_THE_FIRST_RELEASE = {
     "has(self.fraction) || has(self.gpus)",
     "!has(self.gpus) || !has(self.fraction) || self.fraction == 100",
     "!has(self.topology) || self.topology == 'Any' || has(self.gpus)",
+    "(has(oldSelf.isolation) && has(oldSelf.isolation.mode) ? oldSelf.isolation.mode : 'Software') == "
+    "(has(self.isolation) && has(self.isolation.mode) ? self.isolation.mode : 'Software')",
 }
 
 
