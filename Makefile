@@ -20,7 +20,8 @@ KUBERNETES ?= $(or $(GPUSLICE_KUBERNETES),1.37)
 export GPUSLICE_KUBERNETES := $(KUBERNETES)
 VERSIONS_CHECKS ?= tests/cli/test_check.py tests/operator/test_versions_cluster.py tests/devcluster/test_control_plane.py
 VERSIONS_TESTS ?= $(VERSIONS_CHECKS) tests/agent/test_agent_e2e.py tests/operator/test_isolation_cluster.py \
-	tests/node/test_real_node.py tests/node/test_gpu_health_node.py tests/node/test_product_limits_node.py
+	tests/node/test_real_node.py tests/node/test_gpu_health_node.py tests/node/test_product_limits_node.py \
+	tests/agent/test_agent_mig_cluster.py tests/operator/test_multigpu_cluster.py
 VERSIONS_135_GATES ?= DRAPartitionableDevices=true,DRADeviceTaints=true,DRAExtendedResource=true
 VERSIONS_WORKERS ?= $(PYTEST_WORKERS)
 NO_GATES :=
