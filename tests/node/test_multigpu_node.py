@@ -105,7 +105,7 @@ def test_the_pod_sees_both_cards_whole(node_cluster: DevCluster, pair: str) -> N
     # each card whole through CUDA too: 30 GiB fits on either (a quarter slice stops at 8)
     for index in ("0", "1"):
         rc, out, err = exec_in(
-            node_cluster, pair, "env", f"CUDA_VISIBLE_DEVICES={index}", "gpuslice-probe", "alloc", "30Gi"
+            node_cluster, pair, "sh", "-c", f"CUDA_VISIBLE_DEVICES={index} gpuslice-probe alloc 30Gi"
         )
         assert rc == 0 and "CUDA_SUCCESS" in out, (index, out, err)
 
