@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _kwok import card, node_slices
 
 from gpuslice import constants
 from gpuslice.agent.gpus import GpuInfo
-from gpuslice.agent.slices import Package, build_specs, with_generation
+from gpuslice.agent.slices import Package
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.domain import mig
 from gpuslice.domain.claims import documented_claim_spec
@@ -87,19 +88,8 @@ def random_full_layout(rng: random.Random, profiles: tuple[mig.MigProfile, ...])
         chosen.append(rng.choice([p for p in fitting if p.profile.name == name]))
 
 
-def card(node: str, index: int, profiles: tuple[mig.MigProfile, ...]) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=f"GPU-{node}-{index}",
-        product_name=MODEL,
-        memory_bytes=80 * constants.GIB,
-        cuda_compute_capability="8.0",
-        driver_version="535.104.05",
-        cuda_driver_version="12.2",
-        minor_number=index,
-        pci_bus_id=f"00000000:{index:02X}:00.0",
-        mig_profiles=profiles,
-    )
+def mig_card(node: str, index: int, profiles: tuple[mig.MigProfile, ...]) -> GpuInfo:
+    return card(node, index, MODEL, 80 * constants.GIB, compute_capability="8.0", mig_profiles=profiles)
 
 
 def kubectl_apply(cluster: DevCluster, docs: list[dict[str, Any]]) -> None:
@@ -173,9 +163,7 @@ def main() -> int:
         }
         docs: list[dict[str, Any]] = [device_class(n, None, s, None) for n, s in specs.items()]
         packages = [Package(n, s) for n, s in specs.items()]
-        for node in nodes:
-            gpus = [card(node, i, profiles) for i in range(args.cards)]
-            docs += with_generation(node, build_specs(node, gpus, packages), 1)
+        docs += node_slices(nodes, lambda n: [mig_card(n, i, profiles) for i in range(args.cards)], packages)
         kubectl_apply(cluster, docs)
         cluster.kubectl("create", "namespace", NAMESPACE, check=False)
         demand = [

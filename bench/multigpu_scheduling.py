@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _kwok import card, node_slices
+
 from gpuslice import constants as c
 from gpuslice.agent.gpus import GpuInfo
-from gpuslice.agent.slices import Package, build_specs, with_generation
+from gpuslice.agent.slices import Package
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.domain.deviceclass import device_class
 from gpuslice.domain.multigpu import claim_spec
@@ -43,16 +45,12 @@ SPECS = {
 
 def cards(node: str) -> list[GpuInfo]:
     return [
-        GpuInfo(
-            index=i,
-            uuid=f"GPU-{node}-{i}",
-            product_name=MODEL,
-            memory_bytes=16 * c.GIB,
-            cuda_compute_capability="7.0",
-            driver_version="535.104.05",
-            cuda_driver_version="12.2",
-            minor_number=i,
-            pci_bus_id=f"00000000:{i + 4:02X}:00.0",
+        card(
+            node,
+            i,
+            MODEL,
+            16 * c.GIB,
+            bus=i + 4,
             pcie_root="pci0000:00" if i < 4 else "pci0000:80",
             numa_node=i // 4,
         )
@@ -61,8 +59,7 @@ def cards(node: str) -> list[GpuInfo]:
 
 
 def published(nodes: list[str]) -> list[dict[str, Any]]:
-    packages = [Package(n, s) for n, s in SPECS.items()]
-    return [s for n in nodes for s in with_generation(n, build_specs(n, cards(n), packages), 1)]
+    return node_slices(nodes, cards, [Package(n, s) for n, s in SPECS.items()])
 
 
 def probe(cluster: DevCluster, form: str, i: int) -> float:

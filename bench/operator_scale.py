@@ -44,10 +44,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _kwok import card, node_slices
+
 from gpuslice import constants as c
 from gpuslice import kubehttp
-from gpuslice.agent.gpus import GpuInfo
-from gpuslice.agent.slices import Package, build_specs, with_generation
+from gpuslice.agent.slices import Package
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.domain.claims import documented_claim_spec
 from gpuslice.domain.deviceclass import device_selector_expression
@@ -143,22 +144,10 @@ def log(msg: str) -> None:
 
 def resource_slices(node: str, gpus: int) -> list[dict[str, Any]]:
     """What the agent of `node` publishes for `gpus` V100s and the one package."""
-    cards = [
-        GpuInfo(
-            index=i,
-            uuid=f"GPU-{node}-{i}",
-            product_name=MODEL,
-            memory_bytes=32 * c.GIB,
-            cuda_compute_capability="7.0",
-            driver_version="535.104.05",
-            cuda_driver_version="12.2",
-            minor_number=i,
-            pci_bus_id=f"00000000:{i:02X}:00.0",
-        )
-        for i in range(gpus)
-    ]
     spec = GpuPackageSpec.model_validate({"gpuModel": MODEL, "fraction": FRACTION})
-    return with_generation(node, build_specs(node, cards, [Package(PACKAGE, spec)]), 1)
+    return node_slices(
+        [node], lambda n: [card(n, i, MODEL, 32 * c.GIB) for i in range(gpus)], [Package(PACKAGE, spec)]
+    )
 
 
 def device_class() -> dict[str, Any]:

@@ -104,6 +104,38 @@ def test_claims_that_cannot_be_prepared_say_why(the_claim: dict[str, Any], messa
         resolve_claim(the_claim, uid=UID, node="node-a", slices=published_slices())
 
 
+def test_a_multi_gpu_product_is_prepared_as_its_whole_cards_and_slices_are_not() -> None:
+    pair = GpuPackageSpec(gpuModel=GPU.product_name, gpus=2)
+    cards = [
+        GPU,
+        GPU.model_copy(update={"index": 2, "uuid": GPU.uuid.replace("1234567890ab", "1234567890ac")}),
+    ]
+    packages = [
+        Package("v100-x2", pair),
+        Package("v100-8g", GpuPackageSpec(gpuModel=GPU.product_name, fraction=25)),
+    ]
+    slices = with_generation("node-a", build_specs("node-a", cards, packages), 1)
+    names = sorted(d["name"] for s in slices for d in s["spec"].get("devices", []) if "x2" in d["name"])
+    allocated = {
+        "metadata": {"namespace": "team-a", "name": "pair", "uid": UID},
+        "spec": documented_claim_spec("v100-x2", pair),
+        "status": {"allocation": {"devices": {"results": [result(n) for n in names]}}},
+    }
+    devices = resolve_claim(allocated, uid=UID, node="node-a", slices=slices)
+    assert sorted(d.gpu_uuid for d in devices) == sorted(g.uuid for g in cards)
+    assert all((d.memory_bytes, d.compute_share) == (32 * constants.GIB, 100) for d in devices)
+    # The claim's own CDI device once, every card's NVIDIA device.
+    assert [d.cdi_device_ids for d in devices] == [
+        [f"gpuslice.io/slice={UID}", f"nvidia.com/gpu={devices[0].gpu_uuid}"],
+        [f"nvidia.com/gpu={devices[1].gpu_uuid}"],
+    ]
+    # Two quarter slices of the same cards in one claim are still refused.
+    quarters = sorted(d["name"] for s in slices for d in s["spec"].get("devices", []) if "8g" in d["name"])
+    two = claim([result(quarters[0]), result(quarters[-1])])
+    with pytest.raises(PrepareError, match="a gpuslice claim holds exactly one slice"):
+        resolve_claim(two, uid=UID, node="node-a", slices=slices)
+
+
 def test_quantities_as_the_api_server_returns_them() -> None:
     assert parse_int_quantity("8Gi") == 8 * 1024**3
     assert parse_int_quantity("34359738368") == 32 * 1024**3

@@ -439,3 +439,28 @@ def test_a_pod_asking_for_a_product_in_its_limits_is_attributed_to_the_scheduler
         ],
     }
     assert at.pod_claims(pod, uids) == PodClaims("team-a", "p", frozenset({"c-ext"}))
+
+
+def test_every_card_of_a_multi_gpu_product_is_cross_checked() -> None:
+    from gpuslice.agent.checkpoint import ClaimRecord, PreparedDevice
+    from gpuslice.agent.owners import ClaimOwner
+    from gpuslice.agent.violations import slice_claims
+
+    def card(i: int) -> PreparedDevice:
+        return PreparedDevice(
+            request="gpu", pool="n0", device=f"gpu-{i}-x2", gpu_uuid=f"GPU-{i}", memory_bytes=32 * GIB,
+            compute_share=100, cdi_device_ids=[],
+        )  # fmt: skip
+
+    pair = ClaimRecord(
+        uid="c1", namespace="team-a", name="pair", state="Prepared", devices=[card(0), card(1)]
+    )
+    owner = ClaimOwner(key="team-a/pair", uid="s-uid", labels=("team-a", "pair", "v100-x2", "n0", "GPU-0"))
+    claims = slice_claims([pair], {"c1": owner}, lambda _package: OnViolation.STOP)
+    assert sorted((c.gpu_uuid, c.limit_bytes) for c in claims) == [("GPU-0", 32 * GIB), ("GPU-1", 32 * GIB)]
+    pods = {UID_A: PodClaims("team-a", "pair", frozenset({"c1"}))}
+    # The product's own process on its second card is the product's, within that card's memory ...
+    assert judge([GpuProcess("GPU-1", 10, 20 * GIB)], {10: Owner(UID_A)}, pods, claims) == []
+    # ... and a host process there is flagged on the product, as on its first card.
+    (f,) = judge([GpuProcess("GPU-1", 11, 1 * GIB)], {11: Owner(None)}, pods, claims)
+    assert (f.kind, f.gpu_uuid, f.slices) == (KIND_UNKNOWN, "GPU-1", ("team-a/pair",))

@@ -59,8 +59,9 @@ OBJECTS = [
                         memoryLimitBytes=16 * 2**30,
                         meanUtilizationPercent=40.0,
                         observedSeconds=7200,
+                        cards=0.5,
                     ),
-                    iv("web", "2026-12-05T09:00:00Z", None),
+                    iv("web", "2026-12-05T09:00:00Z", None, cards=0.5),
                 ],
             }
         ),
@@ -149,9 +150,9 @@ def test_since_until_clips_intervals_and_their_cost() -> None:
 def test_csv_and_table_carry_the_same_rows() -> None:
     since = datetime(2026, 12, 1, tzinfo=UTC)
     rows = list(csv.DictReader(io.StringIO(_outputs("csv", since, NOW))))
-    assert [(r["namespace"], r["sliceSeconds"], r["cost"]) for r in rows] == [
-        ("team-a", "18000", "2.25"),
-        ("team-b", "5400", ""),
+    assert [(r["namespace"], r["sliceSeconds"], r["cardSeconds"], r["cost"]) for r in rows] == [
+        ("team-a", "18000", "9000.0", "2.25"),
+        ("team-b", "5400", "", ""),
     ]
     table = _outputs("table", since, NOW, with_rest=True).splitlines()
     assert table[0] == "2026-12-01T00:00:00Z .. 2026-12-05T12:00:00Z"
@@ -159,13 +160,16 @@ def test_csv_and_table_carry_the_same_rows() -> None:
         "NAMESPACE",
         "PACKAGE",
         "SLICE-HOURS",
+        "CARD-HOURS",
         "PEAK",
         "INTERVALS",
         "COST",
         "CURRENCY",
     ]
-    assert table[2].split() == ["team-a", "v100-16g", "5.00", "2", "2", "2.25", "EUR"]
-    assert table[3].split() == ["team-b", "v100-16g", "1.50", "1", "1", "-", "-"]
+    # team-a's slices are half a card each (5 slice-hours, 2.5 card-hours); team-b's month was
+    # written before card-seconds were kept (no cards known: "-").
+    assert table[2].split() == ["team-a", "v100-16g", "5.00", "2.50", "2", "2", "2.25", "EUR"]
+    assert table[3].split() == ["team-b", "v100-16g", "1.50", "-", "1", "1", "-", "-"]
     assert any(
         line.startswith("team-a/llm (v100-16g): use a smaller package v100-8g: peak 3.0 GiB of 16.0 GiB")
         for line in table

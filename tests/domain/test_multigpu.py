@@ -109,7 +109,7 @@ def test_quota_and_metering_count_cards() -> None:
     four = spec(gpus=4)
     assert quota_devices(four, 3) == 12
     assert card_seconds(four, 60.0) == 240.0
-    assert card_seconds(spec(fraction=25), 60.0) == 60.0
+    assert card_seconds(spec(fraction=25), 60.0) == 15.0
 
 
 def test_package_status_counts_products_free_from_what_the_node_publishes() -> None:

@@ -249,6 +249,7 @@ def test_held_slices_are_billed_the_time_they_were_held_through_a_sigkill_and_re
         "NAMESPACE",
         "PACKAGE",
         "SLICE-HOURS",
+        "CARD-HOURS",
         "PEAK",
         "INTERVALS",
         "COST",
@@ -258,6 +259,7 @@ def test_held_slices_are_billed_the_time_they_were_held_through_a_sigkill_and_re
         w.namespace,
         w.pkg,
         f"{billed / 3600:.2f}",
+        f"{billed * 0.25 / 3600:.2f}",  # quarter slices: a quarter card each
         "2",
         "2",
         f"{float(row['cost']):.2f}",

@@ -1,14 +1,17 @@
 """A multi-GPU product through the operator: a GpuSlice of a `gpus: 4` package gets one claim of
-4 whole cards on one PCIe root, quota counts its cards, and admission holds hand-written claims of
-the product to its form."""
+4 whole cards on one PCIe root, quota counts its cards, admission holds hand-written claims of
+the product to its form, the ledger counts a 2-card product's card-seconds, and the CRD refuses
+burst on a whole-card product."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -129,3 +132,93 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
 
 def allocated_roots_any(cluster: DevCluster, ns: str, name: str) -> list[str] | None:
     return allocated_roots(cluster, ns, name, label="gpuslice-test/operator")
+
+
+def _ts(value: str) -> float:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def test_a_2_card_products_interval_carries_twice_its_seconds_in_card_seconds(
+    cluster: DevCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    from gpuslice.agent.slices import Package
+    from gpuslice.api.package import GpuPackageSpec
+
+    token = "c" + uuid.uuid4().hex[:5]
+    pkg = f"{token}-x2"
+    spec: dict[str, Any] = {"gpuModel": SXM2, "gpus": 2, "topology": "SamePcieRoot"}
+    spec["entitlements"] = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": 1}]
+    package = {
+        "apiVersion": c.GROUP_VERSION,
+        "kind": c.PACKAGE_KIND,
+        "metadata": {"name": pkg, "labels": {TEST_LABEL: "true"}},
+        "spec": spec,
+    }
+    cluster.create_namespace(namespace, {"mg": token})
+    apply(cluster, [package])
+    wait_for(lambda: get_json(cluster, "deviceclass", c.device_class_name(pkg)), 30, "DeviceClass")
+    # The other node: the 4-card test's slices stay on the first until the module ends.
+    node = cluster.nodes[1]
+    docs = slices(node, dgx(node), [Package(pkg, GpuPackageSpec.model_validate(spec))])
+    for d in docs:
+        d["metadata"]["labels"]["gpuslice-test/operator"] = "true"
+    apply(cluster, docs)
+    apply(cluster, [slice_doc("pair", namespace, pkg)])
+    wait_for(lambda: get_json(cluster, "resourceclaim", "pair", "-n", namespace), 30, "the slice's claim")
+    apply(cluster, [pod_doc("pair", namespace, "pair")])
+    roots = wait_for(lambda: allocated_roots_any(cluster, namespace, "pair"), 60, "2 cards allocated")
+    assert len(roots) == 2
+
+    month = datetime.now(UTC).strftime("%Y-%m")
+
+    def usage() -> dict[str, Any]:
+        return get_json(cluster, "gpuusages.gpuslice.io", month, "-n", namespace) or {}
+
+    def interval(closed: bool) -> dict[str, Any] | None:
+        for iv in usage().get("intervals") or []:
+            if iv["claim"] == "pair" and (iv.get("end") is not None) == closed:
+                return dict(iv)
+        return None
+
+    opened = wait_for(lambda: interval(closed=False), 30, "the product's open interval")
+    assert opened["cards"] == 2
+    time.sleep(5)
+    cluster.kubectl("delete", "pod", "pair", "-n", namespace, "--grace-period=0", "--force")
+    closed = wait_for(lambda: interval(closed=True), 60, "the interval closed at the release")
+    seconds = _ts(closed["end"]) - _ts(closed["start"])
+    assert seconds >= 5 and closed["cardSeconds"] == 2 * seconds, closed
+    (totals,) = usage()["packages"]
+    assert (totals["sliceSeconds"], totals["cardSeconds"]) == (seconds, 2 * seconds), totals
+    assert usage()["cardHours"] == f"{2 * seconds / 3600:.2f}"
+
+
+def test_the_crd_refuses_burst_on_a_whole_card_product(cluster: DevCluster) -> None:
+    cluster.apply_crds()
+
+    def create(spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        doc = {
+            "apiVersion": c.GROUP_VERSION,
+            "kind": c.PACKAGE_KIND,
+            "metadata": {"name": "burst-check"},
+            "spec": {"gpuModel": SXM2, **spec},
+        }
+        return cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+
+    for whole in (
+        {"gpus": 2, "computeBurst": True},
+        {"fraction": 100, "computeBurst": True},
+        {"fraction": 25, "computeShare": 100, "computeBurst": True},
+    ):
+        out = create(whole)
+        assert out.returncode != 0 and "computeBurst needs a share below the whole card" in out.stderr, (
+            whole,
+            out.stderr,
+        )
+    for fine in (
+        {"fraction": 25, "computeBurst": True},
+        {"fraction": 100, "computeShare": 50, "computeBurst": True},
+        {"gpus": 2, "computeBurst": False},
+        {"gpus": 2},
+    ):
+        out = create(fine)
+        assert out.returncode == 0, (fine, out.stderr)

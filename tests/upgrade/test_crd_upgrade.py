@@ -35,6 +35,9 @@ TRUE_FOR_THE_FIRST_RELEASE = {
     "has(self.fraction) || has(self.gpus)",
     "!has(self.gpus) || !has(self.fraction) || self.fraction == 100",
     "!has(self.topology) || self.topology == 'Any' || has(self.gpus)",
+    # 0.1.0 had no computeBurst: every object it stored leaves it out.
+    "!has(self.computeBurst) || !self.computeBurst || (!has(self.gpus) && (has(self.computeShare) ? "
+    "self.computeShare < 100 : (has(self.fraction) && self.fraction < 100)))",
     "(has(oldSelf.isolation) && has(oldSelf.isolation.mode) ? oldSelf.isolation.mode : 'Software') == "
     "(has(self.isolation) && has(self.isolation.mode) ? self.isolation.mode : 'Software')",
 }

@@ -44,13 +44,16 @@ def _result_admin_access(claim: Mapping[str, Any], request: str, device: str) ->
     )
 
 
-def refusal(claim: Mapping[str, Any], request: str, device: str, package: str | None) -> str | None:
+def refusal(
+    claim: Mapping[str, Any], request: str, device: str, package: str | None, count: int = 1
+) -> str | None:
     """Why `device` (published for `package`), allocated to `request` of the claim, must not be
-    prepared; None when it may."""
+    prepared; None when it may. `count`: the devices the request may take (the whole cards of a
+    multi-GPU product allocated together; 1 otherwise)."""
     if package is None:
         return f"device {device} belongs to no gpuslice package"
     want = c.device_class_name(package)
-    cls, admin, count = _request_class(claim, request)
+    cls, admin, asked = _request_class(claim, request)
     if cls != want:
         return (
             f"request {request!r} asks for DeviceClass {cls!r}, but device {device} is a slice of "
@@ -59,9 +62,9 @@ def refusal(claim: Mapping[str, Any], request: str, device: str, package: str | 
         )
     if admin or _result_admin_access(claim, request, device):
         return "adminAccess to gpuslice devices is not supported: a slice is for one workload"
-    if count != 1:
+    if asked != count:
         return (
-            f"request {request!r} asks for {'all' if count is None else count} devices of {want}; a "
+            f"request {request!r} asks for {'all' if asked is None else asked} devices of {want}; a "
             f"request takes one slice (ExactCount, count 1): ask for a larger product, e.g. "
             f"resources.limits {{gpuslice.io/{package}: 1}} or a GpuSlice (spec.package: {package})"
         )

@@ -8,7 +8,7 @@ from gpuslice import constants as c
 from gpuslice.shim.config import SliceConfig
 
 
-def write_limits(path: Path, *, memory_bytes: int, compute_share: int, gpu_uuid: str) -> None:
+def write_limits(path: Path, *, memory_bytes: int | None, compute_share: int, gpu_uuid: str) -> None:
     """Write the limits in the shim's format. The usage dir named inside is the container path the
     CDI spec mounts the slice's usage region at."""
     SliceConfig(

@@ -21,7 +21,7 @@ from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, 
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.limits import write_limits
 from gpuslice.api.resourceclaim import allocation_results
-from gpuslice.api.resourceslice import find_device, parse_resource_slices
+from gpuslice.api.resourceslice import PublishedSlice, find_device, parse_resource_slices
 from gpuslice.files import atomic_write
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import create_usage_region, create_utilization_file, utilization_file_for
@@ -49,14 +49,17 @@ def resolve_claim(
     ours = [r for r in allocation_results(claim) if r.pool == node]
     if not ours:
         raise PrepareError(f"{where} has no device of driver {c.DRIVER_NAME} allocated on node {node}")
-    if len(ours) > 1:
+    published = parse_resource_slices(slices)
+    # Several devices are a multi-GPU product: only whole cards, each on its own card (nothing else
+    # shares them, so there is no slice to keep apart); a claim of several slices stays refused.
+    if len(ours) > 1 and not _whole_cards(published, node, [r.device for r in ours]):
         raise PrepareError(
             f"{where} has {len(ours)} gpuslice devices on this node; "
             "a gpuslice claim holds exactly one slice "
-            f"(one request named {c.CLAIM_REQUEST_NAME!r}, count 1). Create a GpuSlice per slice."
+            f"(one request named {c.CLAIM_REQUEST_NAME!r}, count 1), or whole cards of a multi-GPU "
+            "product (spec.gpus). Create a GpuSlice per slice."
         )
-    published = parse_resource_slices(slices)
-    prepared = []
+    prepared: list[PreparedDevice] = []
     for result in ours:
         device = find_device(published, node, result.device)
         if device is None:
@@ -75,7 +78,7 @@ def resolve_claim(
         package = device.package
         if hardware and package is None:
             package = claimcheck.package_of_request(claim, result.request)
-        refused = claimcheck.refusal(claim, result.request, result.device, package)
+        refused = claimcheck.refusal(claim, result.request, result.device, package, count=len(ours))
         if refused:
             raise PrepareError(f"{where}: {refused}")
         prepared.append(
@@ -87,12 +90,32 @@ def resolve_claim(
                 memory_bytes=device.memory_bytes,
                 compute_share=share,
                 compute_burst=device.compute_burst,
-                cdi_device_ids=[cdi.cdi_device_id(uid), cdi.nvidia_device_id(device.uuid)],
+                # The claim's own CDI device (the shim's files) once, with the first card.
+                cdi_device_ids=[
+                    *([cdi.cdi_device_id(uid)] if not prepared else []),
+                    cdi.nvidia_device_id(device.uuid),
+                ],
                 mig_profile=device.mig_profile if hardware else None,
                 mig_start=device.mig_start if hardware else None,
             )
         )
     return prepared
+
+
+def _whole_cards(published: Sequence[PublishedSlice], node: str, names: Sequence[str]) -> bool:
+    """Whether every named device takes all of its card (all of its counter set's memory and
+    compute) and no two are on one card."""
+    sets = {name: counters for s in published if s.pool == node for name, counters in s.counter_sets.items()}
+    cards = set()
+    for name in names:
+        device = find_device(published, node, name)
+        if device is None or device.counter_set is None or device.counter_set in cards:
+            return False
+        total = sets.get(device.counter_set) or {}
+        if not total or any(device.consumes.get(k) != v for k, v in total.items()):
+            return False
+        cards.add(device.counter_set)
+    return True
 
 
 @dataclass(frozen=True)
@@ -263,10 +286,11 @@ class Preparer:
         preload = claim_dir / "ld.so.preload"
         atomic_write(preload, f"{c.CONTAINER_SHIM_PATH}\n".encode(), 0o444)
         limits = claim_dir / "slice.conf"
+        whole = len(record.devices) > 1  # whole cards of a multi-GPU product: nothing to hold back
         write_limits(
             limits,
-            memory_bytes=device.memory_bytes,
-            compute_share=device.compute_share,
+            memory_bytes=None if whole else device.memory_bytes,
+            compute_share=100 if whole else device.compute_share,
             gpu_uuid=device.gpu_uuid,
         )
         # must exist before a container bind-mounts it; the usage reporter updates it in place

@@ -23,6 +23,21 @@ from gpuslice.domain.gpu_processes import Finding, SliceClaim
 log = logs.get(__name__)
 
 
+def slice_claims(
+    records: Sequence[ClaimRecord], owners: Mapping[str, ClaimOwner], policy: Callable[[str], OnViolation]
+) -> list[SliceClaim]:
+    """What the cross-check judges: one entry per device of every claim, so each card of a
+    multi-GPU product is checked (a process of the product's pod on its second card is the
+    product's; any other process there is unknown) and limited to that card's own memory."""
+    return [
+        SliceClaim(
+            r.uid, owners[r.uid].report_key(r), d.gpu_uuid, d.memory_bytes, policy(owners[r.uid].package)
+        )
+        for r in records
+        for d in r.devices
+    ]
+
+
 @dataclass
 class ViolationEnforcer:
     node: str
@@ -38,11 +53,7 @@ class ViolationEnforcer:
     ) -> dict[str, str | None]:
         """Judge every process on the cards that hold `records`, act, and return each claim's
         violation message (None: none) by claim uid."""
-        claims = [
-            SliceClaim(r.uid, owners[r.uid].report_key(r), r.devices[0].gpu_uuid, r.devices[0].memory_bytes,
-                       self.policy(owners[r.uid].package))
-            for r in records
-        ]  # fmt: skip
+        claims = slice_claims(records, owners, self.policy)
         if self.pods is None:
             self.pods = attribution.PodDirectory(attribution.node_pod_lister(self.kube, self.node))
         findings, seen = await attribution.find_violations(

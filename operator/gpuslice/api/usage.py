@@ -231,6 +231,11 @@ class UsageInterval(CamelModel):
     #: Held on quota Kueue lent from the cohort, above the namespace's entitlement (sharing mode
     #: Kueue); absent: within the entitlement.
     borrowed: bool | None = None
+    #: Cards the product takes from the fleet: a `gpus: N` product N, a software slice fraction / 100
+    #: of a card, a MIG instance its compute slices / 7 (`domain.multigpu.cards_held`).
+    cards: float | None = None
+    #: Seconds held times cards (an open interval: up to the object's confirmedAt).
+    card_seconds: float | None = Field(default=None, alias="cardSeconds")
 
 
 class PackageTotals(CamelModel):
@@ -240,6 +245,8 @@ class PackageTotals(CamelModel):
     intervals: int
     #: Of sliceSeconds, those held on quota borrowed through Kueue (absent: none).
     borrowed_slice_seconds: int | None = Field(default=None, alias="borrowedSliceSeconds")
+    #: Slice-seconds weighted by the cards each slice holds (absent: no interval's cards are known).
+    card_seconds: float | None = Field(default=None, alias="cardSeconds")
     #: Decimal strings per currency ("EUR": "1.125"); empty when the package has no price.
     cost: dict[str, str] = Field(default_factory=dict)
 
@@ -258,6 +265,7 @@ class GpuUsage(CamelModel):
     # --- shard 0 only: the month's totals over every shard -----------------------------------------
     packages: list[PackageTotals] = Field(default_factory=list)
     slice_hours: str | None = Field(default=None, alias="sliceHours")
+    card_hours: str | None = Field(default=None, alias="cardHours")
     cost: str | None = None
     interval_count: int | None = Field(default=None, alias="intervalCount")
 

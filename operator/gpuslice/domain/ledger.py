@@ -87,6 +87,9 @@ class Holding:
     ended_at: datetime | None = None
     #: One of a template GpuSlice's per-pod claims (the agent reports their usage in metrics only).
     template: bool = False
+    #: Cards the product takes from the fleet (`domain.multigpu.cards_held`: 2 for a 2-card
+    #: product, 0.25 for a 25 % slice); None: its package is not known.
+    cards: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +126,19 @@ class Interval:
     borrowed: bool = False
     #: Which object of the month holds it (see `api.usage.SHARD_MAX_INTERVALS`).
     shard: int = 0
+    #: Cards held (`Holding.cards`); None: written before card-seconds were kept, package unknown.
+    cards: float | None = None
 
     def seconds(self, until: datetime) -> int:
         """Seconds held; an open interval counts up to `until`."""
         end = self.end if self.end is not None else until
         return max(0, int((end - self.start).total_seconds()))
+
+    def card_seconds(self, until: datetime) -> float | None:
+        """Seconds held times the cards held (to a thousandth); None when the cards are not known."""
+        if self.cards is None:
+            return None
+        return round(self.seconds(until) * self.cards, 3)
 
     def cost(self, until: datetime) -> Decimal | None:
         if self.price is None:
@@ -167,7 +178,7 @@ def _same_price(a: Price | None, b: Price | None) -> bool:
 
 
 #: What names an interval's slice: copied alike from a holding into its intervals.
-_WHO = ("package", "slice", "claim", "claim_uid", "pod", "node", "gpu", "template")
+_WHO = ("package", "slice", "claim", "claim_uid", "pod", "node", "gpu", "template", "cards")
 #: What an interval and its wire form hold alike, the slice's names and the usage readings recorded
 #: (`UsageInterval` takes these Python names as well as its camelCase ones).
 _CARRIED = (
@@ -461,6 +472,8 @@ class Total:
     #: Of `slice_seconds`, those held on quota borrowed through Kueue, and their cost.
     borrowed_seconds: int = 0
     borrowed_cost: Decimal | None = None
+    #: Card-seconds (`Interval.card_seconds`) of the intervals whose cards are known; None: of none.
+    card_seconds: float | None = None
 
 
 def clip(interval: Interval, since: datetime | None, until: datetime) -> Interval | None:
@@ -495,6 +508,7 @@ def totals(
         priced = [x for x in costs if x is not None]
         lent = [iv for iv in ivs if iv.borrowed]
         lent_costs = [x for x in (iv.cost(until) for iv in lent) if x is not None]
+        card_seconds = [x for x in (iv.card_seconds(until) for iv in ivs) if x is not None]
         out.append(
             Total(
                 namespace=namespace,
@@ -506,6 +520,7 @@ def totals(
                 cost=sum(priced, Decimal(0)) if priced else None,
                 borrowed_seconds=sum(iv.seconds(until) for iv in lent),
                 borrowed_cost=sum(lent_costs, Decimal(0)) if lent_costs else None,
+                card_seconds=round(sum(card_seconds), 3) if card_seconds else None,
             )
         )
     return out
@@ -520,12 +535,35 @@ def hours(seconds: int) -> str:
     return f"{seconds / 3600:.2f}"
 
 
+def hours_of(seconds: float) -> str:
+    """Card-seconds as card-hours, to two places like slice-hours."""
+    return f"{seconds / 3600:.2f}"
+
+
+def fill_cards(ledgers: Mapping[str, Ledger], cards: Mapping[str, float]) -> set[str]:
+    """Give the intervals of months not final that were written before card-seconds were kept
+    their package's cards (a package's fraction, gpus and MIG profile never change, so its cards
+    now are its cards then); returns the months changed. A package no longer known stays None."""
+    changed = set()
+    for month, ledger in ledgers.items():
+        if ledger.final:
+            continue
+        for iv in ledger.intervals:
+            if iv.cards is None and iv.package in cards:
+                iv.cards = cards[iv.package]
+                changed.add(month)
+    return changed
+
+
 # --- the API objects -------------------------------------------------------------------------------
 
 
-def to_wire(interval: Interval) -> UsageInterval:
+def to_wire(interval: Interval, until: datetime) -> UsageInterval:
+    """The interval as its object holds it; an open one's cardSeconds count up to `until` (the
+    object's confirmedAt, as its totals do)."""
     return UsageInterval(
         **_fields(interval, _CARRIED),
+        cardSeconds=interval.card_seconds(until),
         start=rfc3339(interval.start),
         end=rfc3339(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
@@ -630,6 +668,8 @@ def encode(ledger: Ledger, now: datetime) -> dict[int, GpuUsage]:
         )
         entry.slice_seconds += t.slice_seconds
         entry.intervals += t.intervals
+        if t.card_seconds is not None:
+            entry.card_seconds = round((entry.card_seconds or 0.0) + t.card_seconds, 3)
         if t.borrowed_seconds:
             entry.borrowed_slice_seconds = (entry.borrowed_slice_seconds or 0) + t.borrowed_seconds
         if t.cost is not None and t.currency:
@@ -640,11 +680,13 @@ def encode(ledger: Ledger, now: datetime) -> dict[int, GpuUsage]:
     shards: dict[int, GpuUsage] = {}
     for iv in ledger.intervals:
         shards.setdefault(iv.shard, GpuUsage(month=ledger.month, shard=iv.shard)).intervals.append(
-            to_wire(iv)
+            to_wire(iv, until)
         )
     first = shards.setdefault(0, GpuUsage(month=ledger.month, shard=0))
     first.packages = [per_package[p] for p in sorted(per_package)]
     first.slice_hours = slice_hours
+    known = [t.card_seconds for t in rows if t.card_seconds is not None]
+    first.card_hours = hours_of(sum(known)) if known else None
     first.cost = cost
     first.interval_count = len(ledger.intervals)
     for shard in shards.values():

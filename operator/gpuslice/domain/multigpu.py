@@ -19,6 +19,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec, Topology
 from gpuslice.api.resourceslice import PublishedSlice, newest_generation
 from gpuslice.domain.health import tainted_effect
+from gpuslice.domain.mig import COMPUTE_SLICES as MIG_COMPUTE_SLICES
 
 #: The attribute Kubernetes standardises for a device's PCIe root complex (KEP 4381 "standardized
 #: device attributes"); the agent publishes it under this fully qualified name.
@@ -134,9 +135,24 @@ def quota_devices(spec: GpuPackageSpec, products: int) -> int:
     return products * spec.cards_per_product
 
 
+def cards_held(spec: GpuPackageSpec) -> float:
+    """How many cards one product (a GpuSlice) of the package takes from the fleet, for card-seconds:
+    `gpus` for a multi-GPU product, `fraction` / 100 of one card for a software slice, and the
+    instance's compute slices / 7 for a MIG instance (the profile name's leading "<n>g", e.g. 3/7
+    for 3g.40gb). A share of a card, not the card touched: four 25 % slices on one card for an hour
+    are one card-hour between them, as much as the card had to give, so card-hours summed over every
+    namespace never pass cards x hours."""
+    if spec.gpus is not None:
+        return float(spec.gpus)
+    if spec.mig_profile is not None:
+        compute_slices = int(spec.mig_profile.split("g.", 1)[0])
+        return compute_slices / MIG_COMPUTE_SLICES
+    return spec.fraction / 100
+
+
 def card_seconds(spec: GpuPackageSpec, held_seconds: float) -> float:
-    """Card-seconds one product held for `held_seconds` stands for, for metering."""
-    return held_seconds * spec.cards_per_product
+    """Card-seconds one product held for `held_seconds` stands for, for metering (`cards_held`)."""
+    return held_seconds * cards_held(spec)
 
 
 def cards_from_slices(

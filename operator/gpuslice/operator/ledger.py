@@ -42,6 +42,7 @@ from gpuslice.domain.ledger import (
     accumulator,
     borrowed_open,
     encode,
+    fill_cards,
     load,
     mark_borrowed,
     merge,
@@ -51,6 +52,7 @@ from gpuslice.domain.ledger import (
     reconcile,
     reprice,
 )
+from gpuslice.domain.multigpu import cards_held
 from gpuslice.domain.queues import KUEUE_API, borrowed_slices, cluster_queue_name, uses_kueue
 from gpuslice.domain.views import claim_package, uses_gpuslice
 from gpuslice.kubehttp import ApiError
@@ -239,6 +241,16 @@ def _prices(packages: kopf.Index[str, Any]) -> dict[str, Price | None]:
     return out
 
 
+def _cards(packages: kopf.Index[str, Any]) -> dict[str, float]:
+    """Package -> the cards one of its products takes (`domain.multigpu.cards_held`)."""
+    out: dict[str, float] = {}
+    for name in packages:
+        view = one(packages, name)
+        if view is not None:
+            out[name] = cards_held(view.spec)
+    return out
+
+
 def _export_prices(metering: Metering, prices: dict[str, Price | None]) -> None:
     if prices == metering.prices:
         return
@@ -381,6 +393,7 @@ async def flush(state: OperatorState, claims: kopf.Index[str, MeteredClaim], kw:
         metering.dirty.update(ns for ns, _ in metering.stats_dirty)
     targets, metering.dirty = metering.dirty, set()
     _export_prices(metering, _prices(kw["gs_packages"]))
+    metering.cards = _cards(kw["gs_packages"])
     uuids = state.published(kw["gs_resource_slices"], kw["gs_pool_claims"], kw["gs_claims"]).uuids
     kueue = _kueue_resources(kw["gs_packages"])
     for namespace in sorted(targets):
@@ -474,8 +487,13 @@ def released_at(claim: MeteredClaim, now: datetime) -> datetime:
     return now
 
 
-def holdings(claims: Iterable[MeteredClaim], uuids: Mapping[tuple[str, str], str]) -> list[Holding]:
-    """The namespace's allocated claims as the ledger counts them."""
+def holdings(
+    claims: Iterable[MeteredClaim],
+    uuids: Mapping[tuple[str, str], str],
+    cards: Mapping[str, float] | None = None,
+) -> list[Holding]:
+    """The namespace's allocated claims as the ledger counts them; `cards`: package -> the cards one
+    product of it takes."""
     held = []
     for claim in claims:
         if claim.allocated_at is None:
@@ -495,6 +513,7 @@ def holdings(claims: Iterable[MeteredClaim], uuids: Mapping[tuple[str, str], str
                 # GpuSlice deleted while its pods run): the device is billed until it is released.
                 ended_at=None,
                 template=claim.template,
+                cards=(cards or {}).get(claim.package),
             )
         )
     return held
@@ -514,13 +533,13 @@ async def _flush_namespace(
         # Read once per takeover, and only where an interval may need it (none: no read at all).
         metering.heartbeat_at = await _read_heartbeat(state)
         metering.heartbeat_read = True
-    held = holdings(claims, uuids)
+    held = holdings(claims, uuids, metering.cards)
     released = dict(metering.released)
     metering.seen_allocated.update(h.claim_uid for h in held)
     now = datetime.now(UTC).replace(microsecond=0)
     await _ended_months(state, namespace, months, held, now)
     _fold_readings(metering, namespace, months)
-    changed: set[str] = set()
+    changed = fill_cards(months, metering.cards)
     for package, price in metering.prices.items():
         # A price that changed (or changed while no operator ran) from here on.
         changed |= reprice(months, package, price, now)

@@ -36,6 +36,8 @@ class Metering:
     last_reading: dict[tuple[str, str], Reading] = field(default_factory=dict)
     #: package -> the price this process last saw (a change splits open intervals).
     prices: dict[str, Price | None] = field(default_factory=dict)
+    #: package -> the cards one of its products takes, for card-seconds.
+    cards: dict[str, float] = field(default_factory=dict)
     #: namespace -> label values of its gpuslice_slice_allocated series.
     exported: dict[str, set[tuple[str, ...]]] = field(default_factory=dict)
     #: monotonic time of the last checkpoint (confirmedAt of every open month); None: none yet.
