@@ -42,7 +42,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.deploy import NAMESPACE, write_overlay
 from gpuslice_dev.devcluster.node_binaries import ensure_node_binaries
 from gpuslice_dev.devcluster.realnode import ctr, dirs_of, import_image, start_real_nodes
-from invariants import Invariants, World, real_node, running_slice_pods, shim_enforces
+from invariants import Invariants, RunningPod, World, real_node, running_slice_pods, shim_enforces
 from node.node_cluster import PROBE, TENANT
 from support import get_json, wait_for
 
@@ -56,8 +56,11 @@ OLD = "0.1.0"
 NEW = gpuslice.__version__
 #: another tenant whose pods start during each rollout, on a small product of its own
 PROBER = "team-b"
-PROBE_PACKAGE = "v100-5pct"
-PROBE_SLOTS = 24
+PROBE_PACKAGE = "v100-4pct"
+#: 2 pods before the step, then up to 20 from the moment the old agent is stopping: 1.28 GiB each
+#: (fraction 4), so that many fit beside the 8 GiB slices held during the rollback
+BASELINE_PROBES = 2
+PROBE_SLOTS = 22
 
 
 def _say(msg: str) -> None:
@@ -200,8 +203,8 @@ def packages(c: DevCluster, tree: Path) -> None:
         "metadata": {"name": PROBE_PACKAGE},
         "spec": {
             "gpuModel": v100["spec"]["gpuModel"],
-            "fraction": 5,
-            "computeShare": 5,
+            "fraction": 4,
+            "computeShare": 4,
             "entitlements": [
                 {"namespaceSelector": {"matchLabels": {"tenant.example.com/project": PROBER}}, "slices": 40}
             ],
@@ -265,9 +268,14 @@ def usage_time(c: DevCluster, name: str) -> datetime | None:
     return datetime.fromisoformat(t.replace("Z", "+00:00")) if t else None
 
 
+def refused(c: DevCluster, name: str) -> int:
+    st = (get_json(c, "gpuslice", name, "-n", TENANT) or {}).get("status") or {}
+    return int((st.get("usage") or {}).get("refusedAllocations") or 0)
+
+
 #: what a step may write to the objects there before it: what was, per kind
 KINDS = (
-    "gpupackages,gpuslices,gpuusages,resourceclaims,resourceclaimtemplates,deviceclasses,"
+    "customresourcedefinitions,gpupackages,gpuslices,gpuusages,resourceclaims,resourceclaimtemplates,deviceclasses,"
     "resourceslices,resourcequotas,validatingadmissionpolicies,validatingadmissionpolicybindings"
 )
 
@@ -299,10 +307,9 @@ def writes(c: DevCluster) -> Counter[str]:
             "tokenrequests",
         ):
             continue
-        res = "/".join(
-            x for x in (labels.get("group") or "core", labels["resource"], labels.get("subresource")) if x
-        )
-        out[f"{labels['verb']} {res}"] += int(float(line.rsplit(" ", 1)[1]))
+        parts = (labels.get("group") or "core", labels.get("resource", ""), labels.get("subresource"))
+        res = "/".join(x for x in parts if x)
+        out[f"{labels.get('verb')} {res}"] += int(float(line.rsplit(" ", 1)[1]))
     return out
 
 
@@ -313,6 +320,39 @@ def report_writes(
     gone = sorted(k for k in rv0 if k not in rv1)
     _say(f"{step}: objects there before and rewritten, per kind: {dict(changed)} of {len(rv0)}; gone: {gone}")
     _say(f"{step}: API writes meanwhile (every client, the prober's too): {dict(sorted((w1 - w0).items()))}")
+
+
+def limits_pods(c: DevCluster) -> dict[str, RunningPod]:
+    """TENANT's running pods that got their slice through `resources.limits`: the claim is the
+    scheduler's, named in the pod's status (invariants.running_slice_pods looks at spec claims only)."""
+    out = {}
+    for p in get_json(c, "pods", "-n", TENANT)["items"]:
+        claim = (p["status"].get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+        statuses = p["status"].get("containerStatuses") or []
+        containers = {
+            cs["name"]: (cs.get("containerID", ""), int(cs.get("restartCount", 0))) for cs in statuses
+        }
+        if not claim or p["status"].get("phase") != "Running" or p["metadata"].get("deletionTimestamp"):
+            continue
+        out[f"{TENANT}/{p['metadata']['name']}"] = RunningPod(
+            namespace=TENANT,
+            name=p["metadata"]["name"],
+            uid=p["metadata"]["uid"],
+            node=p["spec"].get("nodeName", ""),
+            containers=containers,
+            claims=(claim,),
+        )
+    return out
+
+
+def hold(c: DevCluster, inv: Invariants) -> None:
+    """Record the running slice pods, the `resources.limits` ones too; every invariant holds now."""
+    inv.baseline()
+    extra = limits_pods(c)
+    inv.before.update(extra)
+    inv.slice_bytes.update({k: 8 << 30 for k in extra})
+    problems = inv.violations()
+    assert not problems, "\n".join(problems)
 
 
 # --- the prepare window --------------------------------------------------------------------------------
@@ -327,6 +367,8 @@ class Prober:
         self.created: dict[str, float] = {}
         self.running: dict[str, float] = {}
         self.stop = threading.Event()
+        #: set when the old agent is seen stopping: the 0.5 s cadence starts there
+        self.go = threading.Event()
         self.thread = threading.Thread(target=self._create, daemon=True)
         self.t0 = time.monotonic()
 
@@ -335,12 +377,15 @@ class Prober:
         while not self.stop.is_set() and n < PROBE_SLOTS:
             name = f"{self.step}-{n}"
             doc = pod_doc(name, PROBER, {"resourceClaimTemplateName": "probe"})
+            asked = time.monotonic()
             proc = self.c.kubectl("create", "-f", "-", input=json.dumps(doc), check=False, timeout=60)
             if proc.returncode == 0:
-                self.created[name] = time.monotonic()
+                self.created[name] = asked
             n += 1
-            # every 0.5 s for 8 s, then every 2 s: a node's slots are few
-            self.stop.wait(0.5 if n < 16 else 2.0)
+            if n == BASELINE_PROBES:
+                self.go.wait(180)
+            # every 0.5 s for 7 s, then every 2 s: a node's slots are few
+            self.stop.wait(0.5 if n < BASELINE_PROBES + 14 else 2.0)
 
     def poll(self) -> None:
         pods = get_json(self.c, "pods", "-n", PROBER)["items"]
@@ -385,7 +430,8 @@ def roll_with_probes(c: DevCluster, step: str, apply: Any) -> dict[str, Any]:
     old_agent = {p["metadata"]["uid"] for p in agent_pods(c)}
     prober = Prober(c, step)
     prober.thread.start()
-    time.sleep(1.0)  # two pods before the step: the machine's time to Running, agent up
+    # two pods before the step: the machine's time to Running with the agent up
+    wait_for(lambda: len(prober.created) >= BASELINE_PROBES, 60, "the baseline probes created")
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -408,6 +454,7 @@ def roll_with_probes(c: DevCluster, step: str, apply: Any) -> dict[str, Any]:
         going = [p for p in pods if p["metadata"]["uid"] in old_agent]
         if stopped is None and (not going or any(p["metadata"].get("deletionTimestamp") for p in going)):
             stopped = now
+            prober.go.set()
         if ready is None and any(
             p["metadata"]["uid"] not in old_agent
             and any(
@@ -426,13 +473,12 @@ def roll_with_probes(c: DevCluster, step: str, apply: Any) -> dict[str, Any]:
     worker.join(60)
     if failure:
         raise failure[0]
-    late = time.monotonic() + 120
+    late = time.monotonic() + 180
     while not set(prober.running) >= set(prober.created) and time.monotonic() < late:
         time.sleep(0.5)
         prober.poll()
     figures = prober.summary(stopped, ready)
     _say(f"{step}: prepare window: {json.dumps(figures)}")
-    assert not figures["never_running"], f"{step}: pods never ran: {figures}"
     return figures
 
 
@@ -507,64 +553,99 @@ def test_upgrade_from_0_1_0_and_back_under_running_slice_pods(cluster: DevCluste
         "the ended slice's interval closed",
     )
     wait_for(lambda: usage_time(c, "direct") is not None, 90, "usage of the direct slice")
+    wait_for(
+        lambda: get_json(c, "resourceclaimtemplate", "probe", "-n", PROBER), 60, "the prober's claim template"
+    )
 
     inv = Invariants(c, {TENANT}, [real_node(c, NODE)])
     inv.settle(f"{OLD} installed", time.monotonic(), timeout=120)
-    before = inv.baseline()
+    hold(c, inv)
+    before = dict(inv.before)
     assert set(before) == {f"{TENANT}/{p}" for p in ("direct", "from-template", "limits")}, before
     claims0, ledger0 = claims(c), intervals(c)
     _say(f"the month on {OLD}: {json.dumps(ledger0)}")
     assert [iv.get("end") for iv in ledger0 if iv["claim"] == "direct"] == [None], ledger0
+    #: what did not hold, per step: the test goes on to roll back and measure, and fails at the end
+    failures: list[str] = []
+
+    def check(ok: object, what: str) -> None:
+        if not ok:
+            failures.append(what)
+            _say(f"NOT HELD: {what[:2000]}")
 
     def step(name: str, crds: Path | None, overlay: Path, tag: str, api: str) -> None:
         """One move between releases under the running pods, then every check, then a new slice."""
         rv0, w0 = versions(c), writes(c)
         held_claims, held_ledger = claims(c), intervals(c)
+        refused0 = refused(c, "direct")
         t = time.monotonic()
 
         def apply() -> None:
-            if crds is not None:  # CRDs first (README: they only ever grow, and stay on rollback)
+            if crds is not None:  # CRDs first (README)
                 kubectl(c, "apply", "--server-side", "-f", str(crds))
                 kubectl(c, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
             deploy(c, overlay, tag)
 
-        roll_with_probes(c, name, apply)
+        figures = roll_with_probes(c, name, apply)
+        check(not figures["never_running"], f"{name}: pods that never ran: {figures['never_running']}")
         rolled = time.monotonic()
         _say(f"{name}: rolled out in {rolled - t:.0f}s")
-        inv.settle(name, rolled, timeout=90)
+        try:
+            inv.settle(name, rolled, timeout=90)
+        except AssertionError as exc:
+            check(False, f"{name}: {exc}")
         now_claims = claims(c)
-        assert {k: now_claims.get(k) for k in held_claims} == held_claims, (
-            "a claim re-created or re-allocated"
+        check(
+            {k: now_claims.get(k) for k in held_claims} == held_claims,
+            f"{name}: a claim re-created or re-allocated: {held_claims} -> {now_claims}",
         )
         problems = ledger_problems(held_ledger, intervals(c))
-        assert not problems, "\n".join(problems)
-        wait_for(
-            lambda: (
-                (u := usage_time(c, "direct")) is not None
-                and u.timestamp() > time.time() - (time.monotonic() - rolled)
-            ),
-            90,
-            f"{name}: the agent's usage readings after the rollout",
-        )
+        check(not problems, f"{name}: ledger: " + "\n".join(problems))
+        # the invariants' shim check refused an allocation in each pod after the rollout: the agent
+        # that runs now read it from the slice's usage region and reported it
+        wall = time.time() - (time.monotonic() - rolled)
+        try:
+            wait_for(
+                lambda: (
+                    refused(c, "direct") > refused0
+                    and (u := usage_time(c, "direct"))
+                    and u.timestamp() > wall
+                ),
+                120,
+                f"{name}: the agent's usage of the direct slice after the rollout (refused was {refused0})",
+            )
+        except AssertionError as exc:
+            check(False, str(exc))
         report_writes(name, rv0, versions(c), w0, writes(c))
+        served = {
+            crd["metadata"]["name"]: [v["name"] for v in crd["spec"]["versions"] if v.get("served")]
+            for crd in get_json(c, "crd")["items"]
+        }
+        _say(f"{name}: CRD versions served: {served}")
         # a new slice, written as this release's users write it
         fresh = f"after-{name}"
         apply_docs(c, slice_doc(fresh, api), pod_doc(fresh, claim={"resourceClaimName": fresh}))
         wait_ready(c, fresh)
-        w = World.read(c)
-        pod = running_slice_pods(w, {TENANT})[f"{TENANT}/{fresh}"]
-        assert not shim_enforces(c, pod, 8 << 30)
+        pod = running_slice_pods(World.read(c), {TENANT})[f"{TENANT}/{fresh}"]
+        problems = shim_enforces(c, pod, 8 << 30)
+        check(not problems, f"{name}: the new slice: {problems}")
         clear_probes(c)
-        inv.baseline()  # the new slice's pod is held to the invariants from here on
+        try:
+            hold(c, inv)  # the new slice's pod is held to the invariants from here on
+        except AssertionError as exc:
+            check(False, f"after {name}: {exc}")
 
     step("upgrade", REPO / "crds", new_overlay, NEW, "v1beta1")
     step("rollback", None, old_overlay, OLD, "v1alpha1")
     # across both steps: every pod that ran on 0.1.0 is the same pod, the same containers
-    w = World.read(c)
-    now = running_slice_pods(w, {TENANT})
+    now = {**running_slice_pods(World.read(c), {TENANT}), **limits_pods(c)}
     for key, was in before.items():
-        assert now[key].uid == was.uid and now[key].containers == was.containers, (key, was, now.get(key))
+        check(
+            key in now and now[key].uid == was.uid and now[key].containers == was.containers,
+            f"pod {key} was {was}, now {now.get(key)}",
+        )
     problems = ledger_problems(ledger0, intervals(c))
-    assert not problems, "\n".join(problems)
-    assert {k: claims(c).get(k) for k in claims0} == claims0
+    check(not problems, "across both steps: ledger: " + "\n".join(problems))
+    check({k: claims(c).get(k) for k in claims0} == claims0, "across both steps: claims changed")
     _say(f"done after {time.monotonic() - started:.0f}s")
+    assert not failures, "\n".join(failures)
