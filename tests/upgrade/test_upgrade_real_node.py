@@ -622,14 +622,15 @@ def test_upgrade_from_0_1_0_and_back_under_running_slice_pods(cluster: DevCluste
             for crd in get_json(c, "crd")["items"]
         }
         _say(f"{name}: CRD versions served: {served}")
-        # a new slice, written as this release's users write it
+        # a new slice, written as this release's users write it, once the prober's pods are gone:
+        # with them the cards had no 8 GiB left (4 slices of 8 GiB + 21 of 1.28 GiB on 64 GiB)
+        clear_probes(c)
         fresh = f"after-{name}"
         apply_docs(c, slice_doc(fresh, api), pod_doc(fresh, claim={"resourceClaimName": fresh}))
         wait_ready(c, fresh)
         pod = running_slice_pods(World.read(c), {TENANT})[f"{TENANT}/{fresh}"]
         problems = shim_enforces(c, pod, 8 << 30)
         check(not problems, f"{name}: the new slice: {problems}")
-        clear_probes(c)
         try:
             hold(c, inv)  # the new slice's pod is held to the invariants from here on
         except AssertionError as exc:
