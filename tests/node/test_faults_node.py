@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpuslice import constants as c
 from gpuslice_dev.devcluster import faults
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
@@ -101,3 +102,54 @@ def test_agent_killed_during_a_burst_of_prepares(node_cluster: DevCluster, stead
         for name in burst:
             delete(node_cluster, "pod", name)
             delete(node_cluster, "gpuslice", name)
+
+
+def _node_slices(cluster: DevCluster) -> dict[str, str]:
+    """{ResourceSlice name: uid} of the real node's gpuslice.io pool."""
+    items = get_json(cluster, "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+    return {
+        s["metadata"]["name"]: s["metadata"]["uid"] for s in items if s["spec"]["driver"] == c.DRIVER_NAME
+    }
+
+
+def test_agent_stopped_as_a_rollout_stops_it_keeps_the_pool_and_kubelet_wipes_it_only_if_none_returns(
+    node_cluster: DevCluster, steady: Invariants
+) -> None:
+    """A DaemonSet rollout SIGTERMs the old agent before the new one registers. The pool stays
+    published meanwhile (a pod created then is scheduled at once and runs once the new agent is up);
+    only when no agent registers again does kubelet delete the pool, as it does for every DRA driver."""
+    steady.baseline()
+    before = _node_slices(node_cluster)
+    assert before
+    faults.kill(node_cluster, agent_process_name(NODE), signal.SIGTERM)
+    try:
+        assert _node_slices(node_cluster) == before, "the stopping agent withdrew its pool"
+        node_cluster.apply(
+            json.dumps(
+                {"apiVersion": "v1", "kind": "List", "items": slice_pod("mid-rollout", ["sleep", "3600"])}
+            )
+        )
+        wait_for(
+            lambda: get_json(node_cluster, "pod", "mid-rollout", "-n", TENANT)["spec"].get("nodeName"),
+            30, "the pod created while no agent runs to be scheduled on the kept pool",
+        )  # fmt: skip
+        time.sleep(3)
+    finally:
+        assert start_agents(node_cluster, GPU_SPEC) == [NODE]
+    try:
+        run_pod(node_cluster, [slice_pod("mid-rollout", ["sleep", "3600"])[1]], timeout=120)
+        steady.settle("agent SIGTERMed as a rollout does, down 3 s", time.monotonic())
+        assert _node_slices(node_cluster) == before, "the new agent re-created slices it could update"
+    finally:
+        delete(node_cluster, "pod", "mid-rollout")
+        delete(node_cluster, "gpuslice", "mid-rollout")
+    # uninstall: the agent stops and none registers again -> kubelet wipes the pool after its delay
+    faults.kill(node_cluster, agent_process_name(NODE), signal.SIGTERM)
+    stopped = time.monotonic()
+    try:
+        wait_for(lambda: not _node_slices(node_cluster), 75, "kubelet to wipe the pool of a gone plugin")
+        print(f"\n[rollout] kubelet wiped the pool {time.monotonic() - stopped:.0f}s after the agent stopped")
+    finally:
+        assert start_agents(node_cluster, GPU_SPEC) == [NODE]
+    wait_for(lambda: _node_slices(node_cluster), 60, "the pool published again")
+    steady.settle("agent stopped for good, then started again", time.monotonic())

@@ -138,5 +138,5 @@ def start_agents(
 
 
 def stop_agents(cluster: DevCluster) -> list[str]:
-    """Stop every agent of the cluster (SIGTERM: each withdraws its ResourceSlices first)."""
+    """Stop every agent of the cluster (SIGTERM; one that no kubelet registered withdraws its pool)."""
     return cluster.stop_processes(lambda name: name.startswith("agent/"))

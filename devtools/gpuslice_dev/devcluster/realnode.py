@@ -630,7 +630,7 @@ def stop_node(cluster: DevCluster, name: str, bins: NodeBinaries | None = None) 
 
 
 def stop_all(cluster: DevCluster, st: State) -> list[str]:
-    """Stop every real node (agents on them first: they withdraw their ResourceSlices)."""
+    """Stop every real node (agents on them first, then kubelet and containerd)."""
     stopped: list[str] = []
     for name in list(st.real_nodes):
         extras = [

@@ -176,9 +176,15 @@ async def run(opts: AgentOptions) -> int:
         for task in [*tasks, stopper]:
             task.cancel()
         await asyncio.gather(*tasks, stopper, return_exceptions=True)
-        try:
-            await publisher.withdraw()
-        except Exception as exc:  # shutdown goes on; the Node owns the slices anyway
-            log.error("could not withdraw slices", error=str(exc))
+        if servers.registration_service.registered:
+            # A rollout stops this agent before the next one registers: the pool stays on sale
+            # meanwhile, and kubelet deletes it itself if no plugin of the driver registers again
+            # within its wiping delay (30 s), as for every DRA driver (uninstall).
+            log.info("leaving the pool to kubelet", node=opts.node)
+        else:
+            try:
+                await publisher.withdraw()
+            except Exception as exc:  # shutdown goes on; the Node owns the slices anyway
+                log.error("could not withdraw slices", error=str(exc))
         await servers.stop()
         await api.close()
