@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -104,25 +105,53 @@ def _allocated_devices(cluster: DevCluster) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class LendingPair:
+    """A package in mode Kueue whose two entitled namespaces share one V100 (4 slices of 25 %)."""
+
+    token: str
+    pkg: str
+    resource: str
+    owner: str
+    borrower: str
+    queue: str
+    #: namespace -> the ClusterQueue the operator writes for it
+    cqs: dict[str, str]
+
+
+def _lending_pair(cl: DevCluster, prefix: str, **spec: Any) -> LendingPair:
+    """Two namespaces entitled to 2 slices each, borrowingLimit 2, cohort `<prefix>-<token>`, the
+    package's other `spec` fields as given, and the GPU published."""
+    token = uuid.uuid4().hex[:5]
+    pkg = f"{prefix}{token}-8g"
+    owner, borrower = f"{prefix}own-{token}", f"{prefix}bor-{token}"
+    for ns in (owner, borrower):
+        cl.create_namespace(ns, {"share": token})
+    doc = package_doc(pkg, 25, {"share": token}, slices=2)
+    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"{prefix}-{token}", "borrowingLimit": 2}
+    doc["spec"].update(spec)
+    apply(cl, [doc])
+    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})  # one V100: 4 slices of 25 %
+    return LendingPair(
+        token=token,
+        pkg=pkg,
+        resource=c.extended_resource_name(pkg),
+        owner=owner,
+        borrower=borrower,
+        queue=f"gpuslice-{pkg}",
+        cqs={ns: f"gpuslice-{pkg}-{ns}" for ns in (owner, borrower)},
+    )
+
+
 def test_idle_entitlement_is_lent_and_reclaimed_by_preemption(
     kcluster: DevCluster, operator: OperatorProcess
 ) -> None:
     cl = kcluster
-    token = uuid.uuid4().hex[:5]
-    pkg = f"q{token}-8g"
-    resource = c.extended_resource_name(pkg)
-    owner, borrower = f"owner-{token}", f"borrower-{token}"
-    for ns in (owner, borrower):
-        cl.create_namespace(ns, {"share": token})
-    doc = package_doc(pkg, 25, {"share": token}, slices=2)
-    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"gpus-{token}", "borrowingLimit": 2}
-    apply(cl, [doc])
-    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})  # one V100: 4 slices of 25 %
+    pair = _lending_pair(cl, "q")
+    token, pkg, resource, owner, borrower = pair.token, pair.pkg, pair.resource, pair.owner, pair.borrower
+    queue, cqs = pair.queue, pair.cqs
 
     # The operator's queues, in Kueue's own status: active, in the package's cohort.
-    queue = f"gpuslice-{pkg}"
-    cqs = {ns: f"gpuslice-{pkg}-{ns}" for ns in (owner, borrower)}
-
     def active(cq: str) -> bool:
         found = get(cl, "clusterqueue", cq) or {}
         conds = (found.get("status") or {}).get("conditions") or []
@@ -130,7 +159,7 @@ def test_idle_entitlement_is_lent_and_reclaimed_by_preemption(
 
     wait_for(lambda: all(active(cq) for cq in cqs.values()), 60, "the ClusterQueues active")
     cq_spec = get(cl, "clusterqueue", cqs[owner])["spec"]
-    assert cq_spec["cohortName"] == f"gpus-{token}"
+    assert cq_spec["cohortName"] == f"q-{token}"
     assert cq_spec["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == "2"
     assert get(cl, "localqueue", queue, "-n", owner)["spec"]["clusterQueue"] == cqs[owner]
     cond = wait_for(
@@ -284,19 +313,9 @@ def test_a_borrowed_slice_is_metered_borrowed_and_an_owners_is_not_across_a_rest
     kcluster: DevCluster, operator: OperatorProcess
 ) -> None:
     cl = kcluster
-    token = uuid.uuid4().hex[:5]
-    pkg = f"m{token}-8g"
-    resource = c.extended_resource_name(pkg)
-    owner, borrower = f"own-{token}", f"bor-{token}"
-    for ns in (owner, borrower):
-        cl.create_namespace(ns, {"meter": token})
-    doc = package_doc(pkg, 25, {"meter": token}, slices=2)
-    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"meter-{token}", "borrowingLimit": 2}
-    doc["spec"]["price"] = {"perHour": "0.45", "currency": "EUR"}
-    apply(cl, [doc])
-    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})
-    queue = f"gpuslice-{pkg}"
-    cq = f"gpuslice-{pkg}-{borrower}"
+    pair = _lending_pair(cl, "m", price={"perHour": "0.45", "currency": "EUR"})
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+    cq = pair.cqs[borrower]
     wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
     wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
     settle = 12  # past the operator's re-reads of Kueue's status after a claim change
