@@ -202,13 +202,19 @@ def manifests(moddir: Path, webhook_url: str, ca_pem: bytes) -> list[dict[str, A
     return out
 
 
+#: Fair sharing's preemption strategies: the pair the shipped controller_manager_config.yaml
+#: suggests (v1beta2 enables fair sharing by the presence of `fairSharing`, which needs them).
+FAIR_SHARING = {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}
+
+
 def configuration(
-    *, health_port: int, metrics_port: int, webhook_port: int, cert_dir: Path
+    *, health_port: int, metrics_port: int, webhook_port: int, cert_dir: Path, fair_sharing: bool = False
 ) -> dict[str, Any]:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2): the shipped
     controller_manager_config.yaml with loopback ports, no leader election (one controller runs),
-    certificates from `cert_dir`, and the devcluster's integrations."""
-    return {
+    certificates from `cert_dir`, and the devcluster's integrations; fair sharing on only when asked,
+    as Kueue ships it off."""
+    config: dict[str, Any] = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -220,6 +226,9 @@ def configuration(
         "clientConnection": {"qps": 50, "burst": 100},
         "integrations": {"frameworks": list(FRAMEWORKS)},
     }
+    if fair_sharing:
+        config["fairSharing"] = copy.deepcopy(FAIR_SHARING)
+    return config
 
 
 METRICS_CERT_PATH = "/etc/kueue/metrics/certs"
@@ -269,7 +278,12 @@ def _ready(url: str) -> bool:
 
 
 def start_devcluster_kueue(
-    cluster: DevCluster, progress: Progress | None = None, *, feature_gates: str = "", timeout: float = 120
+    cluster: DevCluster,
+    progress: Progress | None = None,
+    *,
+    feature_gates: str = "",
+    timeout: float = 120,
+    fair_sharing: bool = False,
 ) -> None:
     """`devcluster up --with-kueue`: Kueue's manifests applied, its controller started (supervised
     as `kueue`) and ready: its webhooks answer and its CRDs are served."""
@@ -317,6 +331,7 @@ def start_devcluster_kueue(
                 metrics_port=ports["kueue-metrics"],
                 webhook_port=ports["kueue-webhook"],
                 cert_dir=cert_dir,
+                fair_sharing=fair_sharing,
             ),
             sort_keys=False,
         )

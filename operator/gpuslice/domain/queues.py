@@ -20,6 +20,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.sharing import SharingMode
 from gpuslice.domain.ownership import managed_labels
+from gpuslice.domain.selectors import matches
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 
@@ -48,6 +49,18 @@ def quota_ceilings(
     return out
 
 
+def fair_share_weight(spec: GpuPackageSpec, namespace_labels: Mapping[str, str]) -> float | None:
+    """The namespace's fair-sharing weight (`sharing.weights`, the largest that selects it, as with
+    entitlements); None when none does: its ClusterQueue then carries none and Kueue weighs it 1."""
+    found = [w.weight for w in spec.sharing.weights if matches(w.namespace_selector, namespace_labels)]
+    return max(found) if found else None
+
+
+def _quantity(weight: float) -> str:
+    """A weight as a Kueue quantity: 2.0 -> "2", 0.5 -> "0.5"."""
+    return format(weight, "g")
+
+
 def flavor_name(gpu_model: str) -> str:
     """A DNS label for a GPU model: "Tesla V100-PCIE-32GB" -> "gpuslice-tesla-v100-pcie-32gb"."""
     slug = re.sub(r"[^a-z0-9]+", "-", gpu_model.lower()).strip("-")
@@ -66,9 +79,15 @@ def _labels(package: str) -> dict[str, str]:
     return managed_labels(package=package)
 
 
-def desired_objects(package: str, spec: GpuPackageSpec, entitled: Mapping[str, int]) -> list[dict[str, Any]]:
+def desired_objects(
+    package: str,
+    spec: GpuPackageSpec,
+    entitled: Mapping[str, int],
+    weights: Mapping[str, float] | None = None,
+) -> list[dict[str, Any]]:
     """The Kueue objects for `package` (none unless its sharing mode is Kueue, or when it has no
-    extended resource to count); entitled: namespace -> slices of its entitlement."""
+    extended resource to count); entitled: namespace -> slices of its entitlement; weights:
+    namespace -> its fair-sharing weight, where `sharing.weights` gives it one."""
     resource = spec.extended_resource(package)
     if not uses_kueue(spec) or resource is None:
         return []
@@ -110,6 +129,9 @@ def desired_objects(package: str, spec: GpuPackageSpec, entitled: Mapping[str, i
                 },
             }
         )
+        weight = (weights or {}).get(namespace)
+        if weight is not None:
+            out[-1]["spec"]["fairSharing"] = {"weight": _quantity(weight)}
         out.append(
             {
                 "apiVersion": KUEUE_API,

@@ -12,7 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.api.package import Condition, GpuPackageSpec
-from gpuslice.domain.queues import KUEUE_API, conflicts, desired_objects, stale, uses_kueue
+from gpuslice.domain.queues import (
+    KUEUE_API,
+    conflicts,
+    desired_objects,
+    fair_share_weight,
+    stale,
+    uses_kueue,
+)
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -39,16 +46,22 @@ def forget(package: str) -> None:
     _written.discard(package)
 
 
-def entitled_namespaces(spec: GpuPackageSpec, idx: Indexes) -> dict[str, int]:
-    out: dict[str, int] = {}
+def entitled_namespaces(spec: GpuPackageSpec, idx: Indexes) -> tuple[dict[str, int], dict[str, float]]:
+    """namespace -> slices of its entitlement, and -> its fair-sharing weight where it has one."""
+    slices_of: dict[str, int] = {}
+    weights: dict[str, float] = {}
     for ns in idx.namespaces:
         entry = one(idx.namespaces, ns)
         if entry is None or entry.terminating:
             continue
         slices = entitled_slices(spec, entry.labels)
-        if slices is not None:
-            out[ns] = slices
-    return out
+        if slices is None:
+            continue
+        slices_of[ns] = slices
+        weight = fair_share_weight(spec, entry.labels)
+        if weight is not None:
+            weights[ns] = weight
+    return slices_of, weights
 
 
 async def _existing(state: OperatorState) -> list[dict[str, Any]] | None:
@@ -69,7 +82,7 @@ async def reconcile_queues(state: OperatorState, idx: Indexes, package: str, spe
     if not uses_kueue(spec) and package not in _written:
         _conditions.pop(package, None)
         return
-    desired = desired_objects(package, spec, entitled_namespaces(spec, idx))
+    desired = desired_objects(package, spec, *entitled_namespaces(spec, idx))
     existing = await _existing(state)
     if existing is None:
         if uses_kueue(spec):
