@@ -390,3 +390,61 @@ def test_a_borrowed_slice_is_metered_borrowed_and_an_owners_is_not_across_a_rest
     finally:
         for ns in (owner, borrower):
             cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def _slice_status(cl: DevCluster, namespace: str, name: str) -> dict[str, Any]:
+    return ((get(cl, "gpuslice", name, "-n", namespace) or {}).get("status")) or {}
+
+
+def test_a_pod_kueue_holds_has_its_slice_queued_with_kueues_reason_and_place(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    cl = kcluster
+    pair = _lending_pair(cl, "w")
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
+    try:
+        # Each holds its own 2 slices of the GPU's 4: nothing is left to lend.
+        for ns, prefix in ((owner, "o"), (borrower, "b")):
+            for i in range(2):
+                apply(cl, [_pod(f"{prefix}{i}", ns, resource, queue)])
+        wait_for(lambda: len(_running(cl, owner)) == len(_running(cl, borrower)) == 2, 90, "2 + 2 Running")
+        apply(cl, [_pod("b2", borrower, resource, queue)])
+        time.sleep(1)  # b3 younger than b2: Kueue's queue is first in, first out within a priority
+        apply(cl, [_pod("b3", borrower, resource, queue)])
+
+        def queued(name: str, position: int, pending: int) -> dict[str, Any] | None:
+            st = _slice_status(cl, borrower, name)
+            where = st.get("queue") or {}
+            place = (where.get("position"), where.get("pending"))
+            return st if st.get("reason") == "Queued" and place == (position, pending) else None
+
+        st = wait_for(lambda: queued("b2", 1, 2), 60, "b2's slice Queued, 1st of 2")
+        assert st["phase"] == "Pending", st
+        # Kueue's own words, from its Workload's QuotaReserved condition
+        assert f"waits in Kueue's queue {queue}: 1st of 2 pending (Workload " in st["message"], st
+        assert f"insufficient unused quota for {resource}" in st["message"], st
+        assert st["queue"]["localQueue"] == queue
+        wl = get(cl, "workload", st["queue"]["workload"], "-n", borrower)
+        assert wl["metadata"]["ownerReferences"][0]["name"] == "b2"
+        wait_for(lambda: queued("b3", 2, 2), 60, "b3's slice Queued, 2nd of 2")
+        explained = subprocess.run(
+            [sys.executable, "-m", "gpuslice", "explain", f"{borrower}/b3", f"--kubeconfig={cl.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert explained.returncode == 0, explained.stderr
+        assert "state:    Pending (Queued)" in explained.stdout, explained.stdout
+        assert f"queue:    position 2 of 2 pending in Kueue's LocalQueue {queue}" in explained.stdout
+        # The owner lets one slice go: Kueue lends it to b2, and b3 moves up.
+        cl.kubectl("delete", "pod", "o1", "-n", owner, "--wait=true", "--timeout=60s")
+        wait_for(lambda: "b2" in _running(cl, borrower), 90, "b2 Running on the lent slice")
+        wait_for(lambda: _slice_status(cl, borrower, "b2").get("reason") == "InUse", 60, "b2's slice InUse")
+        assert "queue" not in _slice_status(cl, borrower, "b2")
+        wait_for(lambda: queued("b3", 1, 1), 60, "b3's slice Queued, 1st of 1")
+        print(f"queued: {st['message']}", flush=True)
+    finally:
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)

@@ -238,3 +238,78 @@ def _count(quantity: Any) -> int:
         return max(0, int(str(quantity or 0)))
     except ValueError:
         return 0
+
+
+@dataclass(frozen=True)
+class KueueWait:
+    """Where Kueue holds a pod: its Workload, the LocalQueue, its place among the queue's pending
+    Workloads (1: admitted next when quota frees) and Kueue's own words on why it waits."""
+
+    workload: str
+    local_queue: str
+    position: int
+    pending: int
+    message: str
+
+
+def _condition(wl: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    return next((x for x in (wl.get("status") or {}).get("conditions") or [] if x.get("type") == type_), None)
+
+
+def _is_true(wl: Mapping[str, Any], type_: str) -> bool:
+    cond = _condition(wl, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def _pending(wl: Mapping[str, Any]) -> bool:
+    return (
+        (wl.get("spec") or {}).get("active", True) is not False
+        and not _is_true(wl, "QuotaReserved")
+        and not _is_true(wl, "Finished")
+        and not (wl.get("metadata") or {}).get("deletionTimestamp")
+    )
+
+
+def _queue_order(wl: Mapping[str, Any]) -> tuple[int, str, str]:
+    """Kueue's BestEffortFIFO order within a ClusterQueue: higher priority first, then older; a
+    Workload preempted to reclaim quota while its queue borrowed queues from when it was preempted."""
+    meta = wl.get("metadata") or {}
+    stamp = str(meta.get("creationTimestamp") or "")
+    preempted = _condition(wl, "Preempted")
+    if (
+        preempted
+        and preempted.get("status") == "True"
+        and preempted.get("reason") == "InCohortReclaimWhileBorrowing"
+    ):
+        stamp = str(preempted.get("lastTransitionTime") or stamp)
+    return -int((wl.get("spec") or {}).get("priority") or 0), stamp, str(meta.get("name") or "")
+
+
+def kueue_wait(pod_uid: str, workloads: Iterable[Mapping[str, Any]]) -> KueueWait | None:
+    """The wait of the pod `pod_uid` from its namespace's Workloads; None when no pending Workload
+    owns it (Kueue has not made one yet, or admitted it). The package's ClusterQueue selects its
+    namespace only, so the namespace's pending Workloads of the same LocalQueue are the whole queue."""
+    workloads = list(workloads)
+    mine = next(
+        (
+            wl
+            for wl in workloads
+            if any(o.get("uid") == pod_uid for o in (wl.get("metadata") or {}).get("ownerReferences") or [])
+        ),
+        None,
+    )
+    if mine is None or not _pending(mine):
+        return None
+    queue = str((mine.get("spec") or {}).get("queueName") or "")
+    ahead = sorted(
+        (wl for wl in workloads if _pending(wl) and (wl.get("spec") or {}).get("queueName") == queue),
+        key=_queue_order,
+    )
+    reserved = _condition(mine, "QuotaReserved")
+    return KueueWait(
+        workload=str(mine["metadata"]["name"]),
+        local_queue=queue,
+        position=1 + [_queue_order(w) for w in ahead].index(_queue_order(mine)),
+        pending=len(ahead),
+        message=str((reserved or {}).get("message") or ""),
+    )

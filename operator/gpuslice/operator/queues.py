@@ -9,17 +9,22 @@ apply of an unchanged object changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from gpuslice import constants as c
+from gpuslice import kubehttp
 from gpuslice.api.package import Condition, GpuPackageSpec
 from gpuslice.domain.queues import (
     KUEUE_API,
     conflicts,
     desired_objects,
     fair_share_weight,
+    kueue_wait,
     stale,
     uses_kueue,
 )
+from gpuslice.domain.slice_status import SliceFacts
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -126,3 +131,22 @@ async def reconcile_queues(state: OperatorState, idx: Indexes, package: str, spe
     else:
         _written.discard(package)
         _conditions.pop(package, None)
+
+
+async def with_kueue_waits(state: OperatorState, facts: SliceFacts) -> SliceFacts:
+    """`facts` with where Kueue holds the slice's pods, for those its admission gate holds: read from
+    the namespace's Workloads (one list per refresh of such a slice, none for any other)."""
+    gated = [p for p in facts.pods if c.KUEUE_ADMISSION_GATE in p.gates and p.uid and not p.deleting]
+    if not gated:
+        return facts
+    group, _, version = KUEUE_API.rpartition("/")
+    try:
+        url = kubehttp.path(group, version, "workloads", namespace=facts.namespace)
+        answer = await state.kube.api.get(url)
+    except ApiError as exc:
+        if exc.status in (403, 404):  # no Kueue, or no right to read it: the gate alone is said
+            return facts
+        raise
+    workloads = list(answer.get("items") or [])
+    waits = {p.name: w for p in gated if p.uid and (w := kueue_wait(p.uid, workloads)) is not None}
+    return dataclasses.replace(facts, queued=waits)
