@@ -21,6 +21,8 @@ import pytest
 from gpuslice import constants as c
 from gpuslice.timefmt import parse_rfc3339
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
+from gpuslice_dev.devcluster.kueue import kill_kueue, restart_kueue
+from invariants import Invariants, World, card_memory
 from support import apply, metrics_readers, wait_for
 
 from .operator_cluster import OperatorProcess, get, module_operator, package_doc, publish_gpus
@@ -448,3 +450,86 @@ def test_a_pod_kueue_holds_has_its_slice_queued_with_kueues_reason_and_place(
     finally:
         for ns in (owner, borrower):
             cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def test_kueue_killed_mid_reclaim_oversells_nothing_and_the_owner_runs_without_an_operator_restart(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    """Runs last in this file: it kills the module's Kueue (and starts it again, whatever happens)."""
+    cl = kcluster
+    pair = _lending_pair(cl, "k")
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+    cq = pair.cqs[borrower]
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
+    assert operator.proc is not None
+    operator_pid = operator.proc.pid
+    checks = 0
+
+    def sold_once() -> None:
+        nonlocal checks
+        problems = card_memory(World.read(cl))
+        checks += 1
+        assert not problems, problems
+
+    def evicted() -> str | None:
+        for wl in get(cl, "workloads", "-n", borrower)["items"]:
+            for cond in (wl.get("status") or {}).get("conditions") or []:
+                if cond["type"] == "Evicted" and cond["status"] == "True":
+                    return str(wl["metadata"]["name"])
+        return None
+
+    try:
+        for i in range(4):
+            apply(cl, [_pod(f"b{i}", borrower, resource, queue)])
+        wait_for(lambda: len(_running(cl, borrower)) == 4, 90, "4 borrower pods Running")
+        wait_for(lambda: _borrowed(cl, cq, resource) == 2, 30, "2 slices borrowed in Kueue's status")
+        sold_once()
+        started = time.monotonic()
+        apply(cl, [_pod("o0", owner, resource, queue)])
+        # Mid-reclaim: Kueue has evicted a borrower's Workload; the owner's pod does not run yet.
+        victim = wait_for(evicted, 60, "Kueue evicting a borrower's workload")
+        pid = kill_kueue(cl)
+        killed = time.monotonic()
+        assert "o0" not in _running(cl, owner), "the reclaim was over before Kueue was killed"
+        print(f"killed kueue (pid {pid}) {killed - started:.2f}s after the owner's request, victim {victim}")
+        while time.monotonic() - killed < 10:  # down for 10 s, no card over-sold meanwhile
+            sold_once()
+            time.sleep(0.5)
+        down_running = "o0" in _running(cl, owner)
+        restart_kueue(cl)
+        restarted = time.monotonic()
+
+        def owner_runs() -> bool:
+            sold_once()
+            return "o0" in _running(cl, owner)
+
+        wait_for(owner_runs, 120, "the owner's pod Running after Kueue's restart")
+        ran = time.monotonic()
+        wait_for(lambda: len(_running(cl, borrower)) == 3, 60, "the borrower at 3")
+        took = Invariants(cl, {owner, borrower}).settle("kueue killed mid-reclaim", restarted, timeout=60)
+        # The operator was not restarted, and still keeps the package's queues.
+        assert operator.proc is not None and operator.proc.pid == operator_pid
+        assert operator.proc.poll() is None
+        cond = wait_for(
+            lambda: (x := _queues_condition(cl, pair.pkg)) and x["status"] == "True" and x, 30, "Queues True"
+        )
+        assert cond["reason"] == "QueuesReady", cond
+        print(
+            f"kueue killed mid-reclaim: owner's pod Running {ran - restarted:.2f}s after Kueue's restart "
+            f"({ran - started:.2f}s after its request, Kueue down 10 s; Running while it was down: "
+            f"{down_running}); invariants held {took:.2f}s after the restart; {checks} over-sale checks, "
+            "none failed; operator not restarted",
+            flush=True,
+        )
+    finally:
+        if not _kueue_alive(cl):
+            restart_kueue(cl)
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def _kueue_alive(cl: DevCluster) -> bool:
+    st = cl.state()
+    rec = st.processes.get("kueue") if st is not None else None
+    return rec is not None and rec.alive()
