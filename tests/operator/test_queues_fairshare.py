@@ -8,9 +8,11 @@ the kubelet."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -140,3 +142,27 @@ def test_weights_two_to_one_split_the_idle_pool_two_to_one(
     a, b, reasons = _contend(fcluster, 2, 1)
     assert a + b == POOL and abs(a - 2 * b) <= 1, (a, b)
     assert reasons == ["Fair Sharing within the cohort"], reasons
+
+
+def test_bad_weights_are_refused_by_the_api_server(fcluster: DevCluster) -> None:
+    token = uuid.uuid4().hex[:5]
+    weight: dict[str, Any] = {"namespaceSelector": {"matchLabels": {"tier": "gold"}}, "weight": 2}
+
+    def refused(sharing: dict[str, Any]) -> str:
+        doc = package_doc(f"bad{token}-8g", 25, {"fair": token})
+        doc["spec"]["sharing"] = sharing
+        proc = fcluster.kubectl("create", "-f", "-", input=json.dumps(doc), check=False)
+        assert proc.returncode != 0, f"{sharing} was accepted"
+        return proc.stderr
+
+    assert "weights apply to sharing.mode Kueue only" in refused({"weights": [weight]})
+    kueue = {"mode": "Kueue", "borrowingLimit": 1}
+    assert "a weight is 0 or at least 0.001" in refused({**kueue, "weights": [{**weight, "weight": 1e-10}]})
+    too_heavy = refused({**kueue, "weights": [{**weight, "weight": 1001}]})
+    assert "should be less than or equal to 1000" in too_heavy
+    # the bounds themselves are weights
+    for ok in (0, 0.001, 1000):
+        doc = package_doc(f"ok{token}-{str(ok).replace('.', '')}-8g", 25, {"fair": token})
+        doc["spec"]["sharing"] = {**kueue, "weights": [{**weight, "weight": ok}]}
+        proc = fcluster.kubectl("create", "-f", "-", "--dry-run=server", input=json.dumps(doc), check=False)
+        assert proc.returncode == 0, proc.stderr
