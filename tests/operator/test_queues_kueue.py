@@ -160,6 +160,8 @@ def test_idle_entitlement_is_lent_and_reclaimed_by_preemption(
         return any(x["type"] == "Active" and x["status"] == "True" for x in conds)
 
     wait_for(lambda: all(active(cq) for cq in cqs.values()), 60, "the ClusterQueues active")
+    # The devcluster's default Kueue has fair sharing off (as Kueue ships): no share in the status.
+    assert "fairSharing" not in (get(cl, "clusterqueue", cqs[owner]).get("status") or {})
     cq_spec = get(cl, "clusterqueue", cqs[owner])["spec"]
     assert cq_spec["cohortName"] == f"q-{token}"
     assert cq_spec["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == "2"
