@@ -172,3 +172,6 @@ FORBIDDEN_ENV_PREFIXES: Final = ("NVIDIA_", "GPUSLICE_", "CUDA_DEVICE_MEMORY", "
 # --- Products --------------------------------------------------------------------------------------
 GIB: Final = 1024**3
 MIB: Final = 1024**2
+
+#: Kueue's scheduling gate on a pod it queues (its pod integration); removed when it admits the pod.
+KUEUE_ADMISSION_GATE = "kueue.x-k8s.io/admission"

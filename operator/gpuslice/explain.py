@@ -68,6 +68,11 @@ ADVICE: Mapping[str, tuple[str, ...]] = {
     ),
     Reason.UNSCHEDULABLE: ("see the scheduler's message on the pod: kubectl describe pod -n {ns} <pod>",),
     Reason.SCHEDULING: ("nothing yet: kube-scheduler is placing the pod",),
+    Reason.QUEUED: (
+        "nothing: Kueue admits the pod when its queue has quota (its entitlement, or a slice it may "
+        "borrow); see the queue: kubectl get workloads -n {ns}",
+        "or ask the platform team for a larger entitlement or borrowingLimit",
+    ),
     Reason.CREATING_CLAIM: ("nothing yet: the operator is creating the claim",),
     Reason.RELEASED: ("the pod finished and the GPU was freed; a new pod using the slice gets one again",),
 }
@@ -161,6 +166,12 @@ def explain(slice_obj: Mapping[str, Any], package: Mapping[str, Any] | None) -> 
         )
         pod = f", held by pod {alloc['pod']}" if alloc.get("pod") else ""
         lines.append(f"  where:    claim {alloc.get('claim')}: {where}{pod}")
+    queue = status.get("queue")
+    if queue:
+        lines.append(
+            f"  queue:    position {queue.get('position')} of {queue.get('pending')} pending in Kueue's "
+            f"LocalQueue {queue.get('localQueue')} (Workload {queue.get('workload')})"
+        )
     quota = status.get("quota")
     if quota:
         lines.append(

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
-from gpuslice.domain.queues import borrowed_slices, conflicts, desired_objects, stale
+from gpuslice.domain.queues import borrowed_slices, conflicts, desired_objects, fair_share_weight, stale
 from gpuslice.domain.tenancy import tenant_state
 
 V100 = "Tesla V100-PCIE-32GB"
@@ -82,6 +82,40 @@ def test_bad_sharing_is_refused() -> None:
         _spec(mode="Kueue")
     with pytest.raises(ValidationError, match="apply to mode Kueue only"):
         _spec(cohort="x")
+
+
+def test_fair_share_weights_go_on_the_selected_namespaces_queues_only() -> None:
+    spec = _spec(
+        mode="Kueue",
+        borrowingLimit=4,
+        weights=[
+            {"namespaceSelector": {"matchLabels": {"tier": "gold"}}, "weight": 2},
+            {"namespaceSelector": {"matchLabels": {"tier": "gold", "vip": "yes"}}, "weight": 0.5},
+            {"namespaceSelector": {"matchLabels": {"tier": "scrap"}}, "weight": 0},
+        ],
+    )
+    # the largest weight that selects a namespace applies, as with entitlements
+    assert fair_share_weight(spec, {"tier": "gold", "vip": "yes"}) == 2
+    assert fair_share_weight(spec, {"tier": "scrap"}) == 0
+    assert fair_share_weight(spec, {"tier": "silver"}) is None
+    docs = desired_objects("v100-8g", spec, {"a": 1, "b": 1, "c": 1}, {"a": 2, "b": 0.5, "c": 0})
+    cqs = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ClusterQueue"}
+    assert cqs["gpuslice-v100-8g-a"]["fairSharing"] == {"weight": "2"}
+    assert cqs["gpuslice-v100-8g-b"]["fairSharing"] == {"weight": "0.5"}
+    assert cqs["gpuslice-v100-8g-c"]["fairSharing"] == {"weight": "0"}
+    # no weight given: no field, Kueue's own default (1)
+    plain = desired_objects("v100-8g", spec, {"a": 1})
+    assert "fairSharing" not in next(d for d in plain if d["kind"] == "ClusterQueue")["spec"]
+
+
+def test_bad_weights_are_refused() -> None:
+    weight = {"namespaceSelector": {"matchLabels": {"tier": "gold"}}, "weight": 2}
+    with pytest.raises(ValidationError, match="weights apply to mode Kueue only"):
+        _spec(weights=[weight])
+    with pytest.raises(ValidationError, match=r"0 or at least 0\.001"):
+        _spec(mode="Kueue", borrowingLimit=1, weights=[{**weight, "weight": 1e-10}])
+    with pytest.raises(ValidationError, match="less than or equal to 1000"):
+        _spec(mode="Kueue", borrowingLimit=1, weights=[{**weight, "weight": 1001}])
 
 
 def test_objects_it_does_not_own_are_conflicts_never_overwritten() -> None:

@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ import pytest
 from gpuslice import constants as c
 from gpuslice.timefmt import parse_rfc3339
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
+from gpuslice_dev.devcluster.kueue import kill_kueue, restart_kueue
+from invariants import Invariants, World, card_memory
 from support import apply, metrics_readers, wait_for
 
 from .operator_cluster import OperatorProcess, get, module_operator, package_doc, publish_gpus
@@ -104,33 +107,63 @@ def _allocated_devices(cluster: DevCluster) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class LendingPair:
+    """A package in mode Kueue whose two entitled namespaces share one V100 (4 slices of 25 %)."""
+
+    token: str
+    pkg: str
+    resource: str
+    owner: str
+    borrower: str
+    queue: str
+    #: namespace -> the ClusterQueue the operator writes for it
+    cqs: dict[str, str]
+
+
+def _lending_pair(cl: DevCluster, prefix: str, **spec: Any) -> LendingPair:
+    """Two namespaces entitled to 2 slices each, borrowingLimit 2, cohort `<prefix>-<token>`, the
+    package's other `spec` fields as given, and the GPU published."""
+    token = uuid.uuid4().hex[:5]
+    pkg = f"{prefix}{token}-8g"
+    owner, borrower = f"{prefix}own-{token}", f"{prefix}bor-{token}"
+    for ns in (owner, borrower):
+        cl.create_namespace(ns, {"share": token})
+    doc = package_doc(pkg, 25, {"share": token}, slices=2)
+    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"{prefix}-{token}", "borrowingLimit": 2}
+    doc["spec"].update(spec)
+    apply(cl, [doc])
+    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})  # one V100: 4 slices of 25 %
+    return LendingPair(
+        token=token,
+        pkg=pkg,
+        resource=c.extended_resource_name(pkg),
+        owner=owner,
+        borrower=borrower,
+        queue=f"gpuslice-{pkg}",
+        cqs={ns: f"gpuslice-{pkg}-{ns}" for ns in (owner, borrower)},
+    )
+
+
 def test_idle_entitlement_is_lent_and_reclaimed_by_preemption(
     kcluster: DevCluster, operator: OperatorProcess
 ) -> None:
     cl = kcluster
-    token = uuid.uuid4().hex[:5]
-    pkg = f"q{token}-8g"
-    resource = c.extended_resource_name(pkg)
-    owner, borrower = f"owner-{token}", f"borrower-{token}"
-    for ns in (owner, borrower):
-        cl.create_namespace(ns, {"share": token})
-    doc = package_doc(pkg, 25, {"share": token}, slices=2)
-    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"gpus-{token}", "borrowingLimit": 2}
-    apply(cl, [doc])
-    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})  # one V100: 4 slices of 25 %
+    pair = _lending_pair(cl, "q")
+    token, pkg, resource, owner, borrower = pair.token, pair.pkg, pair.resource, pair.owner, pair.borrower
+    queue, cqs = pair.queue, pair.cqs
 
     # The operator's queues, in Kueue's own status: active, in the package's cohort.
-    queue = f"gpuslice-{pkg}"
-    cqs = {ns: f"gpuslice-{pkg}-{ns}" for ns in (owner, borrower)}
-
     def active(cq: str) -> bool:
         found = get(cl, "clusterqueue", cq) or {}
         conds = (found.get("status") or {}).get("conditions") or []
         return any(x["type"] == "Active" and x["status"] == "True" for x in conds)
 
     wait_for(lambda: all(active(cq) for cq in cqs.values()), 60, "the ClusterQueues active")
+    # The devcluster's default Kueue has fair sharing off (as Kueue ships): no share in the status.
+    assert "fairSharing" not in (get(cl, "clusterqueue", cqs[owner]).get("status") or {})
     cq_spec = get(cl, "clusterqueue", cqs[owner])["spec"]
-    assert cq_spec["cohortName"] == f"gpus-{token}"
+    assert cq_spec["cohortName"] == f"q-{token}"
     assert cq_spec["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == "2"
     assert get(cl, "localqueue", queue, "-n", owner)["spec"]["clusterQueue"] == cqs[owner]
     cond = wait_for(
@@ -284,19 +317,9 @@ def test_a_borrowed_slice_is_metered_borrowed_and_an_owners_is_not_across_a_rest
     kcluster: DevCluster, operator: OperatorProcess
 ) -> None:
     cl = kcluster
-    token = uuid.uuid4().hex[:5]
-    pkg = f"m{token}-8g"
-    resource = c.extended_resource_name(pkg)
-    owner, borrower = f"own-{token}", f"bor-{token}"
-    for ns in (owner, borrower):
-        cl.create_namespace(ns, {"meter": token})
-    doc = package_doc(pkg, 25, {"meter": token}, slices=2)
-    doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"meter-{token}", "borrowingLimit": 2}
-    doc["spec"]["price"] = {"perHour": "0.45", "currency": "EUR"}
-    apply(cl, [doc])
-    publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})
-    queue = f"gpuslice-{pkg}"
-    cq = f"gpuslice-{pkg}-{borrower}"
+    pair = _lending_pair(cl, "m", price={"perHour": "0.45", "currency": "EUR"})
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+    cq = pair.cqs[borrower]
     wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
     wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
     settle = 12  # past the operator's re-reads of Kueue's status after a claim change
@@ -371,3 +394,144 @@ def test_a_borrowed_slice_is_metered_borrowed_and_an_owners_is_not_across_a_rest
     finally:
         for ns in (owner, borrower):
             cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def _slice_status(cl: DevCluster, namespace: str, name: str) -> dict[str, Any]:
+    return ((get(cl, "gpuslice", name, "-n", namespace) or {}).get("status")) or {}
+
+
+def test_a_pod_kueue_holds_has_its_slice_queued_with_kueues_reason_and_place(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    cl = kcluster
+    pair = _lending_pair(cl, "w")
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
+    try:
+        # Each holds its own 2 slices of the GPU's 4: nothing is left to lend.
+        for ns, prefix in ((owner, "o"), (borrower, "b")):
+            for i in range(2):
+                apply(cl, [_pod(f"{prefix}{i}", ns, resource, queue)])
+        wait_for(lambda: len(_running(cl, owner)) == len(_running(cl, borrower)) == 2, 90, "2 + 2 Running")
+        apply(cl, [_pod("b2", borrower, resource, queue)])
+        time.sleep(1)  # b3 younger than b2: Kueue's queue is first in, first out within a priority
+        apply(cl, [_pod("b3", borrower, resource, queue)])
+
+        def queued(name: str, position: int, pending: int) -> dict[str, Any] | None:
+            st = _slice_status(cl, borrower, name)
+            where = st.get("queue") or {}
+            place = (where.get("position"), where.get("pending"))
+            return st if st.get("reason") == "Queued" and place == (position, pending) else None
+
+        st = wait_for(lambda: queued("b2", 1, 2), 60, "b2's slice Queued, 1st of 2")
+        assert st["phase"] == "Pending", st
+        # Kueue's own words, from its Workload's QuotaReserved condition
+        assert f"waits in Kueue's queue {queue}: 1st of 2 pending (Workload " in st["message"], st
+        assert f"insufficient unused quota for {resource}" in st["message"], st
+        assert st["queue"]["localQueue"] == queue
+        wl = get(cl, "workload", st["queue"]["workload"], "-n", borrower)
+        assert wl["metadata"]["ownerReferences"][0]["name"] == "b2"
+        wait_for(lambda: queued("b3", 2, 2), 60, "b3's slice Queued, 2nd of 2")
+        explained = subprocess.run(
+            [sys.executable, "-m", "gpuslice", "explain", f"{borrower}/b3", f"--kubeconfig={cl.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert explained.returncode == 0, explained.stderr
+        assert "state:    Pending (Queued)" in explained.stdout, explained.stdout
+        assert f"queue:    position 2 of 2 pending in Kueue's LocalQueue {queue}" in explained.stdout
+        # The owner lets one slice go: Kueue lends it to b2, and b3 moves up.
+        cl.kubectl("delete", "pod", "o1", "-n", owner, "--wait=true", "--timeout=60s")
+        wait_for(lambda: "b2" in _running(cl, borrower), 90, "b2 Running on the lent slice")
+        wait_for(lambda: _slice_status(cl, borrower, "b2").get("reason") == "InUse", 60, "b2's slice InUse")
+        assert "queue" not in _slice_status(cl, borrower, "b2")
+        wait_for(lambda: queued("b3", 1, 1), 60, "b3's slice Queued, 1st of 1")
+        print(f"queued: {st['message']}", flush=True)
+    finally:
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def test_kueue_killed_mid_reclaim_oversells_nothing_and_the_owner_runs_without_an_operator_restart(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    """Runs last in this file: it kills the module's Kueue (and starts it again, whatever happens)."""
+    cl = kcluster
+    pair = _lending_pair(cl, "k")
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+    cq = pair.cqs[borrower]
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
+    assert operator.proc is not None
+    operator_pid = operator.proc.pid
+    checks = 0
+
+    def sold_once() -> None:
+        nonlocal checks
+        problems = card_memory(World.read(cl))
+        checks += 1
+        assert not problems, problems
+
+    def evicted() -> str | None:
+        for wl in get(cl, "workloads", "-n", borrower)["items"]:
+            for cond in (wl.get("status") or {}).get("conditions") or []:
+                if cond["type"] == "Evicted" and cond["status"] == "True":
+                    return str(wl["metadata"]["name"])
+        return None
+
+    try:
+        for i in range(4):
+            apply(cl, [_pod(f"b{i}", borrower, resource, queue)])
+        wait_for(lambda: len(_running(cl, borrower)) == 4, 90, "4 borrower pods Running")
+        wait_for(lambda: _borrowed(cl, cq, resource) == 2, 30, "2 slices borrowed in Kueue's status")
+        sold_once()
+        started = time.monotonic()
+        apply(cl, [_pod("o0", owner, resource, queue)])
+        # Mid-reclaim: Kueue has evicted a borrower's Workload; the owner's pod does not run yet.
+        victim = wait_for(evicted, 60, "Kueue evicting a borrower's workload")
+        pid = kill_kueue(cl)
+        killed = time.monotonic()
+        assert "o0" not in _running(cl, owner), "the reclaim was over before Kueue was killed"
+        print(f"killed kueue (pid {pid}) {killed - started:.2f}s after the owner's request, victim {victim}")
+        while time.monotonic() - killed < 10:  # down for 10 s, no card over-sold meanwhile
+            sold_once()
+            time.sleep(0.5)
+        down_running = "o0" in _running(cl, owner)
+        restart_kueue(cl)
+        restarted = time.monotonic()
+
+        def owner_runs() -> bool:
+            sold_once()
+            return "o0" in _running(cl, owner)
+
+        wait_for(owner_runs, 120, "the owner's pod Running after Kueue's restart")
+        ran = time.monotonic()
+        wait_for(lambda: len(_running(cl, borrower)) == 3, 60, "the borrower at 3")
+        took = Invariants(cl, {owner, borrower}).settle("kueue killed mid-reclaim", restarted, timeout=60)
+        # The operator was not restarted, and still keeps the package's queues.
+        assert operator.proc is not None and operator.proc.pid == operator_pid
+        assert operator.proc.poll() is None
+        cond = wait_for(
+            lambda: (x := _queues_condition(cl, pair.pkg)) and x["status"] == "True" and x, 30, "Queues True"
+        )
+        assert cond["reason"] == "QueuesReady", cond
+        print(
+            f"kueue killed mid-reclaim: owner's pod Running {ran - restarted:.2f}s after Kueue's restart "
+            f"({ran - started:.2f}s after its request, Kueue down 10 s; Running while it was down: "
+            f"{down_running}); invariants held {took:.2f}s after the restart; {checks} over-sale checks, "
+            "none failed; operator not restarted",
+            flush=True,
+        )
+    finally:
+        if not _kueue_alive(cl):
+            restart_kueue(cl)
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def _kueue_alive(cl: DevCluster) -> bool:
+    st = cl.state()
+    rec = st.processes.get("kueue") if st is not None else None
+    return rec is not None and rec.alive()

@@ -89,6 +89,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="also a real Kueue (built from sigs.k8s.io/kueue): its CRDs, RBAC, webhooks and controller",
     )
+    up.add_argument(
+        "--kueue-fair-sharing",
+        action="store_true",
+        help="with --with-kueue: Kueue's Configuration enables fair sharing (ClusterQueue weights "
+        "decide how borrowers split a cohort's idle quota; off by default, as Kueue ships it)",
+    )
     up.set_defaults(func=_up)
 
     down = cmds.add_parser("down", help="stop every process of the control plane")
@@ -157,7 +163,7 @@ def _up(args: argparse.Namespace) -> int:
         if args.with_kueue:
             from gpuslice_dev.devcluster.kueue import start_devcluster_kueue
 
-            start_devcluster_kueue(cluster, progress=_progress)
+            start_devcluster_kueue(cluster, progress=_progress, fair_sharing=args.kueue_fair_sharing)
             _progress("kueue ready")
     except (BuildError, DevClusterError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -24,6 +24,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ from gpuslice_dev.devcluster.binaries import (
     cache_root,
     default_progress,
 )
-from gpuslice_dev.devcluster.supervisor import DevClusterError
+from gpuslice_dev.devcluster.supervisor import DevClusterError, ProcessRecord
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 KUEUE_VERSION = "v0.17.0"
@@ -202,13 +203,19 @@ def manifests(moddir: Path, webhook_url: str, ca_pem: bytes) -> list[dict[str, A
     return out
 
 
+#: Fair sharing's preemption strategies: the pair the shipped controller_manager_config.yaml
+#: suggests (v1beta2 enables fair sharing by the presence of `fairSharing`, which needs them).
+FAIR_SHARING = {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}
+
+
 def configuration(
-    *, health_port: int, metrics_port: int, webhook_port: int, cert_dir: Path
+    *, health_port: int, metrics_port: int, webhook_port: int, cert_dir: Path, fair_sharing: bool = False
 ) -> dict[str, Any]:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2): the shipped
     controller_manager_config.yaml with loopback ports, no leader election (one controller runs),
-    certificates from `cert_dir`, and the devcluster's integrations."""
-    return {
+    certificates from `cert_dir`, and the devcluster's integrations; fair sharing on only when asked,
+    as Kueue ships it off."""
+    config: dict[str, Any] = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -220,6 +227,9 @@ def configuration(
         "clientConnection": {"qps": 50, "burst": 100},
         "integrations": {"frameworks": list(FRAMEWORKS)},
     }
+    if fair_sharing:
+        config["fairSharing"] = copy.deepcopy(FAIR_SHARING)
+    return config
 
 
 METRICS_CERT_PATH = "/etc/kueue/metrics/certs"
@@ -269,7 +279,12 @@ def _ready(url: str) -> bool:
 
 
 def start_devcluster_kueue(
-    cluster: DevCluster, progress: Progress | None = None, *, feature_gates: str = "", timeout: float = 120
+    cluster: DevCluster,
+    progress: Progress | None = None,
+    *,
+    feature_gates: str = "",
+    timeout: float = 120,
+    fair_sharing: bool = False,
 ) -> None:
     """`devcluster up --with-kueue`: Kueue's manifests applied, its controller started (supervised
     as `kueue`) and ready: its webhooks answer and its CRDs are served."""
@@ -317,6 +332,7 @@ def start_devcluster_kueue(
                 metrics_port=ports["kueue-metrics"],
                 webhook_port=ports["kueue-webhook"],
                 cert_dir=cert_dir,
+                fair_sharing=fair_sharing,
             ),
             sort_keys=False,
         )
@@ -338,7 +354,11 @@ def start_devcluster_kueue(
         ),
     )
     report(f"starting kueue {KUEUE_VERSION} (pid {rec.pid}) ...")
-    readyz = f"http://127.0.0.1:{ports['kueue-health']}/readyz"
+    _wait_ready(rec, ports["kueue-health"], timeout)
+
+
+def _wait_ready(rec: ProcessRecord, health_port: int, timeout: float) -> None:
+    readyz = f"http://127.0.0.1:{health_port}/readyz"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not rec.alive():
@@ -346,7 +366,38 @@ def start_devcluster_kueue(
                 f"kueue exited; log: {rec.log}\n{Path(rec.log).read_text(errors='replace')[-2000:]}"
             )
         if _ready(readyz):
-            break
+            return
         time.sleep(0.3)
-    else:
-        raise KueueError(f"kueue not ready after {timeout:.0f}s; log: {rec.log}")
+    raise KueueError(f"kueue not ready after {timeout:.0f}s; log: {rec.log}")
+
+
+def kill_kueue(cluster: DevCluster) -> int:
+    """SIGKILL the devcluster's Kueue controller (a crash: no graceful shutdown); returns its pid."""
+    rec = _kueue_record(cluster)
+    os.kill(rec.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while rec.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return rec.pid
+
+
+def restart_kueue(cluster: DevCluster, timeout: float = 120) -> ProcessRecord:
+    """Start the devcluster's Kueue controller again as `start_devcluster_kueue` started it (its
+    recorded command line: the same Configuration, ports and certificates) once it has died, and
+    wait until it is ready."""
+    rec = _kueue_record(cluster)
+    if rec.alive():
+        raise KueueError(f"kueue (pid {rec.pid}) is still running")
+    st = cluster.state()
+    assert st is not None
+    again = cluster.start_process("kueue", rec.argv)
+    _wait_ready(again, st.ports["kueue-health"], timeout)
+    return again
+
+
+def _kueue_record(cluster: DevCluster) -> ProcessRecord:
+    st = cluster.state()
+    rec = st.processes.get("kueue") if st is not None else None
+    if rec is None:
+        raise KueueError(f"no kueue in the devcluster in {cluster.dir}; run `devcluster up --with-kueue`")
+    return rec

@@ -9,19 +9,9 @@ from pydantic import Field, model_validator
 
 from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
+from gpuslice.api.selector import LabelSelector
 from gpuslice.api.sharing import Sharing
 from gpuslice.api.usage import Price
-
-
-class LabelSelectorRequirement(CamelModel):
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
-
-
-class LabelSelector(CamelModel):
-    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
-    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, alias="matchExpressions")
 
 
 class Entitlement(CamelModel):

@@ -7,6 +7,7 @@ from enum import StrEnum
 from pydantic import Field, model_validator
 
 from gpuslice.api.camel import CamelModel
+from gpuslice.api.selector import LabelSelector
 
 
 class SharingMode(StrEnum):
@@ -16,6 +17,22 @@ class SharingMode(StrEnum):
     #: nominal quota is its entitlement; idle quota is lent within the cohort and reclaimed by
     #: preemption when its owner asks for it.
     KUEUE = "Kueue"
+
+
+class ShareWeight(CamelModel):
+    """Kueue's fair-sharing weight of the namespaces a selector matches: when borrowers compete for
+    the cohort's idle slices, each gets a share of them in proportion to its weight (Kueue compares
+    borrowed slices / weight; 0: only what nobody else wants)."""
+
+    namespace_selector: LabelSelector = Field(alias="namespaceSelector")
+    weight: float = Field(ge=0, le=1000)
+
+    @model_validator(mode="after")
+    def _kueue_bound(self) -> ShareWeight:
+        # Kueue refuses a weight in (0, 1e-9]; a thousandth is the finest it is given here.
+        if 0 < self.weight < 0.001:
+            raise ValueError("a weight is 0 or at least 0.001")
+        return self
 
 
 class Sharing(CamelModel):
@@ -28,6 +45,9 @@ class Sharing(CamelModel):
     #: namespace's ResourceQuota is its entitlement plus this, the ceiling a pod that bypasses
     #: Kueue (no queue-name label) cannot pass either.
     borrowing_limit: int | None = Field(default=None, alias="borrowingLimit", ge=0)
+    #: Fair-sharing weights (Kueue's ClusterQueue `fairSharing.weight`); a namespace no selector
+    #: matches weighs 1, Kueue's default; where several match, the largest applies.
+    weights: list[ShareWeight] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
     def _kueue_fields_need_kueue(self) -> Sharing:
@@ -35,6 +55,8 @@ class Sharing(CamelModel):
             self.cohort is not None or self.lending_limit is not None or self.borrowing_limit is not None
         ):
             raise ValueError("cohort, lendingLimit and borrowingLimit apply to mode Kueue only")
+        if self.mode is SharingMode.QUOTA and self.weights:
+            raise ValueError("weights apply to mode Kueue only")
         if self.mode is SharingMode.KUEUE and self.borrowing_limit is None:
             raise ValueError("mode Kueue needs borrowingLimit (0: lend, never borrow)")
         return self

@@ -48,6 +48,16 @@ class QuotaUsage(CamelModel):
     quota: str
 
 
+class QueuePosition(CamelModel):
+    """Only while Kueue holds the slice's pod (reason Queued): where it waits."""
+
+    workload: str
+    local_queue: str = Field(alias="localQueue")
+    #: 1: the next the queue admits when quota frees
+    position: int
+    pending: int
+
+
 class CapacitySeen(CamelModel):
     """The package's capacity a waiting slice's verdict was made on (AllGpusFull, NoMatchingGpu)."""
 
@@ -105,6 +115,7 @@ class GpuSliceStatus(CamelModel):
     device: str | None = None
     allocations: list[SliceAllocation] = Field(default_factory=list)
     quota: QuotaUsage | None = None
+    queue: QueuePosition | None = None
     capacity: CapacitySeen | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = Field(default=None, alias="observedGeneration")

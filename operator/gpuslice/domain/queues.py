@@ -20,6 +20,7 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.sharing import SharingMode
 from gpuslice.domain.ownership import managed_labels
+from gpuslice.domain.selectors import matches
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 
@@ -48,6 +49,18 @@ def quota_ceilings(
     return out
 
 
+def fair_share_weight(spec: GpuPackageSpec, namespace_labels: Mapping[str, str]) -> float | None:
+    """The namespace's fair-sharing weight (`sharing.weights`, the largest that selects it, as with
+    entitlements); None when none does: its ClusterQueue then carries none and Kueue weighs it 1."""
+    found = [w.weight for w in spec.sharing.weights if matches(w.namespace_selector, namespace_labels)]
+    return max(found) if found else None
+
+
+def _quantity(weight: float) -> str:
+    """A weight as a Kueue quantity: 2.0 -> "2", 0.5 -> "0.5"."""
+    return format(weight, "g")
+
+
 def flavor_name(gpu_model: str) -> str:
     """A DNS label for a GPU model: "Tesla V100-PCIE-32GB" -> "gpuslice-tesla-v100-pcie-32gb"."""
     slug = re.sub(r"[^a-z0-9]+", "-", gpu_model.lower()).strip("-")
@@ -66,9 +79,15 @@ def _labels(package: str) -> dict[str, str]:
     return managed_labels(package=package)
 
 
-def desired_objects(package: str, spec: GpuPackageSpec, entitled: Mapping[str, int]) -> list[dict[str, Any]]:
+def desired_objects(
+    package: str,
+    spec: GpuPackageSpec,
+    entitled: Mapping[str, int],
+    weights: Mapping[str, float] | None = None,
+) -> list[dict[str, Any]]:
     """The Kueue objects for `package` (none unless its sharing mode is Kueue, or when it has no
-    extended resource to count); entitled: namespace -> slices of its entitlement."""
+    extended resource to count); entitled: namespace -> slices of its entitlement; weights:
+    namespace -> its fair-sharing weight, where `sharing.weights` gives it one."""
     resource = spec.extended_resource(package)
     if not uses_kueue(spec) or resource is None:
         return []
@@ -110,6 +129,9 @@ def desired_objects(package: str, spec: GpuPackageSpec, entitled: Mapping[str, i
                 },
             }
         )
+        weight = (weights or {}).get(namespace)
+        if weight is not None:
+            out[-1]["spec"]["fairSharing"] = {"weight": _quantity(weight)}
         out.append(
             {
                 "apiVersion": KUEUE_API,
@@ -216,3 +238,78 @@ def _count(quantity: Any) -> int:
         return max(0, int(str(quantity or 0)))
     except ValueError:
         return 0
+
+
+@dataclass(frozen=True)
+class KueueWait:
+    """Where Kueue holds a pod: its Workload, the LocalQueue, its place among the queue's pending
+    Workloads (1: admitted next when quota frees) and Kueue's own words on why it waits."""
+
+    workload: str
+    local_queue: str
+    position: int
+    pending: int
+    message: str
+
+
+def _condition(wl: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    return next((x for x in (wl.get("status") or {}).get("conditions") or [] if x.get("type") == type_), None)
+
+
+def _is_true(wl: Mapping[str, Any], type_: str) -> bool:
+    cond = _condition(wl, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def _pending(wl: Mapping[str, Any]) -> bool:
+    return (
+        (wl.get("spec") or {}).get("active", True) is not False
+        and not _is_true(wl, "QuotaReserved")
+        and not _is_true(wl, "Finished")
+        and not (wl.get("metadata") or {}).get("deletionTimestamp")
+    )
+
+
+def _queue_order(wl: Mapping[str, Any]) -> tuple[int, str, str]:
+    """Kueue's BestEffortFIFO order within a ClusterQueue: higher priority first, then older; a
+    Workload preempted to reclaim quota while its queue borrowed queues from when it was preempted."""
+    meta = wl.get("metadata") or {}
+    stamp = str(meta.get("creationTimestamp") or "")
+    preempted = _condition(wl, "Preempted")
+    if (
+        preempted
+        and preempted.get("status") == "True"
+        and preempted.get("reason") == "InCohortReclaimWhileBorrowing"
+    ):
+        stamp = str(preempted.get("lastTransitionTime") or stamp)
+    return -int((wl.get("spec") or {}).get("priority") or 0), stamp, str(meta.get("name") or "")
+
+
+def kueue_wait(pod_uid: str, workloads: Iterable[Mapping[str, Any]]) -> KueueWait | None:
+    """The wait of the pod `pod_uid` from its namespace's Workloads; None when no pending Workload
+    owns it (Kueue has not made one yet, or admitted it). The package's ClusterQueue selects its
+    namespace only, so the namespace's pending Workloads of the same LocalQueue are the whole queue."""
+    workloads = list(workloads)
+    mine = next(
+        (
+            wl
+            for wl in workloads
+            if any(o.get("uid") == pod_uid for o in (wl.get("metadata") or {}).get("ownerReferences") or [])
+        ),
+        None,
+    )
+    if mine is None or not _pending(mine):
+        return None
+    queue = str((mine.get("spec") or {}).get("queueName") or "")
+    ahead = sorted(
+        (wl for wl in workloads if _pending(wl) and (wl.get("spec") or {}).get("queueName") == queue),
+        key=_queue_order,
+    )
+    reserved = _condition(mine, "QuotaReserved")
+    return KueueWait(
+        workload=str(mine["metadata"]["name"]),
+        local_queue=queue,
+        position=1 + [_queue_order(w) for w in ahead].index(_queue_order(mine)),
+        pending=len(ahead),
+        message=str((reserved or {}).get("message") or ""),
+    )

@@ -14,11 +14,12 @@ from typing import Any
 from gpuslice import constants as c
 from gpuslice.api.package import Condition
 from gpuslice.api.refusal import is_quota_refusal
-from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QuotaUsage, SliceAllocation
+from gpuslice.api.slice import CapacitySeen, GpuSliceStatus, Phase, QueuePosition, QuotaUsage, SliceAllocation
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.claims import pod_claim_snippet
 from gpuslice.domain.conditions import Health, health_conditions, stamp
 from gpuslice.domain.health import SLICE_CONDITION, slice_gpu_condition
+from gpuslice.domain.queues import KueueWait
 from gpuslice.domain.software import software_conditions
 from gpuslice.domain.views import ClaimView, PodView, QuotaView, WorkloadView
 
@@ -39,6 +40,8 @@ class Reason(StrEnum):
     GPUS_UNHEALTHY = "GpusUnhealthy"
     UNSCHEDULABLE = "Unschedulable"
     SCHEDULING = "Scheduling"
+    #: Kueue holds the pod (its admission gate) until its queue has quota for it
+    QUEUED = "Queued"
     POD_BLOCKED_BY_QUOTA = "PodBlockedByQuota"
     POD_CREATE_FAILED = "PodCreateFailed"
     ALLOCATED = "Allocated"
@@ -57,6 +60,7 @@ HEALTH: Mapping[str, Health] = {
     Reason.RELEASED: Health.READY,
     Reason.CREATING_CLAIM: Health.RECONCILING,
     Reason.SCHEDULING: Health.RECONCILING,
+    Reason.QUEUED: Health.RECONCILING,
     Reason.GPUS_FULL: Health.RECONCILING,
     Reason.NO_NODE_FITS: Health.RECONCILING,
     Reason.QUOTA_EXCEEDED: Health.STALLED,
@@ -122,6 +126,9 @@ class SliceFacts:
     usage: Mapping[str, Any] | None = None
     #: The package's MIG profile (isolation.mode Hardware), None for a software package.
     mig_profile: str | None = None
+    #: Pods Kueue holds (its admission gate), by name: where each waits in its queue, as read from
+    #: the namespace's Workloads; a gated pod missing here has no pending Workload yet.
+    queued: Mapping[str, KueueWait] = field(default_factory=dict)
 
 
 def _pod_form(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
@@ -137,6 +144,8 @@ def _pod_form(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
     claim = next(iter(facts.claims), None)
     if claim is not None:
         return _claim_verdict(facts, claim, [pod])
+    if (queued := _queued_verdict(facts, pod)) is not None:
+        return queued
     if pod.unschedulable:
         if is_quota_refusal(pod.unschedulable):
             return _quota_verdict(facts, usage) or _Verdict(
@@ -248,6 +257,40 @@ def _until_gone(claim: ClaimView) -> str:
     return f"claim {claim.name} (being deleted) counts until it is removed (seconds)"
 
 
+def _queued_verdict(facts: SliceFacts, pod: PodView) -> _Verdict | None:
+    """A pod Kueue has not admitted yet waits in its queue, whatever the scheduler says of it (a
+    gated pod is "SchedulingGated" to it): Kueue's reason and the pod's place are why."""
+    if c.KUEUE_ADMISSION_GATE not in pod.gates:
+        return None
+    wait = facts.queued.get(pod.name)
+    if wait is None:
+        return _Verdict(
+            Phase.PENDING,
+            Reason.QUEUED,
+            f"pod {pod.name} is held by Kueue (scheduling gate {c.KUEUE_ADMISSION_GATE}) until it "
+            "admits the pod; Kueue has not queued its Workload yet",
+        )
+    said = f"; Kueue: {wait.message}" if wait.message else ""
+    return _Verdict(
+        Phase.PENDING,
+        Reason.QUEUED,
+        f"pod {pod.name} waits in Kueue's queue {wait.local_queue}: {_ordinal(wait.position)} of "
+        f"{wait.pending} pending (Workload {wait.workload}){said}",
+    )
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _first_queued(facts: SliceFacts) -> KueueWait | None:
+    for pod in sorted(facts.pods, key=lambda p: p.name):
+        if c.KUEUE_ADMISSION_GATE in pod.gates and pod.name in facts.queued:
+            return facts.queued[pod.name]
+    return None
+
+
 def _unschedulable_verdict(facts: SliceFacts, pod: PodView) -> _Verdict:
     cap = facts.capacity
     model = facts.gpu_model or "?"
@@ -352,6 +395,8 @@ def _claim_verdict(facts: SliceFacts, claim: ClaimView, pods: Sequence[PodView])
         return _Verdict(Phase.ALLOCATED, Reason.ALLOCATED, f"allocated on {where}")
     waiting = [p for p in pods if not p.deleting]
     for pod in waiting:
+        if (queued := _queued_verdict(facts, pod)) is not None:
+            return queued
         if pod.unschedulable:
             return _unschedulable_verdict(facts, pod)
     if waiting:
@@ -417,6 +462,9 @@ def _template(facts: SliceFacts, usage: QuotaUsage | None) -> _Verdict:
     for pod in sorted(pods, key=lambda p: p.name):
         names = [n for pc, n in pod.claims.items() if pc in pod.templates and pod.templates[pc] == facts.name]
         claim = claims.get(names[0]) if names and names[0] else None
+        if claim is None and (queued := _queued_verdict(facts, pod)) is not None:
+            verdicts.append(queued)
+            continue
         if claim is None:
             quota = _quota_verdict(facts, usage) if pod.waiting else None
             verdicts.append(
@@ -557,6 +605,11 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
         # Only a slice that waits for quota shows it: live usage in every slice's status would rewrite
         # all of a namespace's slices whenever one claim comes or goes.
         quota=usage if verdict.reason in (Reason.QUOTA_EXCEEDED, Reason.NOT_ENTITLED) else None,
+        queue=QueuePosition(
+            workload=wait.workload, localQueue=wait.local_queue, position=wait.position, pending=wait.pending
+        )
+        if verdict.reason == Reason.QUEUED and (wait := _first_queued(facts)) is not None
+        else None,
         # Likewise only a slice that waits for capacity shows the numbers it waits on, so that
         # `gpuslice explain` never sets a newer package count against an older verdict unsaid.
         capacity=CapacitySeen(gpus=cap.gpus, slicesTotal=cap.total, slicesFree=cap.free)

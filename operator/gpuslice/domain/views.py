@@ -105,6 +105,8 @@ class PodView:
     product: str | None = None
     #: The claim kube-scheduler made for that request (status.extendedResourceClaimStatus).
     extended_claim: str | None = None
+    #: spec.schedulingGates by name: a gated pod is not scheduled until each is removed.
+    gates: tuple[str, ...] = ()
 
     @property
     def waiting(self) -> bool:
@@ -161,6 +163,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
         uid=meta.get("uid"),
         product=product,
         extended_claim=(status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName") or None,
+        gates=tuple(str(g.get("name")) for g in spec.get("schedulingGates") or []),
     )
 
 

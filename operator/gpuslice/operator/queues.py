@@ -9,10 +9,22 @@ apply of an unchanged object changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from gpuslice import constants as c
+from gpuslice import kubehttp
 from gpuslice.api.package import Condition, GpuPackageSpec
-from gpuslice.domain.queues import KUEUE_API, conflicts, desired_objects, stale, uses_kueue
+from gpuslice.domain.queues import (
+    KUEUE_API,
+    conflicts,
+    desired_objects,
+    fair_share_weight,
+    kueue_wait,
+    stale,
+    uses_kueue,
+)
+from gpuslice.domain.slice_status import SliceFacts
 from gpuslice.domain.tenancy import entitled_slices
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
@@ -39,16 +51,22 @@ def forget(package: str) -> None:
     _written.discard(package)
 
 
-def entitled_namespaces(spec: GpuPackageSpec, idx: Indexes) -> dict[str, int]:
-    out: dict[str, int] = {}
+def entitled_namespaces(spec: GpuPackageSpec, idx: Indexes) -> tuple[dict[str, int], dict[str, float]]:
+    """namespace -> slices of its entitlement, and -> its fair-sharing weight where it has one."""
+    slices_of: dict[str, int] = {}
+    weights: dict[str, float] = {}
     for ns in idx.namespaces:
         entry = one(idx.namespaces, ns)
         if entry is None or entry.terminating:
             continue
         slices = entitled_slices(spec, entry.labels)
-        if slices is not None:
-            out[ns] = slices
-    return out
+        if slices is None:
+            continue
+        slices_of[ns] = slices
+        weight = fair_share_weight(spec, entry.labels)
+        if weight is not None:
+            weights[ns] = weight
+    return slices_of, weights
 
 
 async def _existing(state: OperatorState) -> list[dict[str, Any]] | None:
@@ -69,7 +87,7 @@ async def reconcile_queues(state: OperatorState, idx: Indexes, package: str, spe
     if not uses_kueue(spec) and package not in _written:
         _conditions.pop(package, None)
         return
-    desired = desired_objects(package, spec, entitled_namespaces(spec, idx))
+    desired = desired_objects(package, spec, *entitled_namespaces(spec, idx))
     existing = await _existing(state)
     if existing is None:
         if uses_kueue(spec):
@@ -113,3 +131,22 @@ async def reconcile_queues(state: OperatorState, idx: Indexes, package: str, spe
     else:
         _written.discard(package)
         _conditions.pop(package, None)
+
+
+async def with_kueue_waits(state: OperatorState, facts: SliceFacts) -> SliceFacts:
+    """`facts` with where Kueue holds the slice's pods, for those its admission gate holds: read from
+    the namespace's Workloads (one list per refresh of such a slice, none for any other)."""
+    gated = [p for p in facts.pods if c.KUEUE_ADMISSION_GATE in p.gates and p.uid and not p.deleting]
+    if not gated:
+        return facts
+    group, _, version = KUEUE_API.rpartition("/")
+    try:
+        url = kubehttp.path(group, version, "workloads", namespace=facts.namespace)
+        answer = await state.kube.api.get(url)
+    except ApiError as exc:
+        if exc.status in (403, 404):  # no Kueue, or no right to read it: the gate alone is said
+            return facts
+        raise
+    workloads = list(answer.get("items") or [])
+    waits = {p.name: w for p in gated if p.uid and (w := kueue_wait(p.uid, workloads)) is not None}
+    return dataclasses.replace(facts, queued=waits)

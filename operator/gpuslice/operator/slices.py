@@ -36,7 +36,7 @@ from gpuslice.domain.views import ClaimView, claim_view
 from gpuslice.kubehttp import ApiError
 from gpuslice.logs import get
 from gpuslice.metrics import RECONCILE_DURATION, SLICE_PENDING, STATUS_UPDATES, TRANSITIONS, WRITES
-from gpuslice.operator import releasing
+from gpuslice.operator import queues, releasing
 from gpuslice.operator.config import OperatorConfig
 from gpuslice.operator.indexes import MANAGED, Indexes, Ref, SliceView, ns_of
 from gpuslice.operator.kube import error_message
@@ -238,7 +238,9 @@ async def refresh(state: OperatorState, ns: str, name: str, idx: Indexes) -> Non
             del state.written[key]
             mine = None
         baseline: dict[str, Any] = mine[1] if mine is not None else shown
-        facts = _facts(state, entry, idx, baseline, created, status.get("usage"))
+        facts = await queues.with_kueue_waits(
+            state, _facts(state, entry, idx, baseline, created, status.get("usage"))
+        )
         if not facts.template and facts.pod is None:  # template and pod-form claims go with their pod
             await release_stranded_claims(state, facts)
             await protect_claims(state, facts)
