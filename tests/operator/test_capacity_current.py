@@ -1,0 +1,223 @@
+"""What `kubectl get gpupackages` prints follows allocations, releases and a failed card within the
+bound the README states, on the real control plane (kube-scheduler allocates; GPUs published by hand
+as the node agent does), and a burst of claim changes costs a few package status writes, not one each.
+
+The module's operator rechecks only every 60 s, so its timer cannot be what keeps the count current.
+Each lag is measured from no later than the cause (the start of the last poll that did not show it,
+or the moment before the test's own write) to the first poll that shows the new count: it includes
+the polls' own time, so the operator's real lag is smaller."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gpuslice import constants as c
+from gpuslice.domain.capacity_window import CAPACITY_BOUND_SECONDS, CAPACITY_WINDOW_SECONDS
+from gpuslice.domain.health import HEALTHY, after_xid, taint
+from gpuslice.timefmt import rfc3339
+from gpuslice_dev.devcluster.cluster import DevCluster, free_port
+from support import MetricsReaders, apply, metrics_readers, pod_doc, published, slice_doc, wait_for
+
+from .operator_cluster import POOL_PREFIX, TEST_LABEL, OperatorProcess, get, module_operator, package_doc
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=120)]
+NS_LABEL = "gpuslice-test/capacity"
+WRITES = 'gpuslice_operator_status_updates_total{kind="GpuPackage"'
+
+
+@pytest.fixture(scope="module")
+def readers(cluster: DevCluster) -> Iterator[MetricsReaders]:
+    with metrics_readers(cluster) as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: DevCluster, readers: MetricsReaders, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    with module_operator(
+        cluster,
+        tmp_path_factory.mktemp("capacity-operator") / "operator.log",
+        f"--metrics-port={free_port()}",
+        "--recheck-seconds=60",
+        "--resync-seconds=60",
+        metrics_token=readers.prometheus,
+    ) as op:
+        yield op
+
+
+def _writes(op: OperatorProcess) -> float:
+    return sum(float(line.split()[-1]) for line in op.metrics().splitlines() if line.startswith(WRITES))
+
+
+def _objects(cluster: DevCluster, namespace: str, package: str, claims: list[str]) -> dict[str, Any]:
+    """The package and the named claims, read in one call: kind/name -> object (absent: not found)."""
+    names = [f"resourceclaims.{c.DRA_GROUP}/{n}" for n in claims]
+    out = cluster.kubectl(
+        "get",
+        "-n",
+        namespace,
+        f"gpupackages.gpuslice.io/{package}",
+        *names,
+        "--ignore-not-found",
+        "-o",
+        "json",
+    ).stdout
+    found = json.loads(out) if out.strip() else {"items": []}
+    items = found.get("items", [found])  # one object comes back as itself
+    return {f"{x['kind']}/{x['metadata']['name']}": x for x in items}
+
+
+def _capacity(objs: dict[str, Any], package: str) -> dict[str, Any]:
+    return dict(((objs.get(f"GpuPackage/{package}") or {}).get("status") or {}).get("capacity") or {})
+
+
+def _allocated(objs: dict[str, Any], claim: str) -> bool:
+    return bool(((objs.get(f"ResourceClaim/{claim}") or {}).get("status") or {}).get("allocation"))
+
+
+def _follow(
+    read: Callable[[], dict[str, Any]],
+    cause: Callable[[dict[str, Any]], bool],
+    effect: Callable[[dict[str, Any]], bool],
+    what: str,
+    since: float | None = None,
+    timeout: float = 60,
+) -> float:
+    """Seconds from `cause` (no later than `since`, else the start of the last read that did not show
+    it) to the first read that shows `effect`."""
+    before = time.monotonic() if since is None else since
+    seen = since is not None
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        last = read()
+        if not seen:
+            if cause(last):
+                seen = True
+            else:
+                before = started
+        if seen and effect(last):
+            lag = time.monotonic() - before
+            print(f"\n[capacity lag] {what}: {lag:.2f} s", flush=True)
+            return lag
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[:2000]}")
+
+
+def test_capacity_follows_allocation_release_and_a_failed_card_within_the_bound(
+    cluster: DevCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    token = "t" + uuid.uuid4().hex[:5]
+    cluster.kubectl("label", "namespace", namespace, f"{NS_LABEL}={token}")
+    pkg = f"cc{token}-8g"
+    apply(cluster, [package_doc(pkg, 25, {NS_LABEL: token}, 20)])
+    pool = f"{POOL_PREFIX}{token}-{cluster.nodes[0]}"
+
+    def publish(taints: dict[int, list[dict[str, Any]]] | None = None, generation: int = 1) -> None:
+        docs = published(pool, 2, {pkg: 25}, generation=generation, taints=taints)
+        for d in docs:
+            d["spec"]["nodeName"] = cluster.nodes[0]
+            d["metadata"]["labels"][TEST_LABEL] = "true"
+        apply(cluster, docs)
+
+    publish()
+    wait_for(
+        lambda: (
+            (get(cluster, "resourcequota", c.QUOTA_NAME, "-n", namespace) or {}).get("status", {}).get("hard")
+        ),
+        60,
+        "quota",
+    )
+    full = {"gpus": 2, "slicesTotal": 8, "slicesAllocated": 0, "slicesFree": 8}
+    wait_for(lambda: _capacity(_objects(cluster, namespace, pkg, []), pkg) == full, 30, "capacity of 2 cards")
+
+    # An allocation: kube-scheduler allocates the slice's claim for its pod.
+    apply(cluster, [slice_doc("one", namespace, pkg), pod_doc("one", namespace)])
+    wait_for(lambda: get(cluster, "resourceclaim", "one", "-n", namespace), 30, "the slice's claim")
+    lags = {}
+    lags["allocation"] = _follow(
+        lambda: _objects(cluster, namespace, pkg, ["one"]),
+        lambda o: _allocated(o, "one"),
+        lambda o: _capacity(o, pkg) == {**full, "slicesAllocated": 1, "slicesFree": 7},
+        "capacity with the allocation",
+    )
+
+    # A release: the pod and its slice go, and with them the claim.
+    cluster.kubectl("delete", "pod", "one", "-n", namespace, "--wait=false")
+    cluster.kubectl("delete", "gpuslices.gpuslice.io", "one", "-n", namespace, "--wait=false")
+    lags["release"] = _follow(
+        lambda: _objects(cluster, namespace, pkg, ["one"]),
+        lambda o: not _allocated(o, "one"),
+        lambda o: _capacity(o, pkg) == full,
+        "capacity without the released claim",
+    )
+
+    # A card fails: the node republishes its devices with the NoExecute taint (as the agent does on XID 79).
+    failed = taint(after_xid(HEALTHY, 79, rfc3339(datetime.now(UTC))))
+    assert failed is not None and failed["effect"] == "NoExecute"
+    since = time.monotonic()
+    publish({0: [failed]}, generation=2)
+    lags["failed card"] = _follow(
+        lambda: _objects(cluster, namespace, pkg, []),
+        lambda o: True,
+        lambda o: (
+            _capacity(o, pkg)
+            == {"gpus": 1, "slicesTotal": 4, "slicesAllocated": 0, "slicesFree": 4, "unhealthyGpus": 1}
+        ),
+        "capacity without the failed card",
+        since=since,
+    )
+    since = time.monotonic()
+    publish(generation=3)
+    lags["recovered card"] = _follow(
+        lambda: _objects(cluster, namespace, pkg, []),
+        lambda o: True,
+        lambda o: _capacity(o, pkg) == full,
+        "capacity with the card back",
+        since=since,
+    )
+    print("\n[capacity lag, loaded machine] " + ", ".join(f"{k} {v:.2f} s" for k, v in lags.items()))
+    assert all(v <= CAPACITY_BOUND_SECONDS for v in lags.values()), lags
+
+    # A burst: ten slices allocated, then all ten released, each as quickly as the cluster goes.
+    names = [f"b{i}" for i in range(10)]
+    before = _writes(operator)
+    started = time.monotonic()
+    apply(cluster, [d for n in names for d in (slice_doc(n, namespace, pkg), pod_doc(n, namespace))])
+    wait_for(
+        lambda: _capacity(_objects(cluster, namespace, pkg, []), pkg).get("slicesAllocated") == 8,
+        60,
+        "8 of the 10 slices allocated (the cards hold 8)",
+    )
+    allocating = time.monotonic() - started
+    allocated = _writes(operator) - before
+
+    before = _writes(operator)
+    started = time.monotonic()
+    cluster.kubectl("delete", "pods,gpuslices.gpuslice.io", *names, "-n", namespace, "--wait=false")
+    wait_for(lambda: _capacity(_objects(cluster, namespace, pkg, []), pkg) == full, 60, "all released")
+    releasing = time.monotonic() - started
+    released = _writes(operator) - before
+    print(
+        f"[capacity writes] 10 allocations in {allocating:.1f} s: {allocated:.0f} package status writes; "
+        f"10 releases in {releasing:.1f} s: {released:.0f}"
+    )
+    # One write per window at most, whatever the number of claim changes in it.
+    for writes, took in ((allocated, allocating), (released, releasing)):
+        assert 1 <= writes <= math.ceil(took / CAPACITY_WINDOW_SECONDS) + 1, (writes, took)
+        assert writes < 10, (writes, took)
+
+    # Nothing changes: nothing is written.
+    at_rest = _writes(operator)
+    time.sleep(3 * CAPACITY_WINDOW_SECONDS + 1)
+    assert _writes(operator) == at_rest
