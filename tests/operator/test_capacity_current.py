@@ -9,11 +9,10 @@ the polls' own time, so the operator's real lag is smaller."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +23,17 @@ from gpuslice.domain.capacity_window import CAPACITY_BOUND_SECONDS, CAPACITY_WIN
 from gpuslice.domain.health import HEALTHY, after_xid, taint
 from gpuslice.timefmt import rfc3339
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
-from support import MetricsReaders, apply, metrics_readers, pod_doc, published, slice_doc, wait_for
+from support import (
+    MetricsReaders,
+    apply,
+    lag_of,
+    metrics_readers,
+    objects,
+    pod_doc,
+    published,
+    slice_doc,
+    wait_for,
+)
 
 from .operator_cluster import POOL_PREFIX, TEST_LABEL, OperatorProcess, get, module_operator, package_doc
 
@@ -59,21 +68,12 @@ def _writes(op: OperatorProcess) -> float:
 
 
 def _objects(cluster: DevCluster, namespace: str, package: str, claims: list[str]) -> dict[str, Any]:
-    """The package and the named claims, read in one call: kind/name -> object (absent: not found)."""
-    names = [f"resourceclaims.{c.DRA_GROUP}/{n}" for n in claims]
-    out = cluster.kubectl(
-        "get",
-        "-n",
+    return objects(
+        cluster,
         namespace,
         f"gpupackages.gpuslice.io/{package}",
-        *names,
-        "--ignore-not-found",
-        "-o",
-        "json",
-    ).stdout
-    found = json.loads(out) if out.strip() else {"items": []}
-    items = found.get("items", [found])  # one object comes back as itself
-    return {f"{x['kind']}/{x['metadata']['name']}": x for x in items}
+        *(f"resourceclaims.{c.DRA_GROUP}/{n}" for n in claims),
+    )
 
 
 def _capacity(objs: dict[str, Any], package: str) -> dict[str, Any]:
@@ -82,36 +82,6 @@ def _capacity(objs: dict[str, Any], package: str) -> dict[str, Any]:
 
 def _allocated(objs: dict[str, Any], claim: str) -> bool:
     return bool(((objs.get(f"ResourceClaim/{claim}") or {}).get("status") or {}).get("allocation"))
-
-
-def _follow(
-    read: Callable[[], dict[str, Any]],
-    cause: Callable[[dict[str, Any]], bool],
-    effect: Callable[[dict[str, Any]], bool],
-    what: str,
-    since: float | None = None,
-    timeout: float = 60,
-) -> float:
-    """Seconds from `cause` (no later than `since`, else the start of the last read that did not show
-    it) to the first read that shows `effect`."""
-    before = time.monotonic() if since is None else since
-    seen = since is not None
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        last = read()
-        if not seen:
-            if cause(last):
-                seen = True
-            else:
-                before = started
-        if seen and effect(last):
-            lag = time.monotonic() - before
-            print(f"\n[capacity lag] {what}: {lag:.2f} s", flush=True)
-            return lag
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[:2000]}")
 
 
 def test_capacity_follows_allocation_release_and_a_failed_card_within_the_bound(
@@ -145,7 +115,7 @@ def test_capacity_follows_allocation_release_and_a_failed_card_within_the_bound(
     apply(cluster, [slice_doc("one", namespace, pkg), pod_doc("one", namespace)])
     wait_for(lambda: get(cluster, "resourceclaim", "one", "-n", namespace), 30, "the slice's claim")
     lags = {}
-    lags["allocation"] = _follow(
+    lags["allocation"] = lag_of(
         lambda: _objects(cluster, namespace, pkg, ["one"]),
         lambda o: _allocated(o, "one"),
         lambda o: _capacity(o, pkg) == {**full, "slicesAllocated": 1, "slicesFree": 7},
@@ -155,7 +125,7 @@ def test_capacity_follows_allocation_release_and_a_failed_card_within_the_bound(
     # A release: the pod and its slice go, and with them the claim.
     cluster.kubectl("delete", "pod", "one", "-n", namespace, "--wait=false")
     cluster.kubectl("delete", "gpuslices.gpuslice.io", "one", "-n", namespace, "--wait=false")
-    lags["release"] = _follow(
+    lags["release"] = lag_of(
         lambda: _objects(cluster, namespace, pkg, ["one"]),
         lambda o: not _allocated(o, "one"),
         lambda o: _capacity(o, pkg) == full,
@@ -167,7 +137,7 @@ def test_capacity_follows_allocation_release_and_a_failed_card_within_the_bound(
     assert failed is not None and failed["effect"] == "NoExecute"
     since = time.monotonic()
     publish({0: [failed]}, generation=2)
-    lags["failed card"] = _follow(
+    lags["failed card"] = lag_of(
         lambda: _objects(cluster, namespace, pkg, []),
         lambda o: True,
         lambda o: (
@@ -179,14 +149,14 @@ def test_capacity_follows_allocation_release_and_a_failed_card_within_the_bound(
     )
     since = time.monotonic()
     publish(generation=3)
-    lags["recovered card"] = _follow(
+    lags["recovered card"] = lag_of(
         lambda: _objects(cluster, namespace, pkg, []),
         lambda o: True,
         lambda o: _capacity(o, pkg) == full,
         "capacity with the card back",
         since=since,
     )
-    print("\n[capacity lag, loaded machine] " + ", ".join(f"{k} {v:.2f} s" for k, v in lags.items()))
+    print("\n[capacity lag] " + ", ".join(f"{k} {v:.2f} s" for k, v in lags.items()))
     assert all(v <= CAPACITY_BOUND_SECONDS for v in lags.values()), lags
 
     # A burst: ten slices allocated, then all ten released, each as quickly as the cluster goes.
