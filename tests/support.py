@@ -68,6 +68,46 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}; last value: {last!r}")
 
 
+def lag_of(
+    read: Callable[[], dict[str, Any]],
+    cause: Callable[[dict[str, Any]], bool],
+    effect: Callable[[dict[str, Any]], bool],
+    what: str,
+    since: float | None = None,
+    timeout: float = 60,
+) -> float:
+    """Seconds from `cause` to the first `read` that shows `effect`, counted from no later than the
+    cause: `since` (the moment before the test's own write), else the start of the last read that did
+    not show it. The reads' own time is included, so the system's real lag is smaller."""
+    before = time.monotonic() if since is None else since
+    seen = since is not None
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        last = read()
+        if not seen:
+            if cause(last):
+                seen = True
+            else:
+                before = started
+        if seen and effect(last):
+            lag = time.monotonic() - before
+            print(f"\n[lag] {what}: {lag:.2f} s", flush=True)
+            return lag
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[:2000]}")
+
+
+def objects(cluster: DevCluster, namespace: str, *refs: str) -> dict[str, Any]:
+    """`kind/name` objects read in one `kubectl get` (cluster-scoped ones too): kind/name -> object,
+    absent when not found."""
+    out = cluster.kubectl("get", "-n", namespace, *refs, "--ignore-not-found", "-o", "json").stdout
+    found = json.loads(out) if out.strip() else {"items": []}
+    items = found.get("items", [found])  # one object comes back as itself
+    return {f"{x['kind']}/{x['metadata']['name']}": x for x in items}
+
+
 def get_json(cluster: DevCluster, *args: str, **kw: Any) -> Any:
     """`kubectl get ... -o json`, parsed; None when not found."""
     proc = cluster.kubectl("get", *args, "-o", "json", check=False, **kw)

@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from gpuslice.domain.capacity_window import CAPACITY_BOUND_SECONDS
 from gpuslice.domain.health import TAINT_KEY
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import fake_gpu_config
 from gpuslice_dev.gpusim import faults
 from node.node_cluster import PROBE, TENANT, delete, slice_pod
-from support import get_json, skip_unless_served, wait_for
+from support import get_json, lag_of, objects, skip_unless_served, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=90)]
 NODE = "real-node-0"
@@ -227,3 +228,74 @@ def test_a_pending_remap_stops_sales_of_the_card_but_lets_the_pod_run(
     faults.inject(config, str(card), clear=True)
     wait_for(lambda: not any(card_taints(node_cluster, card)), 30, "untainted after the reset")
     wait_for(lambda: device_status()[0]["conditions"][0]["status"] == "True", 30, "GpuHealthy=True")
+
+
+def test_package_capacity_is_current_within_the_bound_through_a_failed_card(
+    node_cluster: DevCluster, moving: str
+) -> None:
+    """The story a new user tried: a slice pod running, XID 79 on its card, the pod evicted and its
+    replacement Running on the other card. `kubectl get gpupackages` shows each step within the bound,
+    with the operator's recheck timer at its default."""
+    config = fake_gpu_config(node_cluster, NODE)
+    card = card_of_claim(node_cluster, moving)
+    assert card in (0, 1)
+    slices = get_json(node_cluster, "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+    refs = [
+        f"gpupackages.gpuslice.io/{PACKAGE}",
+        f"resourceclaims.resource.k8s.io/{moving}",
+        *(f"resourceslices.resource.k8s.io/{s['metadata']['name']}" for s in slices),
+    ]
+
+    def read() -> dict[str, Any]:
+        return objects(node_cluster, TENANT, *refs)
+
+    def cap(o: dict[str, Any]) -> dict[str, Any]:
+        return dict((o.get(f"GpuPackage/{PACKAGE}") or {}).get("status", {}).get("capacity") or {})
+
+    def card_tainted(o: dict[str, Any], index: int) -> bool:
+        devices = [
+            d
+            for k, s in o.items()
+            if k.startswith("ResourceSlice/")
+            for d in s["spec"].get("devices") or []
+            if d["attributes"]["gpuIndex"]["int"] == index
+        ]
+        return bool(devices) and all(d.get("taints") for d in devices)
+
+    def claim_card(o: dict[str, Any]) -> int | None:
+        claim = o.get(f"ResourceClaim/{moving}") or {}
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+            "results"
+        ) or []
+        return int(results[0]["device"].split("-")[1]) if results else None
+
+    lags = {
+        # The pod runs, so its claim was allocated before now: the count already shows it, or soon.
+        "pod Running -> allocated 1": lag_of(
+            read,
+            lambda o: claim_card(o) == card,
+            lambda o: cap(o) == {"gpus": 2, "slicesTotal": 8, "slicesAllocated": 1, "slicesFree": 7},
+            "the running slice counted",
+        )
+    }
+    faults.inject(config, str(card), xid=79)
+    lags["card tainted -> counted out"] = lag_of(
+        read,
+        lambda o: card_tainted(o, card),
+        lambda o: cap(o).get("unhealthyGpus") == 1 and cap(o).get("gpus") == 1 and cap(o)["slicesTotal"] == 4,
+        "the failed card counted out",
+    )
+    lags["replacement allocated -> counted"] = lag_of(
+        read,
+        lambda o: claim_card(o) == 1 - card,
+        lambda o: (
+            cap(o) == {"gpus": 1, "slicesTotal": 4, "slicesAllocated": 1, "slicesFree": 3, "unhealthyGpus": 1}
+        ),
+        "the replacement's slice counted on the healthy card",
+        timeout=120,
+    )
+    wait_for(lambda: running_pod(node_cluster, moving), 120, "the replacement Running")
+    shown = node_cluster.kubectl("get", "gpupackages", PACKAGE).stdout.split("\n")[1].split()
+    assert shown[3:7] == ["1", "4", "1", "3"], shown  # GPUS TOTAL ALLOCATED FREE
+    print("\n[capacity lag, real node] " + ", ".join(f"{k} {v:.2f} s" for k, v in lags.items()))
+    assert all(v <= CAPACITY_BOUND_SECONDS for v in lags.values()), lags

@@ -3,10 +3,14 @@
 Watch events apply changes at once (a fast path). The per-package timer is what converges: it runs
 every `recheck_seconds`, writes only what the indexes show missing or different (DeviceClass, quotas
 whose write was refused, admission policies), and Kopf retries it after a refusal.
+
+status.capacity does not wait for that timer: every allocation, release or device taint opens a
+recount window (`domain.capacity_window`), and the package's capacity daemon recounts when it closes.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import kopf
@@ -15,11 +19,13 @@ from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec, GpuPackageStatus
 from gpuslice.api.slice import Phase
 from gpuslice.domain.capacity import Capacity
+from gpuslice.domain.capacity_window import recount_in
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.deviceclass import desired_fingerprint, device_class
 from gpuslice.domain.package_status import capacity_patch, deletion_condition, package_status
 from gpuslice.domain.pod_slices import resource_of
 from gpuslice.domain.tenancy import entitled_slices
+from gpuslice.domain.views import uses_gpuslice
 from gpuslice.logs import get
 from gpuslice.metrics import (
     PACKAGE_CAPACITY_SLICES,
@@ -37,7 +43,7 @@ from gpuslice.operator.queues import conditions as queue_conditions
 from gpuslice.operator.queues import forget as forget_queues
 from gpuslice.operator.queues import reconcile_queues
 from gpuslice.operator.retry import fast_path, refusal_is_temporary
-from gpuslice.operator.slices import recheck, refresh_routed
+from gpuslice.operator.slices import recheck, refresh_routed, sync_package_capacity
 from gpuslice.operator.state import OperatorState, now, one, values
 from gpuslice.operator.tenancy import reconcile_all, recount_slice_counts, retry_unsynced
 
@@ -130,6 +136,7 @@ async def package_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kw: Any
     forget_package(name)
     forget_queues(name)
     state.package_capacity.pop(name, None)
+    state.capacity_due.pop(name, None)
     log.info("package deleted", package=name)
 
 
@@ -150,6 +157,65 @@ async def package_timer(name: str, body: kopf.Body, meta: kopf.Meta, memo: kopf.
     await recount_slice_counts(state, idx)
     await ensure_policies(state, idx)
     heap.trim(state.config.recheck_seconds)
+
+
+#: How often a capacity daemon looks whether its package's recount window has closed (part of the bound).
+CAPACITY_POLL_SECONDS = 0.25
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceclaims")
+async def claim_capacity_event(body: kopf.Body, memo: kopf.Memo, **kw: Any) -> None:
+    """A gpuslice claim allocated, released or gone: the packages' capacity is recounted shortly."""
+    if uses_gpuslice(body):
+        memo.state.capacity_changed(Indexes(kw, memo.state.workloads).packages)
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "resourceslices")
+async def slice_capacity_event(spec: kopf.Spec, memo: kopf.Memo, **kw: Any) -> None:
+    """A node republished (a card appeared, failed or recovered): the packages' capacity follows."""
+    if spec.get("driver") == c.DRIVER_NAME:
+        memo.state.capacity_changed(Indexes(kw, memo.state.workloads).packages)
+
+
+@kopf.on.event(c.DRA_GROUP, c.DRA_VERSION, "devicetaintrules")
+async def taint_rule_capacity_event(memo: kopf.Memo, **kw: Any) -> None:
+    """A drain began or ended: its cards leave or rejoin the packages' capacity."""
+    memo.state.capacity_changed(Indexes(kw, memo.state.workloads).packages)
+
+
+@kopf.daemon(c.API_GROUP, c.API_VERSION, c.PACKAGE_PLURAL, cancellation_timeout=5.0)
+async def capacity_daemon(
+    name: str, body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, **kw: Any
+) -> None:
+    """Recounts the package's capacity when its window closes and writes status.capacity if the count
+    moved. A daemon, so only the active replica writes; a refused write reopens the window."""
+    state: OperatorState = memo.state
+    idx = Indexes(kw, state.workloads)
+    while not stopped:
+        wait = recount_in(state.capacity_due, name, time.monotonic())
+        if wait is None or wait > 0:
+            await stopped.wait(CAPACITY_POLL_SECONDS if wait is None else min(wait, CAPACITY_POLL_SECONDS))
+            continue
+        del state.capacity_due[name]
+        if (body.get("metadata") or {}).get("deletionTimestamp") is not None:
+            continue
+        try:
+            await _recount(state, name, body, idx)
+        except Exception as exc:
+            # Not raised to Kopf: it restarts a failed daemon only after its 60 s backoff, the very
+            # staleness this daemon is for. The next window retries.
+            log.warning("capacity recount failed; retried", package=name, error=str(exc))
+            state.capacity_changed([name])
+
+
+async def _recount(state: OperatorState, name: str, body: kopf.Body, idx: Indexes) -> None:
+    if state.snapshot is not None and state.snapshot.taken_at <= state.capacity_changed_at:
+        state.snapshot = None  # taken before the change: recount from the indexes as they are now
+    spec = GpuPackageSpec.model_validate(dict(body.get("spec", {})))
+    snapshot = state.published(idx.resource_slices, idx.pool_claims, idx.claims, rules=idx.device_taint_rules)
+    live = snapshot.capacity(name, spec)
+    _export(name, live, idx)
+    await sync_package_capacity(state, name, live, idx)
 
 
 def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:

@@ -15,6 +15,7 @@ import kopf
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
+from gpuslice.domain.capacity_window import open_windows
 from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.features import Platform
 from gpuslice.domain.multigpu import cards_from_published, placement, products_free
@@ -101,6 +102,11 @@ class OperatorState:
     resynced: dict[str, float] = field(default_factory=dict)
     #: package -> the status.capacity this process last wrote for it (the index may lag behind).
     package_capacity: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: package -> when its capacity is to be recounted (monotonic; `domain.capacity_window`).
+    capacity_due: dict[str, float] = field(default_factory=dict)
+    #: When the last allocation, release or device taint was seen (monotonic): a snapshot older than
+    #: that cannot be recounted from.
+    capacity_changed_at: float = float("-inf")
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     #: The API server dropped a DeviceClass's extendedResourceName (DRAExtendedResource off, Kubernetes
     #: 1.34/1.35): products are not requestable in resources.limits, and classes are compared without it.
@@ -126,6 +132,12 @@ class OperatorState:
     def changes(self) -> Changes:
         """The slices marked for a refresh (by events, timers and the pod watches)."""
         return self.workloads.changes
+
+    def capacity_changed(self, packages: Iterable[str]) -> None:
+        """An allocation, release or device taint that may change these packages' capacity was seen."""
+        now = time.monotonic()
+        self.capacity_due = open_windows(self.capacity_due, packages, now)
+        self.capacity_changed_at = now
 
     def lock(self, key: tuple[str, str]) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
