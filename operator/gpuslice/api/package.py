@@ -9,8 +9,10 @@ from pydantic import Field, model_validator
 
 from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
+from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.api.sharing import Sharing
 from gpuslice.api.usage import Price
+from gpuslice.domain.mig import ProfileChoice, profile_for_memory
 
 
 class LabelSelectorRequirement(CamelModel):
@@ -55,6 +57,9 @@ class Isolation(CamelModel):
 
     mode: IsolationMode = Field(default=IsolationMode.SOFTWARE)
     on_violation: OnViolation = Field(default=OnViolation.STOP, alias="onViolation")
+    #: With mode Hardware, instead of spec.migProfile: the memory one slice must hold ("10Gi"); the
+    #: operator maps it to the smallest MIG profile of gpuModel that holds it.
+    memory: str | None = Field(default=None, max_length=32)
 
 
 class Topology(StrEnum):
@@ -95,8 +100,16 @@ class GpuPackageSpec(CamelModel):
     @model_validator(mode="after")
     def _mig_profile_with_hardware_only(self) -> GpuPackageSpec:
         # The CRD's CEL says the same to the user; this keeps a spec built in code just as honest.
-        if self.hardware != (self.mig_profile is not None):
-            raise ValueError("migProfile is required with isolation.mode Hardware and forbidden otherwise")
+        sized = self.isolation.memory is not None
+        if self.hardware != (self.mig_profile is not None or sized):
+            raise ValueError(
+                "migProfile or isolation.memory is required with isolation.mode Hardware and both are "
+                "forbidden otherwise"
+            )
+        if self.mig_profile is not None and sized:
+            raise ValueError("name migProfile or isolation.memory, not both")
+        if sized:
+            parse_int_quantity(str(self.isolation.memory))  # a whole quantity, as the CRD checks
         if self.hardware and self.fraction != 100:
             raise ValueError("isolation.mode Hardware: fraction must be 100 (a slice is one MIG instance)")
         return self
@@ -104,6 +117,21 @@ class GpuPackageSpec(CamelModel):
     @property
     def hardware(self) -> bool:
         return self.isolation.mode == IsolationMode.HARDWARE
+
+    def profile_choice(self) -> ProfileChoice | None:
+        """For a package sized by isolation.memory: the profile it maps to, or why none does."""
+        if not self.hardware or self.mig_profile is not None or self.isolation.memory is None:
+            return None
+        return profile_for_memory(self.gpu_model, parse_int_quantity(self.isolation.memory))
+
+    @property
+    def profile(self) -> str | None:
+        """The MIG profile one slice is: migProfile, or the one isolation.memory maps to (None: a
+        Software package, or no profile of gpuModel holds the memory)."""
+        choice = self.profile_choice()
+        if choice is None:
+            return self.mig_profile
+        return choice.profile.name if choice.profile else None
 
     @model_validator(mode="before")
     @classmethod
@@ -183,6 +211,8 @@ class GpuPackageStatus(CamelModel):
     #: What a container writes in resources.limits for one slice; None when the package turns it off.
     resource_name: str | None = Field(default=None, alias="resourceName")
     memory_per_slice: str | None = Field(default=None, alias="memoryPerSlice")
+    #: The MIG profile one slice is (Hardware): spec.migProfile, or what spec.isolation.memory maps to.
+    mig_profile: str | None = Field(default=None, alias="migProfile")
     slices_per_gpu: int | None = Field(default=None, alias="slicesPerGpu")
     capacity: PackageCapacity | None = None
     entitled_namespaces: int | None = Field(default=None, alias="entitledNamespaces")

@@ -26,10 +26,14 @@ def device_selector_expression(package: str, spec: GpuPackageSpec) -> str:
     """
     domain = c.DRIVER_NAME
     attrs = f'device.attributes["{domain}"]'
-    if spec.hardware and spec.mig_profile is not None:
+    if spec.hardware:
+        if spec.profile is None:
+            # no MIG profile of the model holds isolation.memory (the package's status says so):
+            # the class selects nothing rather than anything
+            return "false"
         return (
             f'device.driver == "{c.DRIVER_NAME}"'
-            f' && "migProfile" in {attrs} && {attrs}.migProfile == {_cel_string(spec.mig_profile)}'
+            f' && "migProfile" in {attrs} && {attrs}.migProfile == {_cel_string(spec.profile)}'
             f" && {attrs}.productName == {_cel_string(spec.gpu_model)}"
         )
     return (

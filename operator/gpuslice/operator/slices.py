@@ -103,7 +103,7 @@ def _facts(
         quotas=values(idx.quotas, ns),
         workloads=workloads,
         capacity=snapshot.capacity(pkg, package.spec) if package else None,
-        mig_profile=package.spec.mig_profile if package else None,
+        mig_profile=package.spec.profile if package else None,
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
         device_taints=snapshot.taints,

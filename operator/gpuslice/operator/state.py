@@ -65,7 +65,7 @@ class Snapshot:
     def capacity(self, package: str, spec: GpuPackageSpec | None = None) -> Capacity:
         """`spec`: the package's, needed for a Hardware package (its devices carry no package) and for a
         multi-GPU package (`products_free` too)."""
-        mig = (spec.gpu_model, spec.mig_profile) if spec is not None and spec.mig_profile else None
+        mig = (spec.gpu_model, spec.profile) if spec is not None and spec.profile else None
         key = (package, mig)
         if key not in self._capacity:
             self._capacity[key] = package_capacity(package, self.slices, self.allocated, mig)
