@@ -59,7 +59,7 @@ def sized(memory: str, model: str = A100_80) -> GpuPackageSpec:
 
 def test_a_sized_package_sells_its_profile_through_the_class_capacity_and_status() -> None:
     spec = sized("9Gi")
-    assert spec.profile == "1g.10gb" and spec.mig_profile is None
+    assert mig.package_profile(spec) == "1g.10gb" and spec.mig_profile is None
     assert '.migProfile == "1g.10gb"' in device_selector_expression("a100-9g", spec)
     # the card's agent publishes that profile's placements, and the capacity counts them
     p1g = mig.MigProfile(19, "1g.10gb", 1, 7, 9728, 14, tuple((k, 1) for k in range(7)))
@@ -77,7 +77,7 @@ def test_a_sized_package_sells_its_profile_through_the_class_capacity_and_status
 
 def test_a_size_no_profile_holds_stalls_the_package_with_the_reason_and_selects_nothing() -> None:
     spec = sized("100Gi")
-    assert spec.profile is None
+    assert mig.package_profile(spec) is None
     assert device_selector_expression("a100-huge", spec) == "false"
     capacity = package_capacity("a100-huge", [], [], None)
     status = package_status("a100-huge", spec, 3, capacity, 0, True)

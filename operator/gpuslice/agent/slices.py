@@ -105,7 +105,7 @@ def _mig_devices(
     the card's driver lacks offers nothing), each consuming its memory slices and compute slices of the
     card's MIG counter set. The devices carry `migProfile`, not `package`: two packages of one profile
     sell the same placements, and the scheduler's counters keep them from overlapping."""
-    wanted = {p.spec.profile for p in packages if p.spec.hardware}
+    wanted = {mig.package_profile(p.spec) for p in packages if p.spec.hardware}
     profiles = [q for q in gpu.mig_profiles or () if q.name in wanted]
     out = []
     for p in mig.placements(gpu.index, profiles):

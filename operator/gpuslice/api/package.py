@@ -12,7 +12,6 @@ from gpuslice.api.camel import CamelModel
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.api.sharing import Sharing
 from gpuslice.api.usage import Price
-from gpuslice.domain.mig import ProfileChoice, profile_for_memory
 
 
 class LabelSelectorRequirement(CamelModel):
@@ -117,21 +116,6 @@ class GpuPackageSpec(CamelModel):
     @property
     def hardware(self) -> bool:
         return self.isolation.mode == IsolationMode.HARDWARE
-
-    def profile_choice(self) -> ProfileChoice | None:
-        """For a package sized by isolation.memory: the profile it maps to, or why none does."""
-        if not self.hardware or self.mig_profile is not None or self.isolation.memory is None:
-            return None
-        return profile_for_memory(self.gpu_model, parse_int_quantity(self.isolation.memory))
-
-    @property
-    def profile(self) -> str | None:
-        """The MIG profile one slice is: migProfile, or the one isolation.memory maps to (None: a
-        Software package, or no profile of gpuModel holds the memory)."""
-        choice = self.profile_choice()
-        if choice is None:
-            return self.mig_profile
-        return choice.profile.name if choice.profile else None
 
     @model_validator(mode="before")
     @classmethod

@@ -14,7 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from gpuslice.api.quantity import parse_int_quantity
+
+if TYPE_CHECKING:
+    from gpuslice.api.package import GpuPackageSpec
 
 MEMORY_SLICES: Final = 8
 COMPUTE_SLICES: Final = 7
@@ -206,3 +211,19 @@ def profile_for_memory(gpu_model: str, memory_bytes: int) -> ProfileChoice:
         f"isolation.memory {_gib(want_mib)} maps to {best.name} ({_gib(best.memory_mib)}), the smallest "
         f"MIG profile of {gpu_model} that holds it",
     )
+
+
+def profile_choice(spec: GpuPackageSpec) -> ProfileChoice | None:
+    """For a Hardware package sized by isolation.memory: the profile it maps to, or why none does."""
+    if not spec.hardware or spec.mig_profile is not None or spec.isolation.memory is None:
+        return None
+    return profile_for_memory(spec.gpu_model, parse_int_quantity(spec.isolation.memory))
+
+
+def package_profile(spec: GpuPackageSpec) -> str | None:
+    """The MIG profile one slice of the package is: migProfile, or the one isolation.memory maps to
+    (None: a Software package, or no profile of gpuModel holds the memory)."""
+    choice = profile_choice(spec)
+    if choice is None:
+        return spec.mig_profile
+    return choice.profile.name if choice.profile else None

@@ -9,6 +9,7 @@ from gpuslice.api.package import Condition, GpuPackageSpec, GpuPackageStatus, Gu
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import Health, health_conditions, stamp
 from gpuslice.domain.features import Platform
+from gpuslice.domain.mig import package_profile, profile_choice
 
 GUARANTEES = Guarantees(
     memory="Enforced",
@@ -128,7 +129,7 @@ def package_status(
     extra: Sequence[Condition] = (),
 ) -> GpuPackageStatus:
     dc = c.device_class_name(name)
-    choice = spec.profile_choice()
+    choice = profile_choice(spec)
     if choice is not None and choice.profile is None:
         # sized by isolation.memory, and no MIG profile of the model holds it: nothing to sell until
         # the package is replaced (the size is immutable)
@@ -156,7 +157,7 @@ def package_status(
         if capacity.memory_per_slice_bytes
         else None,
         slicesPerGpu=_slices_per_gpu(spec, capacity),
-        migProfile=spec.profile,
+        migProfile=package_profile(spec),
         capacity=capacity_status(capacity),
         entitledNamespaces=entitled_namespaces,
         guarantees=HARDWARE_GUARANTEES if spec.hardware else guarantees_for(spec),

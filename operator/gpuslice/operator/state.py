@@ -17,6 +17,7 @@ from gpuslice.api.resourceslice import PublishedSlice
 from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.features import Platform
+from gpuslice.domain.mig import package_profile
 from gpuslice.domain.multigpu import cards_from_published, placement, products_free
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
@@ -65,7 +66,8 @@ class Snapshot:
     def capacity(self, package: str, spec: GpuPackageSpec | None = None) -> Capacity:
         """`spec`: the package's, needed for a Hardware package (its devices carry no package) and for a
         multi-GPU package (`products_free` too)."""
-        mig = (spec.gpu_model, spec.profile) if spec is not None and spec.profile else None
+        profile = package_profile(spec) if spec is not None else None
+        mig = (spec.gpu_model, profile) if spec is not None and profile else None
         key = (package, mig)
         if key not in self._capacity:
             self._capacity[key] = package_capacity(package, self.slices, self.allocated, mig)
