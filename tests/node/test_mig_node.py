@@ -119,10 +119,12 @@ def test_a_mig_container_gets_its_instances_caps_not_its_neighbours_and_the_driv
         instances = json.loads(listed.strip().splitlines()[-1])
         assert len(instances) == 2, instances
         minors = {}
+        uuids = {}
         for pod in pods:
             rc, out, err = exec_in(mig_cluster, pod, "sh", "-c", "echo $CUDA_VISIBLE_DEVICES; ls /dev")
             assert rc == 0, err
             mig_uuid, *devs = out.split()
+            uuids[pod] = mig_uuid
             gpu, gi, ci = instances[mig_uuid]
             gi_minor = 3 + gpu * 135 + gi * 9  # the kernel module's mig-minors layout
             major = simulate.NVIDIA_CAPS_MAJOR
@@ -139,6 +141,14 @@ def test_a_mig_container_gets_its_instances_caps_not_its_neighbours_and_the_driv
             assert "held 10737418240 -> 2 CUDA_ERROR_OUT_OF_MEMORY" in out, out + err
             assert "gpuslice" not in out, "no shim in a MIG container"
         assert not minors["mig-a"] & minors["mig-b"]
+        # the boundary is the capability devices, not the environment: without them the neighbour's
+        # instance cannot be opened, named or not; with CUDA_VISIBLE_DEVICES unset only its own is there
+        neighbours = f"CUDA_VISIBLE_DEVICES={uuids['mig-b']} gpuslice-probe hold 1Gi 0.1"
+        rc, out, err = exec_in(mig_cluster, "mig-a", "sh", "-c", neighbours)
+        assert rc != 0 and "held" not in out, out + err
+        rc, out, err = exec_in(mig_cluster, "mig-a", "sh", "-c",
+                               "env -u CUDA_VISIBLE_DEVICES gpuslice-probe hold 9Gi 0.1")  # fmt: skip
+        assert "held 9663676416 -> 0 CUDA_SUCCESS" in out, out + err
     finally:
         for pod in pods:
             delete(mig_cluster, "pod", pod)
