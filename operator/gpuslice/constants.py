@@ -151,6 +151,8 @@ NVIDIA_CDI_DIRS_ENV: Final = "GPUSLICE_NVIDIA_CDI_DIRS"
 #: (overridden by GPUSLICE_PROC_ROOT for a simulated node)
 PROC_ROOT: Final = "/proc"
 PROC_ROOT_ENV: Final = "GPUSLICE_PROC_ROOT"
+#: environment default of `gpuslice agent --mig-layout` (dynamic|static)
+MIG_LAYOUT_ENV: Final = "GPUSLICE_MIG_LAYOUT"
 CDI_VENDOR: Final = "gpuslice.io"
 CDI_CLASS: Final = "slice"
 

@@ -45,7 +45,23 @@ def create(device: PreparedDevice) -> tuple[nvml.MigInstance, int]:
                 raise MigPrepareError(
                     f"GPU {device.gpu_uuid} has no MIG profile {device.mig_profile} (is MIG mode still on?)"
                 )
-            made = nvml.mig_create(device.gpu_uuid, profile, device.mig_start)
+            if device.mig_static:
+                made = next(
+                    (
+                        i
+                        for i in nvml.mig_instances(device.gpu_uuid)
+                        if i.profile_id == profile.id and i.start == device.mig_start
+                    ),
+                    None,
+                )
+                if made is None:
+                    raise MigPrepareError(
+                        f"the static MIG layout of GPU {device.gpu_uuid} has no {device.mig_profile} "
+                        f"instance at memory slice {device.mig_start} any more (removed since the agent "
+                        "started?); restart the agent after changing the layout"
+                    )
+            else:
+                made = nvml.mig_create(device.gpu_uuid, profile, device.mig_start)
             return made, nvml.minor_number(device.gpu_uuid)
     except (nvml.MigError, nvml.Error) as exc:
         raise MigPrepareError(
@@ -56,7 +72,9 @@ def create(device: PreparedDevice) -> tuple[nvml.MigInstance, int]:
 
 def destroy(device: PreparedDevice) -> None:
     """Remove the instance of `device`; nothing when it is gone. Raises MigPrepareError while a
-    process still uses it (kubelet retries the unprepare)."""
+    process still uses it (kubelet retries the unprepare). An instance of a static layout stays."""
+    if device.mig_static:
+        return
     try:
         with nvml.session():
             uuid = device.mig_uuid

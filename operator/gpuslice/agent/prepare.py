@@ -93,6 +93,7 @@ def resolve_claim(
                 else [cdi.cdi_device_id(uid), cdi.nvidia_device_id(device.uuid)],
                 mig_profile=device.mig_profile if hardware else None,
                 mig_start=device.mig_start if hardware else None,
+                mig_static=True if hardware and device.mig_static else None,
             )
         )
     return prepared

@@ -108,8 +108,12 @@ def _mig_devices(
     wanted = {mig.package_profile(p.spec) for p in packages if p.spec.hardware}
     profiles = [q for q in gpu.mig_profiles or () if q.name in wanted]
     out = []
+    layout = set(gpu.mig_layout) if gpu.mig_layout is not None else None
     for p in mig.placements(gpu.index, profiles):
-        d = mig.device(p, _card_attributes(gpu))
+        if layout is not None and (p.profile.name, p.start) not in layout:
+            continue  # a static layout sells the instances the platform made, no other placement
+        attrs = _card_attributes(gpu) | ({"migStatic": {"bool": True}} if layout is not None else {})
+        d = mig.device(p, attrs)
         if taints:
             d["taints"] = [dict(t) for t in taints]
         out.append(d)
