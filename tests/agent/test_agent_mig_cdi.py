@@ -3,7 +3,11 @@ NVIDIA tooling reads a real node's, and the spec built from them names one insta
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import yaml
 
 from gpuslice.agent import cdi
 from gpuslice_dev.gpusim import simulate
@@ -69,3 +73,14 @@ def test_a_node_whose_mig_minors_lack_the_instance_refuses_the_spec() -> None:
             minors=cdi.parse_mig_minors(simulate.render_mig_minors()), caps_major=237, toolkit={},
             card_uuid="GPU-a",
         )  # fmt: skip
+
+
+def test_the_toolkits_spec_is_found_as_yaml_or_json_and_its_absence_is_a_clear_error(tmp_path: Path) -> None:
+    from gpuslice.agent import mig
+
+    ours = {"kind": "gpuslice.io/slice", "devices": []}  # the agent's own specs share the dir
+    (tmp_path / "gpuslice.io-slice-x.json").write_text(json.dumps(ours))
+    with pytest.raises(mig.MigPrepareError, match="nvidia-ctk cdi generate"):
+        mig.toolkit_spec([tmp_path, tmp_path / "absent"])
+    (tmp_path / "nvidia.yaml").write_text(yaml.safe_dump(TOOLKIT))
+    assert mig.toolkit_spec([tmp_path])["containerEdits"] == TOOLKIT["containerEdits"]

@@ -15,7 +15,9 @@ by its placement when its UUID was never recorded.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,30 @@ def nvidia_cdi_dirs() -> list[Path]:
     return [Path(d) for d in (raw.split(":") if raw else c.NVIDIA_CDI_DIRS) if d]
 
 
+#: Parsed files by path, with the (mtime, size) they were read at: mig-minors and the toolkit's spec
+#: change only when the driver or the toolkit is reinstalled, and parsing them took about 10 ms of
+#: each prepare.
+_PARSED: dict[Path, tuple[tuple[int, int], Any]] = {}
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _parsed(path: Path, parse: Callable[[str], Any]) -> Any:
+    st = path.stat()
+    key = (st.st_mtime_ns, st.st_size)
+    hit = _PARSED.get(path)
+    if hit is None or hit[0] != key:
+        hit = (key, parse(path.read_text()))
+        _PARSED[path] = hit
+    return hit[1]
+
+
+def _spec_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return yaml.load(text, Loader=_YAML_LOADER)  # CSafeLoader or SafeLoader: safe
+
+
 def toolkit_spec(dirs: list[Path]) -> dict[str, Any]:
     """The NVIDIA container toolkit's CDI spec (kind nvidia.com/gpu, JSON or YAML) in `dirs`."""
     for d in dirs:
@@ -116,7 +142,7 @@ def toolkit_spec(dirs: list[Path]) -> dict[str, Any]:
             if path.suffix not in (".json", ".yaml", ".yml"):
                 continue
             try:
-                spec = yaml.safe_load(path.read_text())  # JSON is YAML
+                spec = _parsed(path, _spec_text)
             except (OSError, yaml.YAMLError):
                 continue
             if isinstance(spec, dict) and spec.get("kind") == cdi.NVIDIA_CDI_KIND:
@@ -133,7 +159,7 @@ def cdi_spec(claim_uid: str, instance: nvml.MigInstance, gpu_minor: int) -> dict
     and the nvidia-caps major as this node's kernel module lists them."""
     proc = proc_root()
     try:
-        minors = cdi.parse_mig_minors((proc / "driver" / "nvidia-caps" / "mig-minors").read_text())
+        minors = _parsed(proc / "driver" / "nvidia-caps" / "mig-minors", cdi.parse_mig_minors)
         major = cdi.char_major((proc / "devices").read_text(), cdi.MIG_CAPS_DEVICE)
     except OSError as exc:
         raise MigPrepareError(f"reading the NVIDIA capability devices under {proc}: {exc}") from exc
