@@ -79,6 +79,8 @@ def agent_command(
     if fake_config is None:
         fake_config = simulate.write_node_config(simulate_spec, node, dirs["state"] / "simulated")
     env = {**os.environ, **simulate.fake_driver_env(fake_config, built.fake_dir)}
+    if "nvidia-cdi" in dirs:  # a real node: the simulated NVIDIA toolkit's spec is there
+        env[c.NVIDIA_CDI_DIRS_ENV] = str(dirs["nvidia-cdi"])
     cmd = [
         sys.executable, "-m", "gpuslice", "agent",
         "--node", node,

@@ -142,6 +142,17 @@ HOST_SHIM_DIR: Final = "/usr/local/gpuslice/lib"
 KUBELET_PLUGINS_DIR: Final = "/var/lib/kubelet/plugins"
 KUBELET_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"
 CDI_DIR: Final = "/var/run/cdi"
+#: where the NVIDIA container toolkit's CDI spec may be (`nvidia-ctk cdi generate` writes
+#: /etc/cdi/nvidia.yaml, the GPU Operator /var/run/cdi); a MIG claim's spec takes the driver's
+#: libraries from it. Overridden by GPUSLICE_NVIDIA_CDI_DIRS (colon-separated).
+NVIDIA_CDI_DIRS: Final = ("/etc/cdi", "/var/run/cdi")
+NVIDIA_CDI_DIRS_ENV: Final = "GPUSLICE_NVIDIA_CDI_DIRS"
+#: the kernel's /proc, where the agent reads the NVIDIA modules' device majors and MIG minors
+#: (overridden by GPUSLICE_PROC_ROOT for a simulated node)
+PROC_ROOT: Final = "/proc"
+PROC_ROOT_ENV: Final = "GPUSLICE_PROC_ROOT"
+#: environment default of `gpuslice agent --mig-layout` (dynamic|static)
+MIG_LAYOUT_ENV: Final = "GPUSLICE_MIG_LAYOUT"
 CDI_VENDOR: Final = "gpuslice.io"
 CDI_CLASS: Final = "slice"
 

@@ -145,9 +145,11 @@ def explain(slice_obj: Mapping[str, Any], package: Mapping[str, Any] | None) -> 
         spec = package.get("spec", {})
         pstat = package.get("status") or {}
         title = spec.get("displayName") or pkg_name
+        # a Hardware product is one MIG instance: its profile says what the driver keeps apart
+        mig = f", MIG instance {pstat['migProfile']} (hardware isolation)" if pstat.get("migProfile") else ""
         lines.append(
             f"  product:  {pkg_name} ({title}), "
-            f"{pstat.get('memoryPerSlice', '?')} of a {spec.get('gpuModel', '?')}"
+            f"{pstat.get('memoryPerSlice', '?')} of a {spec.get('gpuModel', '?')}{mig}"
         )
     else:
         lines.append(f"  product:  {pkg_name} (no GpuPackage of that name exists)")

@@ -3,7 +3,8 @@
  * can reach, a card in MIG mode replaced by its MIG devices (compute instances), narrowed by
  * CUDA_VISIBLE_DEVICES (indices, "GPU-<uuid>" prefixes, "MIG-<uuid>" and the older
  * "MIG-GPU-<uuid>/<gi>/<ci>"; the list ends at the first entry that names nothing), and at most one MIG
- * device per process (CUDA enumerates a single MIG device).
+ * device per process (CUDA enumerates a single MIG device). In a container, a MIG device is there only
+ * when the container holds its two capability devices (see mig_reachable).
  *
  * A MIG device is a device of its own to CUDA: its name is the card's with the profile
  * ("NVIDIA A100-SXM4-80GB MIG 1g.10gb"), its UUID the MIG UUID, its memory (cuDeviceTotalMem) the GPU
@@ -18,6 +19,8 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "fake_cuda.h"
 #include "fake_mig.h"
@@ -104,6 +107,49 @@ static int entry_devices(fake_system *s, const fake_mig_card *st, const char *t,
     return -1;
 }
 
+/* The nvidia-caps major the simulated node's /proc/devices (next to its GPU description) lists; -1: none. */
+static int caps_major(const fake_system *s)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s", s->config_path);
+    char *slash = strrchr(path, '/');
+    if (!slash) return -1;
+    snprintf(slash, sizeof(path) - (size_t)(slash - path), "/proc/devices");
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256], name[64];
+    int major = -1, m;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "%d %63s", &m, name) == 2 && strcmp(name, "nvidia-caps") == 0) major = m;
+    fclose(f);
+    return major;
+}
+
+static int holds_cap(unsigned minor_number, int major)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/dev/nvidia-caps/nvidia-cap%u", minor_number);
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISCHR(st.st_mode)) return 0;
+    return minor(st.st_rdev) == minor_number && (major < 0 || (int)major(st.st_rdev) == major);
+}
+
+/* Whether the process may use the candidate. A MIG instance is opened through its GPU instance's and
+ * compute instance's capability devices, /dev/nvidia-caps/nvidia-cap<minor> with the minors of the
+ * kernel module's fixed layout (/proc/driver/nvidia-caps/mig-minors: gpu<minor>/gi<G>/access is
+ * 3 + 135 * minor + 9 * G, its ci<C> one more than that plus C), as the real driver does by default
+ * (nv_cap_enable_devfs=1). A container has only the nodes its CDI spec lists; the double is in one
+ * when it found its description where the toolkit's spec mounts it (no GPUSLICE_FAKE_GPU_CONFIG). On
+ * the host the driver's nvidia-modprobe makes the nodes on demand, so the double does not ask there. */
+static int mig_reachable(const fake_system *s, const fake_mig_card *st, candidate c)
+{
+    if (c.gi < 0 || strcmp(s->config_path, FAKE_DEFAULT_CONFIG) != 0) return 1;
+    const fake_mig_gi *g = &st[c.card].gi[c.gi];
+    unsigned gi_minor = 3 + 135 * s->gpus[c.card].minor + 9 * g->id;
+    int major = caps_major(s);
+    return holds_cap(gi_minor, major) && holds_cap(gi_minor + 1 + g->ci[c.ci].id, major);
+}
+
 static int same(candidate a, candidate b)
 {
     return a.card == b.card && a.gi == b.gi && a.ci == b.ci;
@@ -135,9 +181,10 @@ void fake_cuda_select_devices(fake_system *s)
         for (int i = 0; i < s->count && n < FAKE_MAX_GPUS; i++)
             n += card_devices(s, st, i, list + n, FAKE_MAX_GPUS - n);
     }
-    /* CUDA enumerates a single MIG device: the first one listed */
+    /* CUDA enumerates a single MIG device: the first one listed that the process may open */
     int out = 0, mig_seen = 0;
     for (int k = 0; k < n; k++) {
+        if (!mig_reachable(s, st, list[k])) continue;
         if (list[k].gi >= 0 && mig_seen++) continue;
         list[out++] = list[k];
     }

@@ -24,6 +24,10 @@ logs.configure()
 tmp = Path(sys.argv[1])
 config = simulate.write_node_config("1x NVIDIA A100-SXM4-80GB", "node-a", tmp / "sim")
 simulate.use_fake_driver(config)
+from gpuslice_dev.gpusim import nvidia_cdi
+nvidia_cdi.write_spec(simulate.parse_gpu_spec("1x NVIDIA A100-SXM4-80GB", seed="node-a"),
+                      gpu_dir=tmp / "sim", driver_dir=config.parent, cdi_dir=tmp / "nvidia-cdi")
+os.environ["GPUSLICE_NVIDIA_CDI_DIRS"] = str(tmp / "nvidia-cdi")
 from gpuslice_dev.gpusim.build import ensure_built
 built = ensure_built()
 probe = str(built.fake_dir.parent / "probe" / "gpuslice-probe")
@@ -68,7 +72,10 @@ async def main():
     large = (await p.prepare("team-a", "large", "large"))[0]
     out["uuids"] = [small.mig_uuid, large.mig_uuid]
     out["instances"] = instances()
-    out["env_small"] = env("small")
+    out["edits"] = {"small": env("small"), "large": env("large")}
+    out["ids"] = {"small": small.cdi_device_ids, "large": large.cdi_device_ids}
+    with nvml.session():
+        out["gi_ci"] = {i.uuid: [i.gpu_instance_id, i.compute_instance_id] for i in nvml.mig_instances(uuid)}
     # the instance is the container's whole GPU: past its memory the driver itself refuses
     def hold(size, mig_uuid):  # what the holder says first (it keeps the memory until killed)
         h = subprocess.Popen([probe, "hold", size, "0"], env=in_container(mig_uuid), stdout=subprocess.PIPE,
@@ -145,7 +152,28 @@ def test_prepare_makes_the_allocated_instance_and_unprepare_destroys_it(tmp_path
     assert small.startswith("MIG-") and large.startswith("MIG-") and small != large
     assert out["instances"] == sorted([small, large])
     # the container is told only its instance; no shim, no limits file: the driver keeps the memory
-    assert out["env_small"] == {"env": [f"CUDA_VISIBLE_DEVICES={small}", f"NVIDIA_VISIBLE_DEVICES={small}"]}
+    for name, mig_uuid in (("small", small), ("large", large)):
+        edits = out["edits"][name]
+        assert f"CUDA_VISIBLE_DEVICES={mig_uuid}" in edits["env"]
+        assert not any("gpuslice" in m["containerPath"] for m in edits.get("mounts", []))
+        # only our device: not the whole card's nvidia.com/gpu=<uuid>
+        assert out["ids"][name] == [f"gpuslice.io/slice={name}"]
+    # the card's node, the control nodes, and the instance's GI and CI capability devices, with the
+    # minors the kernel's mig-minors layout gives them (gpu<minor>/gi<G>/access, then its ci<C>s)
+    caps = {}
+    for name, mig_uuid in (("small", small), ("large", large)):
+        gi, ci = out["gi_ci"][mig_uuid]
+        gi_minor = 3 + 0 * 135 + gi * 9
+        want = [gi_minor, gi_minor + 1 + ci]
+        nodes = out["edits"][name]["deviceNodes"]
+        paths = [n["path"] for n in nodes]
+        assert paths[:2] == ["/dev/nvidia0", "/dev/nvidiactl"] and "/dev/nvidia-uvm" in paths
+        got = [n for n in nodes if n["path"].startswith("/dev/nvidia-caps/")]
+        assert [n["path"] for n in got] == [f"/dev/nvidia-caps/nvidia-cap{m}" for m in want]
+        assert all(n["type"] == "c" and n["major"] == 237 for n in got)  # the double's /proc/devices
+        caps[name] = set(want)
+    assert not caps["small"] & caps["large"]  # never another instance's capability
+    assert not (caps["small"] | caps["large"]) & {1, 2}  # nor config/monitor (make and watch instances)
     assert out["hold"] == [
         "held 9663676416 -> 0 CUDA_SUCCESS",
         "held 10737418240 -> 2 CUDA_ERROR_OUT_OF_MEMORY",

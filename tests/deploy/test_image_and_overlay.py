@@ -93,7 +93,7 @@ def test_devcluster_overlay_uses_the_local_image_and_no_nvidia_runtime() -> None
 
 
 def test_generated_agent_patch_mounts_every_host_path_at_itself(tmp_path: Path) -> None:
-    dirs = {k: tmp_path / k for k in ("state", "run", "cdi", "plugins", "registry", "shim")}
+    dirs = {k: tmp_path / k for k in ("state", "run", "cdi", "nvidia-cdi", "plugins", "registry", "shim")}
     config = tmp_path / "gpu" / "driver" / "fake-gpus.conf"
     ops = deploy.agent_patch(dirs, config, tmp_path / "fake")
     by_path = {op["path"].rsplit("/", 1)[-1]: op for op in ops if op["op"] == "replace"}
@@ -106,7 +106,13 @@ def test_generated_agent_patch_mounts_every_host_path_at_itself(tmp_path: Path) 
     assert f"--shim-library={dirs['shim'] / 'libgpuslice.so'}" in args
     assert f"--plugins-dir={dirs['plugins']}" in args
     env = {op["value"]["name"]: op["value"]["value"] for op in ops if op["op"] == "add"}
-    assert env == {"GPUSLICE_FAKE_GPU_CONFIG": str(config), "LD_LIBRARY_PATH": str(tmp_path / "fake")}
+    assert env == {
+        "GPUSLICE_FAKE_GPU_CONFIG": str(config),
+        "LD_LIBRARY_PATH": str(tmp_path / "fake"),
+        # the simulated driver's /proc files and the simulated toolkit's CDI spec (MIG claims)
+        "GPUSLICE_PROC_ROOT": str(config.parent / "proc"),
+        "GPUSLICE_NVIDIA_CDI_DIRS": str(tmp_path / "nvidia-cdi"),
+    }
 
 
 def test_operator_login_follows_the_service_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,7 +28,7 @@ def test_a_package_is_software_unless_it_says_hardware() -> None:
 @pytest.mark.parametrize(
     ("build", "expect"),
     [
-        (lambda: hardware(profile=None), "migProfile is required with isolation.mode Hardware"),
+        (lambda: hardware(profile=None), "migProfile or isolation.memory is required with isolation.mode"),
         (lambda: package_spec(25, A100, migProfile="1g.10gb"), "forbidden otherwise"),
         (lambda: hardware(fraction=50), "fraction must be 100"),
     ],

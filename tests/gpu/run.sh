@@ -19,6 +19,7 @@ work=$(mktemp -d /tmp/gpuslice-gpu.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 failed=0
 passed=0
+not_run=()
 say() { printf '%s\n' "$*"; }
 result() { # result NAME OK(0/1) DETAIL
     if [[ $2 == 0 ]]; then passed=$((passed + 1)); say "PASS $1: $3"; else failed=$((failed + 1)); say "FAIL $1: $3"; fi
@@ -49,6 +50,39 @@ if ! make -C "$shim_dir" all >"$work/build.log" 2>&1; then
 fi
 probe=$build/tests/cuda_probe
 say "build: ok ($(ldd "$probe" | awk '/libcuda.so.1/ {print $3}'))"
+
+# --- MIG: only on an A100/H100 whose MIG mode is already on; this script never changes it ---------------
+# A card in MIG mode sells only Hardware products (its instances, kept apart by the driver), so the
+# shim's checks on the whole card below do not apply to it. tests/gpu/mig_check.py runs the agent's
+# own code on the real driver: profiles against the operator's tables, the capability minors of a MIG
+# claim's CDI spec against the driver's, CUDA inside the existing instances; it makes (and removes) an
+# instance only with GPUSLICE_GPU_MIG_CREATE=1.
+mig_state=$(nvidia-smi -i "$gpu" --query-gpu=name,mig.mode.current --format=csv,noheader 2>/dev/null || true)
+mig_name=${mig_state%,*}
+mig_mode=${mig_state##*, }
+python=$repo/.venv/bin/python
+[[ -x $python ]] || python=python3
+if [[ $mig_mode != Enabled ]]; then
+    say "SKIP MIG: GPU $gpu ${mig_name:-?} has MIG mode '${mig_mode:-unknown}' (checked only when it is already Enabled; this script never turns it on)"
+elif [[ $mig_name != *A100* && $mig_name != *H100* ]]; then
+    say "SKIP MIG: GPU $gpu is a $mig_name in MIG mode; the MIG checks are for the A100/H100 models gpuslice sells"
+else
+    PYTHONPATH=$repo/operator${PYTHONPATH:+:$PYTHONPATH} "$python" "$repo/tests/gpu/mig_check.py" "$gpu" "$probe" >"$work/mig" 2>&1
+    while IFS= read -r line; do
+        case $line in
+            "PASS "*) passed=$((passed + 1)); say "$line" ;;
+            "FAIL "*) failed=$((failed + 1)); say "$line" ;;
+            "NOT RUN "*) not_run+=("${line#NOT RUN }") ;;
+            *) say "    $line" ;;
+        esac
+    done <"$work/mig"
+    for what in "the shim's checks on the whole card (OOM boundary, allocation paths, NVML totals, compute share, matrix, launch overhead): GPU $gpu is in MIG mode, where gpuslice sells only MIG instances"; do
+        not_run+=("$what")
+    done
+    for what in "${not_run[@]}"; do say "NOT RUN $what"; done
+    say "$passed passed, $failed failed, ${#not_run[@]} not run"
+    exit "$failed"
+fi
 
 # --- the card, without the shim -----------------------------------------------------------------------
 if ! "$probe" info >"$work/info.raw" 2>&1; then

@@ -178,7 +178,7 @@ def _tenant_ok(w: World) -> None:
         ),
         (
             {"gpuModel": "X", "fraction": 100, "isolation": {"mode": "Hardware"}},
-            "migProfile is required with isolation.mode Hardware",
+            "migProfile or isolation.memory is required with isolation.mode Hardware",
         ),
         ({"gpuModel": "X", "fraction": 25, "migProfile": "1g.10gb"}, "forbidden otherwise"),
         (
@@ -189,6 +189,20 @@ def _tenant_ok(w: World) -> None:
             {"gpuModel": "X", "fraction": 100, "isolation": {"mode": "Hardware"}, "migProfile": "10gb"},
             "migProfile must be a MIG GPU instance profile name",
         ),
+        (
+            {
+                "gpuModel": "X",
+                "fraction": 100,
+                "isolation": {"mode": "Hardware", "memory": "10Gi"},
+                "migProfile": "1g.10gb",
+            },
+            "name migProfile or isolation.memory",
+        ),
+        (
+            {"gpuModel": "X", "fraction": 100, "isolation": {"mode": "Hardware", "memory": "10GB"}},
+            "isolation.memory must be a whole quantity",
+        ),
+        ({"gpuModel": "X", "fraction": 25, "isolation": {"memory": "10Gi"}}, "forbidden otherwise"),
     ],
 )
 def test_package_schema_rejects_bad_products_with_clear_messages(
@@ -210,6 +224,10 @@ def test_a_hardware_package_of_a_mig_profile_is_accepted(cluster: DevCluster) ->
         "spec": {**spec, "migProfile": "1g.10gb+me"},
     }
     create = ("create", "--dry-run=server", "-o", "json", "-f", "-")
+    proc = cluster.kubectl(*create, input=json.dumps(doc), check=False)
+    assert proc.returncode == 0, proc.stderr
+    # ... or of a memory size, which the operator maps to a profile
+    doc["spec"] = {**spec, "isolation": {"mode": "Hardware", "memory": "9Gi"}}
     proc = cluster.kubectl(*create, input=json.dumps(doc), check=False)
     assert proc.returncode == 0, proc.stderr
     # A package that names no mode is a Software product. The CRD adds no default (an object stored by

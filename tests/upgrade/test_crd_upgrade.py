@@ -25,12 +25,13 @@ NAMESPACE = "team-a"
 
 
 #: New rules over fields the first release stored that hold for every object it could store: they
-#: constrain only fields it did not have (no isolation.mode, migProfile, gpus or topology, and fraction
+#: constrain only fields it did not have (no isolation mode or memory, migProfile, gpus, topology; fraction
 #: was required: both sides false, or the implication's premise false). The round trip below updates
 #: such objects under them on a real API server.
 _HARDWARE = "(has(self.isolation) && has(self.isolation.mode) && self.isolation.mode == 'Hardware')"
 TRUE_FOR_THE_FIRST_RELEASE = {
-    f"{_HARDWARE} == has(self.migProfile)",
+    f"{_HARDWARE} == (has(self.migProfile) || (has(self.isolation) && has(self.isolation.memory)))",
+    "!has(self.migProfile) || !has(self.isolation) || !has(self.isolation.memory)",
     f"!{_HARDWARE} || (has(self.fraction) && self.fraction == 100)",
     "has(self.fraction) || has(self.gpus)",
     "!has(self.gpus) || !has(self.fraction) || self.fraction == 100",

@@ -40,7 +40,7 @@ import yaml
 
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster, DevClusterError, free_port
-from gpuslice_dev.gpusim.simulate import FAKE_GPU_CONFIG_ENV
+from gpuslice_dev.gpusim.simulate import FAKE_GPU_CONFIG_ENV, PROC_ROOT_ENV, proc_root
 from gpuslice_dev.paths import REPO_ROOT
 
 OVERLAY = REPO_ROOT / "manifests" / "overlays" / "devcluster"
@@ -145,6 +145,7 @@ def agent_patch(dirs: dict[str, Path], fake_config: Path, fake_dir: Path) -> lis
         _hostpath("shim", dirs["shim"]),
         _hostpath("fake-driver-libs", fake_dir, "Directory"),
         _hostpath("fake-driver", driver_dir, "Directory"),
+        _hostpath("nvidia-cdi", dirs["nvidia-cdi"]),
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
     ]
     mounts = [
@@ -158,6 +159,8 @@ def agent_patch(dirs: dict[str, Path], fake_config: Path, fake_dir: Path) -> lis
         # the GPU description and the double's host daemon socket (<config>.state/driver.sock); the
         # double's state is the daemon's: read-only here as in every container
         {"name": "fake-driver", "mountPath": str(driver_dir), "readOnly": True},
+        # the simulated toolkit's CDI spec: a MIG claim's spec takes the driver's libraries from it
+        {"name": "nvidia-cdi", "mountPath": str(dirs["nvidia-cdi"]), "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     args = [
@@ -170,7 +173,12 @@ def agent_patch(dirs: dict[str, Path], fake_config: Path, fake_dir: Path) -> lis
         f"--run-dir={dirs['run']}",
         f"--shim-library={dirs['shim'] / 'libgpuslice.so'}",
     ]
-    env = {FAKE_GPU_CONFIG_ENV: str(fake_config), "LD_LIBRARY_PATH": str(fake_dir)}
+    env = {
+        FAKE_GPU_CONFIG_ENV: str(fake_config),
+        "LD_LIBRARY_PATH": str(fake_dir),
+        PROC_ROOT_ENV: str(proc_root(fake_config)),
+        c.NVIDIA_CDI_DIRS_ENV: str(dirs["nvidia-cdi"]),
+    }
     agent = "/spec/template/spec/containers/0"
     return [
         {"op": "test", "path": f"{agent}/name", "value": "agent"},

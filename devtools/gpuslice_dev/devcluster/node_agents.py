@@ -76,6 +76,8 @@ def start_real_node_gpus(cluster: DevCluster, node: str, spec: str) -> tuple[dic
         "state": agent / "state",
         "run": agent / "run",
         "cdi": d.cdi_dirs[0],
+        # the toolkit's spec, read by the agent for a MIG claim's driver libraries
+        "nvidia-cdi": d.cdi_dirs[1],
         "plugins": d.plugins_dir,
         "registry": d.registry_dir,
     }

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -20,6 +21,8 @@ from gpuslice import constants as c
 from gpuslice.files import atomic_write
 
 FAKE_GPU_CONFIG_ENV = "GPUSLICE_FAKE_GPU_CONFIG"
+#: where the agent reads the driver's /proc files (the simulated node's, next to its GPU description)
+PROC_ROOT_ENV = c.PROC_ROOT_ENV
 DEFAULT_DRIVER_VERSION = "535.183.01"
 DEFAULT_CUDA_DRIVER_VERSION = 12020  # what a 535 driver reports: CUDA 12.2
 
@@ -222,7 +225,59 @@ def write_fake_config(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, render_fake_config(gpus, driver_version, cuda_driver_version))
+    write_procfs(proc_root(path))
     return path
+
+
+#: NVIDIA_MAX_DEVICES of the kernel module: nvidia-caps numbers capabilities for that many cards
+#: whatever the node has, 15 GPU instances each with 8 compute instances (a fixed layout, so a
+#: minor never changes between boots).
+PROC_MAX_GPUS: Final = 32
+PROC_MAX_GI: Final = 15
+PROC_MAX_CI: Final = 8
+#: nvidia-caps' major is given out by the kernel at module load (any free one); fixed here, and read
+#: back by name from /proc/devices, as on a real node.
+NVIDIA_CAPS_MAJOR: Final = 237
+NVIDIA_UVM_MAJOR: Final = 511
+
+
+def proc_root(config_path: Path | str) -> Path:
+    """The simulated node's /proc (the driver's part of it) next to its GPU description."""
+    return Path(config_path).parent / "proc"
+
+
+def render_mig_minors() -> str:
+    """`/proc/driver/nvidia-caps/mig-minors` as the kernel module writes it: `config 1`,
+    `monitor 2`, then per card (by its minor) each GPU instance's access capability followed by its
+    compute instances' (gpu0/gi0/access 3, gpu0/gi0/ci0/access 4, ..., gpu3/gi3/ci3/access 439)."""
+    lines = ["config 1", "monitor 2"]
+    minor = 3
+    for gpu in range(PROC_MAX_GPUS):
+        for gi in range(PROC_MAX_GI):
+            lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
+            minor += 1
+            for ci in range(PROC_MAX_CI):
+                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
+                minor += 1
+    return "\n".join(lines) + "\n"
+
+
+def render_proc_devices() -> str:
+    """The character devices of /proc/devices the NVIDIA modules register (with a few of the
+    kernel's own around them, as a reader must skip)."""
+    return (
+        "Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n 10 misc\n195 nvidia-frontend\n"
+        f"{NVIDIA_CAPS_MAJOR} nvidia-caps\n{NVIDIA_UVM_MAJOR} nvidia-uvm\n\n"
+        "Block devices:\n  7 loop\n  8 sd\n259 blkext\n"
+    )
+
+
+def write_procfs(root: Path) -> Path:
+    """What the simulated driver shows under /proc: `devices` and `driver/nvidia-caps/mig-minors`."""
+    (root / "driver" / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    atomic_write(root / "devices", render_proc_devices())
+    atomic_write(root / "driver" / "nvidia-caps" / "mig-minors", render_mig_minors())
+    return root
 
 
 def fake_driver_env(config_path: Path | str, fake_dir: Path) -> dict[str, str]:
@@ -230,6 +285,7 @@ def fake_driver_env(config_path: Path | str, fake_dir: Path) -> dict[str, str]:
     old = os.environ.get("LD_LIBRARY_PATH")
     return {
         FAKE_GPU_CONFIG_ENV: str(config_path),
+        PROC_ROOT_ENV: str(proc_root(config_path)),
         "LD_LIBRARY_PATH": f"{fake_dir}:{old}" if old else str(fake_dir),
     }
 
@@ -244,6 +300,7 @@ def use_fake_driver(config_path: Path | str) -> ctypes.CDLL:
 
     built = ensure_built()
     os.environ[FAKE_GPU_CONFIG_ENV] = str(config_path)
+    os.environ[PROC_ROOT_ENV] = str(proc_root(config_path))
     return ctypes.CDLL(str(built.fake_nvml), mode=ctypes.RTLD_GLOBAL)
 
 

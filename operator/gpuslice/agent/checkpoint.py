@@ -70,6 +70,8 @@ class PreparedDevice(BaseModel):
     mig_profile: str | None = Field(default=None, exclude_if=lambda v: v is None)
     mig_start: int | None = Field(default=None, exclude_if=lambda v: v is None)
     mig_uuid: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    #: an instance of a static layout: prepare finds it, unprepare leaves it (None: dynamic)
+    mig_static: bool | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ClaimRecord(BaseModel):

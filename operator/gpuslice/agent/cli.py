@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
 from gpuslice import constants as c
@@ -63,6 +64,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "else /etc/nvidia-container-runtime/config.toml); while it lets containers take GPUs outside "
         "CDI claims the agent publishes no devices. An absent file (no NVIDIA runtime) is safe",
     )
+    p.add_argument(
+        "--mig-layout",
+        choices=("dynamic", "static"),
+        default=os.environ.get(c.MIG_LAYOUT_ENV) or "dynamic",
+        help="cards in MIG mode: dynamic (default) makes each claim's instance at prepare at the placement "
+        "kube-scheduler chose; static sells the instances the platform made (read at start), as they are "
+        f"(default: ${c.MIG_LAYOUT_ENV}, else dynamic)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_main)
 
@@ -90,6 +99,7 @@ def _main(args: argparse.Namespace) -> int:
         idle_after=args.idle_after,
         stop_violators=args.stop_violators,
         nvidia_toolkit_config=args.nvidia_toolkit_config or toolkit.default_config_path(),
+        mig_layout=args.mig_layout,
     )
     if args.stop_violators:
         logs.get("gpuslice.agent").warning(

@@ -44,20 +44,25 @@ class GpuInfo(BaseModel):
     #: The card's MIG GPU instance profiles while MIG mode is on (it then sells only Hardware
     #: products); None: MIG mode off or no MIG, it sells software slices.
     mig_profiles: tuple[MigProfile, ...] | None = None
+    #: A static MIG layout (`gpuslice agent --mig-layout static`): the (profile, first memory slice)
+    #: of each instance the platform made on the card, which it sells as they are; None: dynamic MIG.
+    mig_layout: tuple[tuple[str, int], ...] | None = None
 
 
 class DiscoveryError(RuntimeError):
     """NVML could not be initialised or queried; the message says what to check."""
 
 
-def discover() -> list[GpuInfo]:
-    """Query every GPU NVML reports."""
+def discover(static_mig: bool = False) -> list[GpuInfo]:
+    """Query every GPU NVML reports; `static_mig`: record the MIG instances each card in MIG mode has
+    (the platform's layout, sold as it is)."""
     try:
         with nvml.session():
             try:
                 driver, cuda = nvml.driver_versions()
                 facts = nvml.devices()
                 migs = {d.uuid: _mig_profiles(d.uuid) for d in facts}
+                layouts = {d.uuid: _mig_layout(d.uuid, migs[d.uuid]) if static_mig else None for d in facts}
             except nvml.Error as exc:
                 raise DiscoveryError(f"NVML query failed: {exc}") from exc
     except nvml.Error as exc:
@@ -82,6 +87,7 @@ def discover() -> list[GpuInfo]:
             numa_node=pci_topology(d.pci_bus_id)[1],
             nvlink_peers=nvlink_peers(d.nvlink_remote_bus_ids, {f.pci_bus_id: f.index for f in facts}),
             mig_profiles=migs[d.uuid],
+            mig_layout=layouts[d.uuid],
         )
         for d in facts
     ]
@@ -134,6 +140,14 @@ def _mig_profiles(uuid: str) -> tuple[MigProfile, ...] | None:
     if mode is None or not mode[0]:
         return None
     return tuple(nvml.mig_profiles(uuid))
+
+
+def _mig_layout(uuid: str, profiles: tuple[MigProfile, ...] | None) -> tuple[tuple[str, int], ...] | None:
+    if profiles is None:
+        return None
+    names = {p.id: p.name for p in profiles}
+    made = nvml.mig_instances(uuid)
+    return tuple(sorted((names[i.profile_id], i.start) for i in made if i.profile_id in names))
 
 
 def with_remembered(found: list[GpuInfo], state_dir: Path) -> list[GpuInfo]:

@@ -285,6 +285,11 @@ class MigInstance:
     uuid: str  # "MIG-..."; what CUDA_VISIBLE_DEVICES names
 
 
+def minor_number(gpu_uuid: str) -> int:
+    """The card's /dev/nvidia<minor>; also the `gpu<N>` of its MIG capabilities."""
+    return int(pynvml.nvmlDeviceGetMinorNumber(handle(gpu_uuid)))
+
+
 def mig_mode(gpu_uuid: str) -> tuple[bool, bool] | None:
     """(current, pending) MIG mode, or None for a card without MIG."""
     try:

@@ -90,13 +90,15 @@ def resolve_claim(
                 memory_bytes=device.memory_bytes,
                 compute_share=share,
                 compute_burst=device.compute_burst,
-                # The claim's own CDI device (the shim's files) once, with the first card.
+                # The claim's own CDI device (the shim's files) once, with the first card; a MIG
+                # claim's spec carries its instance's device nodes, never the whole card's.
                 cdi_device_ids=[
                     *([cdi.cdi_device_id(uid)] if not prepared else []),
-                    cdi.nvidia_device_id(device.uuid),
+                    *([] if hardware else [cdi.nvidia_device_id(device.uuid)]),
                 ],
                 mig_profile=device.mig_profile if hardware else None,
                 mig_start=device.mig_start if hardware else None,
+                mig_static=True if hardware and device.mig_static else None,
             )
         )
     return prepared
@@ -312,11 +314,12 @@ class Preparer:
         """Make the claim's MIG instance (or find the one a killed agent made) and a CDI spec that
         names only it; the UUID is checkpointed before the spec is written."""
         try:
-            device.mig_uuid = mig.create(device)
+            instance, gpu_minor = mig.create(device)
+            device.mig_uuid = instance.uuid
+            self._save()
+            spec = mig.cdi_spec(record.uid, instance, gpu_minor)
         except mig.MigPrepareError as exc:
             raise PrepareError(str(exc)) from exc
-        self._save()
-        spec = mig.cdi_spec(record.uid, cdi.CDI_KIND, cdi.cdi_device_name(record.uid), device.mig_uuid)
         self.paths.cdi_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(self.paths.cdi_spec(record.uid), json.dumps(spec, indent=1).encode())
 

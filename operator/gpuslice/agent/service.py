@@ -46,6 +46,8 @@ class AgentOptions:
     idle_after: float = 600.0
     stop_violators: bool = False  # deprecated, ignored: GpuPackage spec.isolation.onViolation decides
     nvidia_toolkit_config: Path = toolkit.DEFAULT_CONFIG
+    #: "dynamic": MIG instances made at prepare; "static": the instances the platform made, sold as they are
+    mig_layout: str = "dynamic"
 
 
 class AgentError(RuntimeError):
@@ -92,7 +94,7 @@ async def run(opts: AgentOptions) -> int:
     log.info("agent starting", version=__version__, node=opts.node)
     metrics.AGENT_BUILD_INFO.labels(*metrics.build_info_labels("agent")).set(1)
     check_socket_paths(opts)
-    gpus = gpus_mod.with_remembered(gpus_mod.discover(), opts.state_dir)
+    gpus = gpus_mod.with_remembered(gpus_mod.discover(static_mig=opts.mig_layout == "static"), opts.state_dir)
     log.info(
         "GPUs discovered", node=opts.node, count=len(gpus),
         gpus=[f"{g.index}:{g.product_name}:{g.uuid}:cc{g.cuda_compute_capability}" for g in gpus],

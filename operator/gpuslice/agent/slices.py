@@ -105,11 +105,15 @@ def _mig_devices(
     the card's driver lacks offers nothing), each consuming its memory slices and compute slices of the
     card's MIG counter set. The devices carry `migProfile`, not `package`: two packages of one profile
     sell the same placements, and the scheduler's counters keep them from overlapping."""
-    wanted = {p.spec.mig_profile for p in packages if p.spec.hardware}
+    wanted = {mig.package_profile(p.spec) for p in packages if p.spec.hardware}
     profiles = [q for q in gpu.mig_profiles or () if q.name in wanted]
     out = []
+    layout = set(gpu.mig_layout) if gpu.mig_layout is not None else None
     for p in mig.placements(gpu.index, profiles):
-        d = mig.device(p, _card_attributes(gpu))
+        if layout is not None and (p.profile.name, p.start) not in layout:
+            continue  # a static layout sells the instances the platform made, no other placement
+        attrs = _card_attributes(gpu) | ({"migStatic": {"bool": True}} if layout is not None else {})
+        d = mig.device(p, attrs)
         if taints:
             d["taints"] = [dict(t) for t in taints]
         out.append(d)

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
+from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.api.selector import LabelSelector
 from gpuslice.api.sharing import Sharing
 from gpuslice.api.usage import Price
@@ -45,6 +46,9 @@ class Isolation(CamelModel):
 
     mode: IsolationMode = Field(default=IsolationMode.SOFTWARE)
     on_violation: OnViolation = Field(default=OnViolation.STOP, alias="onViolation")
+    #: With mode Hardware, instead of spec.migProfile: the memory one slice must hold ("10Gi"); the
+    #: operator maps it to the smallest MIG profile of gpuModel that holds it.
+    memory: str | None = Field(default=None, max_length=32)
 
 
 class Topology(StrEnum):
@@ -85,8 +89,16 @@ class GpuPackageSpec(CamelModel):
     @model_validator(mode="after")
     def _mig_profile_with_hardware_only(self) -> GpuPackageSpec:
         # The CRD's CEL says the same to the user; this keeps a spec built in code just as honest.
-        if self.hardware != (self.mig_profile is not None):
-            raise ValueError("migProfile is required with isolation.mode Hardware and forbidden otherwise")
+        sized = self.isolation.memory is not None
+        if self.hardware != (self.mig_profile is not None or sized):
+            raise ValueError(
+                "migProfile or isolation.memory is required with isolation.mode Hardware and both are "
+                "forbidden otherwise"
+            )
+        if self.mig_profile is not None and sized:
+            raise ValueError("name migProfile or isolation.memory, not both")
+        if sized:
+            parse_int_quantity(str(self.isolation.memory))  # a whole quantity, as the CRD checks
         if self.hardware and self.fraction != 100:
             raise ValueError("isolation.mode Hardware: fraction must be 100 (a slice is one MIG instance)")
         return self
@@ -173,6 +185,8 @@ class GpuPackageStatus(CamelModel):
     #: What a container writes in resources.limits for one slice; None when the package turns it off.
     resource_name: str | None = Field(default=None, alias="resourceName")
     memory_per_slice: str | None = Field(default=None, alias="memoryPerSlice")
+    #: The MIG profile one slice is (Hardware): spec.migProfile, or what spec.isolation.memory maps to.
+    mig_profile: str | None = Field(default=None, alias="migProfile")
     slices_per_gpu: int | None = Field(default=None, alias="slicesPerGpu")
     capacity: PackageCapacity | None = None
     entitled_namespaces: int | None = Field(default=None, alias="entitledNamespaces")

@@ -54,6 +54,8 @@ class PublishedDevice:
     #: a MIG placement (domain.mig): its profile and first memory slice
     mig_profile: str | None = None
     mig_start: int | None = None
+    #: an instance of the platform's static MIG layout: handed out as it is, never made or removed
+    mig_static: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ def _device(pool: str, dev: Mapping[str, Any]) -> PublishedDevice:
         numa_node=int(numa) if isinstance(numa := attribute(attrs, "numaNode"), int) else None,
         mig_profile=_text(attribute(attrs, "migProfile")),
         mig_start=int(start) if (start := attribute(attrs, "migPlacementStart")) is not None else None,
+        mig_static=attribute(attrs, "migStatic") is True,
     )
 
 

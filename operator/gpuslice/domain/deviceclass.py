@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuslice import constants as c
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice.domain.mig import package_profile
 from gpuslice.domain.ownership import managed_labels, owner_reference
 
 
@@ -26,10 +27,15 @@ def device_selector_expression(package: str, spec: GpuPackageSpec) -> str:
     """
     domain = c.DRIVER_NAME
     attrs = f'device.attributes["{domain}"]'
-    if spec.hardware and spec.mig_profile is not None:
+    profile = package_profile(spec)
+    if spec.hardware:
+        if profile is None:
+            # no MIG profile of the model holds isolation.memory (the package's status says so):
+            # the class selects nothing rather than anything
+            return "false"
         return (
             f'device.driver == "{c.DRIVER_NAME}"'
-            f' && "migProfile" in {attrs} && {attrs}.migProfile == {_cel_string(spec.mig_profile)}'
+            f' && "migProfile" in {attrs} && {attrs}.migProfile == {_cel_string(profile)}'
             f" && {attrs}.productName == {_cel_string(spec.gpu_model)}"
         )
     return (

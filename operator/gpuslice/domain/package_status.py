@@ -9,6 +9,7 @@ from gpuslice.api.package import Condition, GpuPackageSpec, GpuPackageStatus, Gu
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import Health, health_conditions, stamp
 from gpuslice.domain.features import Platform
+from gpuslice.domain.mig import package_profile, profile_choice
 
 GUARANTEES = Guarantees(
     memory="Enforced",
@@ -128,14 +129,20 @@ def package_status(
     extra: Sequence[Condition] = (),
 ) -> GpuPackageStatus:
     dc = c.device_class_name(name)
-    conditions = health_conditions(
-        Health.READY if device_class_present else Health.RECONCILING,
-        "DeviceClassReady" if device_class_present else "DeviceClassMissing",
-        f"DeviceClass {dc} selects this package's devices"
-        if device_class_present
-        else f"DeviceClass {dc} is being created",
-        generation,
-    )
+    choice = profile_choice(spec)
+    if choice is not None and choice.profile is None:
+        # sized by isolation.memory, and no MIG profile of the model holds it: nothing to sell until
+        # the package is replaced (the size is immutable)
+        conditions = health_conditions(Health.STALLED, "NoMigProfileHoldsMemory", choice.message, generation)
+    else:
+        conditions = health_conditions(
+            Health.READY if device_class_present else Health.RECONCILING,
+            "DeviceClassReady" if device_class_present else "DeviceClassMissing",
+            (f"DeviceClass {dc} selects this package's devices" if device_class_present
+             else f"DeviceClass {dc} is being created")
+            + (f"; {choice.message}" if choice is not None else ""),
+            generation,
+        )  # fmt: skip
     if (feats := features_condition(platform)) is not None:
         conditions.append(feats.model_copy(update={"observed_generation": generation}))
     if blocking:
@@ -150,6 +157,7 @@ def package_status(
         if capacity.memory_per_slice_bytes
         else None,
         slicesPerGpu=_slices_per_gpu(spec, capacity),
+        migProfile=package_profile(spec),
         capacity=capacity_status(capacity),
         entitledNamespaces=entitled_namespaces,
         guarantees=HARDWARE_GUARANTEES if spec.hardware else guarantees_for(spec),

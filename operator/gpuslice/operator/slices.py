@@ -27,6 +27,7 @@ from gpuslice.domain.claim_retry import no_room, quota_retry_delay, refused_retr
 from gpuslice.domain.claims import protection_patch, slice_claim, slice_claim_template
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.health import stranded_claims
+from gpuslice.domain.mig import package_profile
 from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
 from gpuslice.domain.pod_slices import resource_of
 from gpuslice.domain.releasing import releasing as releasing_status
@@ -103,7 +104,7 @@ def _facts(
         quotas=values(idx.quotas, ns),
         workloads=workloads,
         capacity=snapshot.capacity(pkg, package.spec) if package else None,
-        mig_profile=package.spec.mig_profile if package else None,
+        mig_profile=package_profile(package.spec) if package else None,
         create_error=state.create_errors.get((ns, name)),
         uuids=snapshot.uuids,
         device_taints=snapshot.taints,

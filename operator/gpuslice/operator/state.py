@@ -18,6 +18,7 @@ from gpuslice.domain.capacity import Capacity, package_capacity
 from gpuslice.domain.capacity_window import open_windows
 from gpuslice.domain.drains import with_rule_taints
 from gpuslice.domain.features import Platform
+from gpuslice.domain.mig import package_profile
 from gpuslice.domain.multigpu import cards_from_published, placement, products_free
 from gpuslice.domain.views import ClaimView
 from gpuslice.operator.changes import Changes
@@ -66,7 +67,8 @@ class Snapshot:
     def capacity(self, package: str, spec: GpuPackageSpec | None = None) -> Capacity:
         """`spec`: the package's, needed for a Hardware package (its devices carry no package) and for a
         multi-GPU package (`products_free` too)."""
-        mig = (spec.gpu_model, spec.mig_profile) if spec is not None and spec.mig_profile else None
+        profile = package_profile(spec) if spec is not None else None
+        mig = (spec.gpu_model, profile) if spec is not None and profile else None
         key = (package, mig)
         if key not in self._capacity:
             self._capacity[key] = package_capacity(package, self.slices, self.allocated, mig)
