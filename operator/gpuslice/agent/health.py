@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from gpuslice import constants as c
 from gpuslice import logs, metrics
 from gpuslice.agent import nvml
-from gpuslice.agent.checkpoint import CheckpointStore
+from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
 from gpuslice.agent.events import slice_event
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.kube import Kube
@@ -50,17 +50,22 @@ def now_iso() -> str:
     return rfc3339(dt.datetime.now(dt.UTC))
 
 
+def records_on_card(paths: NodePaths, uuid: str) -> list[ClaimRecord]:
+    """The checkpointed claims with any device on the card with this UUID: a multi-GPU product is on
+    each of its cards, and a fault on any of them is the product's."""
+    checkpoint = CheckpointStore(paths.state_dir / "checkpoint.json").load()
+    return [r for r in checkpoint.claims.values() if any(d.gpu_uuid == uuid for d in r.devices)]
+
+
 def checkpoint_slices(paths: NodePaths, kube: Kube, node: str) -> SlicesOnCard:
     """GpuSlices of the claims prepared on a card, from the checkpoint and the claims' owners."""
 
     async def on_card(uuid: str) -> list[str]:
-        checkpoint = CheckpointStore(paths.state_dir / "checkpoint.json").load()
         out = []
-        for record in checkpoint.claims.values():
-            if record.devices and record.devices[0].gpu_uuid == uuid:
-                owner = await lookup_owner(kube, node, record)
-                if owner.key:
-                    out.append(owner.key)
+        for record in records_on_card(paths, uuid):
+            owner = await lookup_owner(kube, node, record)
+            if owner.key:
+                out.append(owner.key)
         return sorted(set(out))
 
     return on_card
@@ -72,10 +77,9 @@ ClaimsOnCard = Callable[[str], list[tuple[str, str, str, str]]]
 
 def checkpoint_claims(paths: NodePaths) -> ClaimsOnCard:
     def on_card(uuid: str) -> list[tuple[str, str, str, str]]:
-        checkpoint = CheckpointStore(paths.state_dir / "checkpoint.json").load()
         return [
             (r.namespace, r.name, d.pool, d.device)
-            for r in checkpoint.claims.values()
+            for r in records_on_card(paths, uuid)
             for d in r.devices
             if d.gpu_uuid == uuid
         ]

@@ -539,8 +539,15 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
             )
         )
         conditions.extend(software_conditions(facts.usage, facts.gpu_model, facts.generation))
+    # every card of every allocated claim: a multi-GPU product fails when any of its cards does
     gpu = slice_gpu_condition(
-        ((a.pool, a.device, a.node, a.gpu_uuid) for a in allocations), facts.device_taints
+        (
+            (pool, device, claim.node, facts.uuids.get((pool, device)))
+            for claim in own
+            if claim.allocated and not claim.deleting
+            for pool, device in claim.devices
+        ),
+        facts.device_taints,
     )
     if gpu is not None:
         conditions.append(_condition(SLICE_CONDITION, False, gpu[0], gpu[1], facts.generation))
