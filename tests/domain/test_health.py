@@ -192,3 +192,21 @@ def test_a_product_whose_second_card_fails_says_gpu_failed_naming_that_card() ->
     [cond] = [c for c in st.conditions if c.type == h.SLICE_CONDITION]
     assert (cond.status, cond.reason) == ("False", "GpuFailed")
     assert cond.message.startswith("GPU GPU-second on node n0 failed: XID 79 (GPU has fallen off the bus)")
+
+
+def test_a_products_status_names_every_card_and_counts_them() -> None:
+    claim = claim_view(_two_card_claim())
+    running = pod_view(pod("p", claim="pair", node=True, phase="Running"))
+    uuids = {("n0", "gpu-0-v100-x2"): "GPU-first", ("n0", "gpu-1-v100-x2"): "GPU-second"}
+    st = slice_status(facts(claims=[claim], pods=[running], uuids=uuids), T1)
+    assert (st.gpu_uuid, st.device, st.gpus) == ("GPU-first", "gpu-0-v100-x2", 2), "gpuUUID stays the first"
+    assert st.gpu_uuids == ["GPU-first", "GPU-second"]
+    [alloc] = st.allocations
+    assert alloc.gpu_uuids == ["GPU-first", "GPU-second"]
+    assert alloc.devices == ["gpu-0-v100-x2", "gpu-1-v100-x2"]
+    wire = st.model_dump(by_alias=True, exclude_none=True)
+    assert wire["gpuUUIDs"] == ["GPU-first", "GPU-second"] and wire["gpus"] == 2
+
+    one = claim_view(allocated_claim("ns", "s", "n0", "gpu-0-v100-8g-1", reserved_for=("p",)))
+    single = slice_status(facts(claims=[one], pods=[running], uuids={("n0", "gpu-0-v100-8g-1"): "GPU-a"}), T1)
+    assert (single.gpus, single.gpu_uuids) == (1, ["GPU-a"])

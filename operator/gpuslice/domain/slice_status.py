@@ -452,6 +452,8 @@ def _allocations(
             continue
         pool, device = claim.devices[0] if claim.devices else (None, None)
         users = [p.name for p in pods if p.name in claim.reserved_for]
+        # every card of the claim, in its order; a card whose UUID is not published yet is unnamed
+        uuids = [u for d in claim.devices if (u := facts.uuids.get(d))]
         out.append(
             SliceAllocation(
                 claim=claim.name,
@@ -460,6 +462,8 @@ def _allocations(
                 device=device,
                 pool=pool,
                 pod=users[0] if users else None,
+                gpuUUIDs=uuids or None,
+                devices=[d for _, d in claim.devices] or None,
             )
         )
     return out
@@ -560,6 +564,8 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
         node=first.node if first else None,
         gpuUUID=first.gpu_uuid if first else None,
         device=first.device if first else None,
+        gpus=len(first.devices) if first and first.devices else None,
+        gpuUUIDs=first.gpu_uuids if first else None,
         allocations=allocations,
         # Only a slice that waits for quota shows it: live usage in every slice's status would rewrite
         # all of a namespace's slices whenever one claim comes or goes.
