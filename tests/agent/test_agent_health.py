@@ -180,9 +180,12 @@ async def main():
     await monitor.ready.wait()
     await asyncio.to_thread(faults.inject, config, "1", xid=79)
     cards = await asyncio.wait_for(tainted.get(), 5.0)
-    out = {"tainted": cards,
-           "slices": {i: await names(uuids[i]) for i in cards},
-           "claims": {i: monitor.claims_on_card(uuids[i]) for i in cards}}
+    claims = {i: monitor.claims_on_card(uuids[i]) for i in cards}
+    [(_, _, devices)] = claims[1]
+    status = [(d["device"], d["conditions"][0]["status"], d["conditions"][0]["reason"])
+              for d in monitor.claim_device_status(devices, health.now_iso())]
+    out = {"tainted": cards, "slices": {i: await names(uuids[i]) for i in cards},
+           "claims": {i: [c[:2] for c in v] for i, v in claims.items()}, "status": status}
     task.cancel()
     print(json.dumps(out))
 
@@ -204,4 +207,9 @@ def test_a_fault_on_a_products_second_card_is_the_products(tmp_path: Path) -> No
     # what the agent tells on the card (GpuFailed Events, the claims' device status) reaches the
     # product whose second card it is, and only the device of that card
     assert out["slices"] == {"1": ["t/pair"]}
-    assert out["claims"] == {"1": [["t", "pair", "product-node", "gpu-1-v100-x2"]]}
+    assert out["claims"] == {"1": [["t", "pair"]]}
+    # the claim's device status: both its devices in one apply, each with its own card's health
+    assert out["status"] == [
+        ["gpu-0-v100-x2", "True", "Healthy"],
+        ["gpu-1-v100-x2", "False", "GpuFailed"],
+    ]
