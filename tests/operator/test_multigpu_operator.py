@@ -182,6 +182,22 @@ def test_a_2_card_products_interval_carries_twice_its_seconds_in_card_seconds(
 
     opened = wait_for(lambda: interval(closed=False), 30, "the product's open interval")
     assert opened["cards"] == 2
+
+    # Every card named: the slice's status and its interval list both, the first stays gpuUUID/gpu.
+    def named() -> dict[str, Any] | None:
+        st = (get_json(cluster, "gpuslice", "pair", "-n", namespace) or {}).get("status") or {}
+        return st if len(st.get("gpuUUIDs") or []) == 2 else None
+
+    status = wait_for(named, 30, "the product's status naming both cards")
+    cards = status["gpuUUIDs"]
+    assert len(set(cards)) == 2 and status["gpuUUID"] == cards[0] and status["gpus"] == 2, status
+    [alloc] = status["allocations"]
+    assert alloc["gpuUUIDs"] == cards and len(set(alloc["devices"])) == 2, alloc
+    assert (opened["gpu"], opened["gpus"]) == (cards[0], cards), opened
+    rows = cluster.kubectl("get", "gpuslices", "-n", namespace).stdout.splitlines()
+    header = rows[0].split()
+    row = dict(zip(header, rows[1].split(), strict=False))
+    assert (row["NAME"], row["GPU"], row["GPUS"]) == ("pair", cards[0], "2"), rows
     time.sleep(5)
     cluster.kubectl("delete", "pod", "pair", "-n", namespace, "--grace-period=0", "--force")
     closed = wait_for(lambda: interval(closed=True), 60, "the interval closed at the release")

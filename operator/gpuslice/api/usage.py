@@ -212,6 +212,9 @@ class UsageInterval(CamelModel):
     pod: str = ""
     node: str = ""
     gpu: str = ""
+    #: Every card of a multi-GPU product, in its claim's order (`gpu` is the first); absent for a
+    #: slice of one card.
+    gpus: list[str] | None = None
     #: RFC 3339, UTC, whole seconds.
     start: str
     #: None while the slice is held.

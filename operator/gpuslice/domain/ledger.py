@@ -90,6 +90,9 @@ class Holding:
     #: Cards the product takes from the fleet (`domain.multigpu.cards_held`: 2 for a 2-card
     #: product, 0.25 for a 25 % slice); None: its package is not known.
     cards: float | None = None
+    #: Every card of a claim of several (a multi-GPU product), in the claim's order; None for a
+    #: claim of one card (`gpu` names it), so a slice's interval is written as it always was.
+    gpus: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,8 @@ class Interval:
     shard: int = 0
     #: Cards held (`Holding.cards`); None: written before card-seconds were kept, package unknown.
     cards: float | None = None
+    #: Every card of a multi-GPU product (`Holding.gpus`); None: a claim of one card.
+    gpus: list[str] | None = None
 
     def seconds(self, until: datetime) -> int:
         """Seconds held; an open interval counts up to `until`."""
@@ -183,6 +188,7 @@ _WHO = ("package", "slice", "claim", "claim_uid", "pod", "node", "gpu", "templat
 #: (`UsageInterval` takes these Python names as well as its camelCase ones).
 _CARRIED = (
     *_WHO,
+    "gpus",
     "peak_memory_bytes",
     "memory_limit_bytes",
     "mean_utilization_percent",
@@ -196,7 +202,8 @@ def _fields(source: object, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _open(holding: Holding, start: datetime, price: Price | None) -> Interval:
-    return Interval(**_fields(holding, _WHO), start=start, price=price)
+    gpus = list(holding.gpus) if holding.gpus else None
+    return Interval(**_fields(holding, _WHO), gpus=gpus, start=start, price=price)
 
 
 def _continuation(interval: Interval, start: datetime, end: datetime | None, price: Price | None) -> Interval:
