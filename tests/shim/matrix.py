@@ -87,6 +87,9 @@ NUMBA_CUDA = [
     ("numpy", "2.3.5"),
 ]
 NVCC12 = ("nvidia-cuda-nvcc-cu12", "12.9.86")
+#: NVIDIA's driver-API bindings alone, as `pip install cuda-bindings==12.9.10` brings them (the
+#: cuda-pathfinder they open libcuda.so.1 through); the same wheels numba-cuda's row caches.
+CUDA_BINDINGS = [("cuda-bindings", "12.9.10"), ("cuda-pathfinder", "1.9.1")]
 NUMBA_CUDA_LIBS = [CUDART12, ("nvidia-cuda-nvrtc-cu12", "12.9.86")]
 #: The simulated driver branch each runtime runs on: 535 (CUDA 12.2) for CUDA 12; 580 (CUDA 13.0), the
 #: first that starts a CUDA 13 runtime, for CUDA 13.
