@@ -34,13 +34,13 @@ assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) =
 cu.cuCtxSetCurrent(ctx)
 for path in sys.argv[1:]:
     image = ctypes.create_string_buffer(open(path, "rb").read() + b"\0")
-    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    mod, fn, held = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    name = path.rsplit("/", 1)[-1]
     rc = cu.cuModuleLoadFatBinary(ctypes.byref(mod), image)
-    print(f"{path.rsplit('/', 1)[-1]}={rc}")
+    print(f"{name}={rc}")
     if rc == 0:
-        print(f"{path.rsplit('/', 1)[-1]}_function={cu.cuModuleGetFunction(ctypes.byref(fn), mod, b'touch')}")
-        held = ctypes.c_void_p()
-        print(f"{path.rsplit('/', 1)[-1]}_then_6GiB={cu.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t(6 << 30))}")
+        print(f"{name}_function={cu.cuModuleGetFunction(ctypes.byref(fn), mod, b'touch')}")
+        print(f"{name}_then_6GiB={cu.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t(6 << 30))}")
         if held.value:
             cu.cuMemFree_v2(held)
         cu.cuModuleUnload(mod)
