@@ -25,7 +25,8 @@ print(f"init={n.nvmlInit_v2()}")
 h = ctypes.c_void_p()
 n.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h))
 fields = (Field * 4)()
-for f, fid in zip(fields, (91, 90, 164, 170)):  # NVLink: LINK_COUNT, SPEED_MBPS_COMMON, GET_SPEED; C2C_LINK_COUNT
+# NVLink LINK_COUNT, SPEED_MBPS_COMMON, GET_SPEED; C2C_LINK_COUNT
+for f, fid in zip(fields, (91, 90, 164, 170)):
     f.fieldId = fid
 print(f"fields={n.nvmlDeviceGetFieldValues(h, 4, fields)}")
 for f in fields:
@@ -46,7 +47,8 @@ def test_field_values_and_the_confidential_computing_state(make_slice, board):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     v = values(proc.stdout)
-    assert (v["init"], v["fields"], v["fields_null"]) == ("0", "0", str(NVML_ERROR_INVALID_ARGUMENT)), proc.stdout
+    calls = (v["init"], v["fields"], v["fields_null"])
+    assert calls == ("0", "0", str(NVML_ERROR_INVALID_ARGUMENT)), proc.stdout
     unsupported = f"{NVML_ERROR_NOT_SUPPORTED} "
     if "SXM2" in board:  # 6 links on the board, 25.781 GB/s each (NVLink 2)
         assert v["field91"].startswith("0 ") and v["field91"].split()[2] == "6"
