@@ -20,6 +20,7 @@ JAX's figures and its errors are judged, never computed values.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 
@@ -33,6 +34,7 @@ from shim.matrix import (
     GIB,
     JAX,
     MODES,
+    REAL_GPU,
     Server,
     Tenant,
     container_dev,
@@ -41,7 +43,10 @@ from shim.matrix import (
     tenant,
 )
 
-pytestmark = pytest.mark.slow(seconds=90)  # six JAX processes start at once: 35 to 85 s on 2 loaded cores
+pytestmark = [
+    pytest.mark.slow(seconds=90),  # six JAX processes start at once: 35 to 85 s on 2 loaded cores
+    pytest.mark.skipif(not REAL_GPU and shutil.which("unshare") is None, reason="needs unshare (util-linux)"),
+]
 SCRIPT = str(CLIENTS / "jax_paths.py")
 ALLOCATORS = {
     "preallocate": {},
