@@ -44,7 +44,7 @@ from shim.matrix import (
 )
 
 pytestmark = [
-    pytest.mark.slow(seconds=90),  # six JAX processes start at once: 35 to 85 s on 2 loaded cores
+    pytest.mark.slow(seconds=90),  # six JAX processes start at once: 35 to 140 s on 2 loaded cores
     pytest.mark.skipif(not REAL_GPU and shutil.which("unshare") is None, reason="needs unshare (util-linux)"),
 ]
 SCRIPT = str(CLIENTS / "jax_paths.py")
