@@ -38,7 +38,7 @@ from gpuslice_dev.devcluster import faults
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import agent_process_name, start_agents
 from gpuslice_dev.devcluster.realnode import dirs_of
-from node.node_cluster import GPU_SPEC, PROBE, REPO, TENANT
+from node.node_cluster import GPU_SPEC, REPO, TENANT, restricted_container
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=150)]
@@ -48,24 +48,6 @@ BURST_PACKAGE = "v100-8g-burst"
 SHARE = 25
 UIDS = {"one": (1000, 1000), "two": (1000680000, 0)}  # the burst slice's two containers
 KERNEL_US = "10000"
-
-
-def _container(name: str, uid: int, gid: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "image": PROBE,
-        "command": ["sleep", "3600"],
-        "resources": {"claims": [{"name": "gpu"}], "limits": {"memory": "256Mi"}},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": uid,
-            "runAsGroup": gid,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    }
 
 
 def _slice_pod(name: str, package: str, containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -228,8 +210,10 @@ def burst_card(node_cluster: DevCluster) -> Iterator[tuple[DevCluster, Path]]:
             "pod-security.kubernetes.io/enforce-version": "latest",
         },
     )
-    docs = _slice_pod("burst", BURST_PACKAGE, [_container(n, *ids) for n, ids in UIDS.items()])
-    docs += _slice_pod("plain", "v100-8g", [_container("one", *UIDS["two"])])
+    docs = _slice_pod(
+        "burst", BURST_PACKAGE, [restricted_container(n, *ids, ["sleep", "3600"]) for n, ids in UIDS.items()]
+    )
+    docs += _slice_pod("plain", "v100-8g", [restricted_container("one", *UIDS["two"], ["sleep", "3600"])])
     c.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
     for pod in ("burst", "plain"):
         ready = c.kubectl(
