@@ -234,3 +234,7 @@ def test_a_borrowed_price_prices_the_borrowed_hours_and_the_cost() -> None:
     assert (row["borrowedSliceSeconds"], row["borrowedCost"], row["cost"]) == (1800, "0.15", "1.05")
     table = render("table", since, NOW, [row], interval_rows(rows, since, NOW), None).splitlines()
     assert table[2].split()[-1] == "0.15"
+    # each interval row shows the rate it is billed at
+    by_slice = {r["slice"]: r for r in interval_rows(rows, since, NOW)}
+    assert (by_slice["own"]["pricePerHour"], by_slice["lent"]["pricePerHour"]) == ("0.45", "0.30")
+    assert (by_slice["own"]["cost"], by_slice["lent"]["cost"]) == ("0.9", "0.15")
