@@ -148,7 +148,7 @@ class Interval:
     def cost(self, until: datetime) -> Decimal | None:
         if self.price is None:
             return None
-        return Decimal(self.price.per_hour) * self.seconds(until) / 3600
+        return Decimal(self.price.rate(self.borrowed)) * self.seconds(until) / 3600
 
 
 @dataclass
@@ -179,7 +179,11 @@ class Ledger:
 def _same_price(a: Price | None, b: Price | None) -> bool:
     if a is None or b is None:
         return a is b
-    return Decimal(a.per_hour) == Decimal(b.per_hour) and a.currency == b.currency
+    if a.borrowed_per_hour is None or b.borrowed_per_hour is None:
+        same_borrowed = a.borrowed_per_hour is b.borrowed_per_hour
+    else:
+        same_borrowed = Decimal(a.borrowed_per_hour) == Decimal(b.borrowed_per_hour)
+    return Decimal(a.per_hour) == Decimal(b.per_hour) and a.currency == b.currency and same_borrowed
 
 
 #: What names an interval's slice: copied alike from a holding into its intervals.
@@ -574,6 +578,7 @@ def to_wire(interval: Interval, until: datetime) -> UsageInterval:
         start=rfc3339(interval.start),
         end=rfc3339(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
+        borrowedPricePerHour=interval.price.borrowed_per_hour if interval.price else None,
         currency=interval.price.currency if interval.price else None,
         borrowed=True if interval.borrowed else None,
     )
@@ -581,7 +586,11 @@ def to_wire(interval: Interval, until: datetime) -> UsageInterval:
 
 def from_wire(wire: UsageInterval, shard: int) -> Interval:
     price = (
-        Price(perHour=wire.price_per_hour, currency=wire.currency)
+        Price(
+            perHour=wire.price_per_hour,
+            currency=wire.currency,
+            borrowedPerHour=wire.borrowed_price_per_hour,
+        )
         if wire.price_per_hour is not None and wire.currency
         else None
     )
