@@ -34,4 +34,4 @@ try:
     print("kernels_ok=1")
 except Exception as exc:  # torch.AcceleratorError (2.8+) or RuntimeError
     print(f"kernels_ok=0\nkernel_error={first_line(exc)}")
-print(f"first_kernels_s={time.monotonic() - t1:.2f}", flush=True)
+print(f"first_kernels_s={time.monotonic() - t1:.3f}", flush=True)
