@@ -69,6 +69,26 @@ TORCH = [
     ("fsspec", "2025.10.0"),
     ("numpy", "2.3.5"),
 ]
+#: PyTorch 2.15 as PyPI serves it (CUDA 13.2; its libtorch_cuda.so carries sm_75 to sm_120 cubins and
+#: no Volta code, no PTX) with the CUDA 13 libraries its libraries link (cuda-toolkit 13.2.2's pins,
+#: cuDNN, cuSPARSELt, NCCL, NVSHMEM) and the same Python packages as TORCH. Left out as for TORCH:
+#: triton, cusolver's users, nvtx, cuda-bindings (not imported by `import torch`).
+TORCH215 = [
+    ("torch", "2.15.0"),
+    ("nvidia-cuda-runtime", "13.2.86"),
+    ("nvidia-cuda-cupti", "13.2.86"),
+    ("nvidia-cuda-nvrtc", "13.2.86"),
+    ("nvidia-cublas", "13.4.1.3"),
+    ("nvidia-cufft", "12.2.0.57"),
+    ("nvidia-cufile", "1.17.1.22"),
+    ("nvidia-cusparse", "12.7.10.12"),
+    ("nvidia-nvjitlink", "13.2.86"),
+    ("nvidia-cudnn-cu13", "9.26.0.51"),
+    ("nvidia-cusparselt-cu13", "0.8.1"),
+    ("nvidia-nccl-cu13", "2.30.7"),
+    ("nvidia-nvshmem-cu13", "3.7.2"),
+    *[(name, version) for name, version in TORCH if not name.startswith(("torch", "nvidia-"))],
+]
 #: An NVML monitor as `pip install nvitop` brings it: the tool, the NVML bindings it takes (the newest
 #: it accepts) and psutil.
 NVITOP = [("nvitop", "1.7.2"), ("nvidia-ml-py", "13.615.71"), ("psutil", "7.2.2")]
@@ -225,10 +245,10 @@ def nvitop_pythonpath() -> str:
     return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in NVITOP)
 
 
-def torch_env(t: Tenant) -> dict[str, str]:
+def torch_env(t: Tenant, wheels: list[tuple[str, str]] = TORCH) -> dict[str, str]:
     """PYTHONPATH of the unpacked wheels, and their libraries on the loader's path (as an image with
     the CUDA libraries installed has them), ahead of the driver's."""
-    roots = [ensure_unpacked(name, version) for name, version in TORCH]
+    roots = [ensure_unpacked(name, version) for name, version in wheels]
     libs = sorted(str(d) for root in roots for d in (root / "nvidia").glob("*/lib"))
     driver = t.env().get("LD_LIBRARY_PATH", "")
     return {

@@ -64,6 +64,8 @@ def software_status(state: SoftwareState) -> dict[str, Any] | None:
         "cudaError": rec.cuda_error,
         "time": _iso(rec.time),
     }
+    if rec.library:
+        out["library"] = rec.library
     if rec.device_arch:
         out["gpuArchitecture"] = f"sm_{rec.device_arch}"
     if rec.driver_version:

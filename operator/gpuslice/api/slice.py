@@ -88,6 +88,7 @@ class SoftwareUsage(CamelModel):
     gpu_architecture: str | None = Field(default=None, alias="gpuArchitecture")
     driver_cuda_version: str | None = Field(default=None, alias="driverCudaVersion")
     runtime_cuda_version: str | None = Field(default=None, alias="runtimeCudaVersion")
+    library: str | None = None
     time: str | None = None
 
 
