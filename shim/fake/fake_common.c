@@ -707,6 +707,47 @@ static fake_segment *my_segment(void)
     return seg;
 }
 
+/* The cards' launch queues (asked for once; a forked child keeps its parent's: they are the node's), or
+ * NULL with a daemon that has none. */
+static fake_queue *queue;
+static int queue_asked;
+static fake_queue *my_queue(void)
+{
+    if (queue || queue_asked) return queue;
+    queue_asked = 1;
+    fake_rep rep;
+    int fd = -1;
+    if (request(FAKE_OP_QUEUE, 0, 0, &rep, &fd) != 0 || rep.rc != 0 || fd < 0) {
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    struct stat st;
+    fake_queue *m = fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof(*m)
+                        ? mmap(NULL, sizeof(*m), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                        : MAP_FAILED;
+    close(fd);
+    if (m == MAP_FAILED) return NULL;
+    if (memcmp(m->magic, "FAKEQUE1", 8) != 0) {
+        munmap(m, sizeof(*m));
+        return NULL;
+    }
+    queue = m;
+    return queue;
+}
+
+/* Books `duration_ns` on the card's queue from `earliest` on, behind every process's kernels; the start. */
+static uint64_t claim(fake_queue *qs, int dev, uint64_t earliest, uint64_t now, uint64_t duration_ns)
+{
+    _Atomic uint64_t *q = &qs->until_ns[dev];
+    uint64_t until = atomic_load(q), start;
+    do {
+        /* what other processes booked is believed only as far ahead as the daemon merges a booking */
+        uint64_t booked = until < now + FAKE_MAX_AHEAD_NS ? until : now + FAKE_MAX_AHEAD_NS;
+        start = booked > earliest ? booked : earliest;
+    } while (!atomic_compare_exchange_weak(q, &until, start + duration_ns));
+    return start;
+}
+
 uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns)
 {
     if (duration_ns == 0) return fake_now_ns(); /* an empty kernel keeps nothing busy */
@@ -721,9 +762,11 @@ uint64_t fake_record_busy(fake_dev_state *s, uint64_t duration_ns)
             return now + duration_ns;
         }
         fake_seg_dev *d = &g->dev[dev];
-        uint64_t start = atomic_load(&d->until_ns), queue = atomic_load(&s->busy_until_ns);
-        if (start < queue) start = queue;
+        uint64_t start = atomic_load(&d->until_ns), merged = atomic_load(&s->busy_until_ns);
+        if (start < merged) start = merged;
         if (start < now) start = now;
+        fake_queue *qs = dev < FAKE_MAX_GPUS ? my_queue() : NULL;
+        if (qs) start = claim(qs, dev, start, now, duration_ns);
         uint64_t end = start + duration_ns;
         uint64_t head = atomic_load_explicit(&d->head, memory_order_relaxed);
         fake_seg_busy *last = head ? &d->ring[(head - 1) % FAKE_SEG_RING] : NULL;

@@ -19,7 +19,8 @@
  * applied by the daemon to the peer's own slot and checked against the card, like an ioctl. Kernel
  * launches stay cheap: each process writes its busy intervals into its own segment (a sealed memfd
  * the daemon hands it), which the daemon merges into the device's timeline every few milliseconds and
- * before any reader's query. A process can therefore only describe its own launches, never another
+ * before any reader's query; each launch first claims its time on the card's shared launch queue
+ * (fake_queue), so processes' kernels on one card never overlap. A process can therefore only describe its own launches, never another
  * process's memory, contexts or time.
  */
 #ifndef FAKE_COMMON_H
@@ -119,6 +120,7 @@ enum {
     FAKE_OP_CONTEXTS,  /* add `arg` (+1/-1) to the caller's live contexts on `dev` */
     FAKE_OP_SEGMENT,   /* the caller's busy segment (its fd comes with the answer) */
     FAKE_OP_SYNC,      /* merge every process's busy segment into the timelines now */
+    FAKE_OP_QUEUE,     /* the node's launch queues (their fd comes with the answer) */
 };
 typedef struct {
     uint32_t op;
@@ -146,6 +148,19 @@ typedef struct {
     char magic[8]; /* "FAKESEG1" */
     fake_seg_dev dev[FAKE_MAX_GPUS]; /* by the GPU's place on the node */
 } fake_segment;
+
+/* The cards' launch queues (daemon mode): one memfd the daemon hands every process, which maps it
+ * read-write. A launch claims its kernel's time on the card here, at once, so kernels of different
+ * processes on one card run one after another, as a GPU time-slices between contexts: the processes'
+ * busy time never adds up to more than the card (the merged timelines come only every few
+ * milliseconds, too late to queue behind). A process can push a card's queue ahead, which delays other
+ * processes' kernels as long kernels of its own would (never further than FAKE_MAX_AHEAD_NS), but it
+ * cannot describe their busy time: that is still only what each process's own segment says. */
+#define FAKE_MAX_AHEAD_NS 10000000000ull
+typedef struct {
+    char magic[8];                            /* "FAKEQUE1" */
+    _Atomic uint64_t until_ns[FAKE_MAX_GPUS]; /* the card booked up to here, by its place on the node */
+} fake_queue;
 
 /* Loads the config and maps the state (once per process). NULL with a message on stderr if unusable. */
 fake_system *fake_system_get(void);

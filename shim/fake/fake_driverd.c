@@ -11,7 +11,8 @@
  *     contexts and slot change only through its requests (fake_req), applied to the client's own
  *     slot, checked against the card and the device nodes the process can reach, like ioctls;
  *   - merges each process's busy segment (a sealed memfd it hands the process) into the devices'
- *     timelines every few milliseconds and whenever a reader asks (FAKE_OP_SYNC).
+ *     timelines every few milliseconds and whenever a reader asks (FAKE_OP_SYNC);
+ *   - hands every process the cards' launch queues (fake_queue), where launches claim card time.
  * NVML therefore reports host PIDs, whatever PID namespace the caller lives in, and no client can
  * change what it reports about another process.
  */
@@ -39,7 +40,7 @@
 /* How often processes' busy segments are merged into the timelines (readers also ask for a merge). */
 #define MERGE_EVERY_MS 5
 /* A process cannot claim the device busy further ahead than this (its own queue is far shorter). */
-#define MAX_AHEAD_NS 10000000000ull
+#define MAX_AHEAD_NS FAKE_MAX_AHEAD_NS
 
 typedef struct {
     int fd;
@@ -173,6 +174,22 @@ static int make_segment(client *c)
     return 0;
 }
 
+/* The cards' launch queues, one memfd for every client (fake_queue): sealed at its size, written by all. */
+static int queue_fd = -1;
+static int make_queue(void)
+{
+    int fd = memfd_create("gpuslice-fake-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, sizeof(fake_queue)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        pwrite(fd, "FAKEQUE1", 8, 0) != 8) {
+        close(fd);
+        return -1;
+    }
+    queue_fd = fd;
+    return 0;
+}
+
 static int reply(client *c, fake_rep rep, int fd)
 {
     struct iovec iov = {&rep, sizeof(rep)};
@@ -200,6 +217,10 @@ static int serve(fake_system *s, client *clients, int n, client *c, const fake_r
     if (rq->op == FAKE_OP_SYNC) {
         for (int i = 0; i < n; i++) merge(s, &clients[i]);
         return reply(c, rep, -1);
+    }
+    if (rq->op == FAKE_OP_QUEUE) {
+        if (queue_fd < 0) rep.rc = 1;
+        return reply(c, rep, queue_fd);
     }
     if (rq->op == FAKE_OP_SEGMENT) {
         if (make_segment(c) != 0) rep.rc = 1;
@@ -293,6 +314,7 @@ int main(int argc, char **argv)
     if (fake_health_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no card health file\n");
     if (fake_mig_prepare(s) != 0) fprintf(stderr, "gpuslice-fake-driverd: no MIG state file\n");
     fake_mig_daemon_start(s);
+    if (make_queue() != 0) fprintf(stderr, "gpuslice-fake-driverd: no launch queue: processes overlap on a card\n");
 
     int dirfd = open(s->state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0) {

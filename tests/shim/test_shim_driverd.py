@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -256,6 +257,44 @@ def test_launches_through_the_daemon_show_in_nvml_under_the_host_pid(shared_slic
         if burner.poll() is None:
             burner.kill()
             burner.wait(timeout=30)
+
+
+@pytest.mark.parametrize(("n", "kernel_us"), [(2, 1000), (3, 10000)])
+def test_processes_burning_one_card_through_the_daemon_share_it(driverd, built, n, kernel_us):
+    """As a GPU time-slices between contexts: n processes launching kernels back to back on one card
+    (no slice limiting them) each get about 1/n of it, and together never more than the card, in
+    their own measurement and in NVML's. Kernels shorter than the daemon's merges (every 5 ms) are
+    where a double that queued a process behind others only once merged would run them side by side."""
+    env = env_of(driverd, shim=False)
+    argv = [str(probe_binary(built)), "burn", "4", str(kernel_us)]
+    burners = [subprocess.Popen(argv, env=env, stdout=PIPE, stderr=PIPE, text=True) for _ in range(n)]
+    try:
+        time.sleep(3)  # all of NVML's last second within every burner's run
+        sample = subprocess.run(
+            [sys.executable, "-c", UTILIZATION], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert sample.returncode == 0, sample.stderr
+        view = values(sample.stdout)
+        shares = []
+        for b in burners:
+            out, err = b.communicate(timeout=60)
+            assert b.returncode == 0, err
+            shares.extend(float(line.split()[1]) for line in out.splitlines() if line.startswith("share "))
+    finally:
+        for b in burners:
+            if b.poll() is None:
+                b.kill()
+                b.wait(timeout=30)
+    sm = [int(p.split(":")[1]) for p in view["procs"].split(",") if p]
+    print(f"{n} burners of {kernel_us} us: shares {shares} (sum {sum(shares):.1f}), NVML {view}")
+    assert len(shares) == n and len(sm) == n, (shares, view)
+    # the probes' own figures round each to 0.1 % of their own window: a little over 100 together
+    assert sum(shares) <= 105, f"{n} processes used {sum(shares):.1f} % of one card: {shares}"
+    assert sum(sm) <= 100 and int(view["gpu"]) <= 100, view
+    # the card is shared, not lost: each near its 1/n (a loaded machine delays a burner's next launch)
+    fair = 100 / n
+    assert all(0.6 * fair <= x <= 1.2 * fair for x in shares), shares
+    assert all(0.6 * fair <= x <= 1.2 * fair for x in sm), view
 
 
 UTILIZATION = textwrap.dedent(
