@@ -151,6 +151,10 @@ NVIDIA_CDI_DIRS_ENV: Final = "GPUSLICE_NVIDIA_CDI_DIRS"
 #: (overridden by GPUSLICE_PROC_ROOT for a simulated node)
 PROC_ROOT: Final = "/proc"
 PROC_ROOT_ENV: Final = "GPUSLICE_PROC_ROOT"
+#: the kernel's sysfs, where the agent reads each card's PCIe root complex and NUMA node
+#: (overridden by GPUSLICE_SYS_ROOT for a simulated node, whose cards the host's sysfs lacks)
+SYS_ROOT: Final = "/sys"
+SYS_ROOT_ENV: Final = "GPUSLICE_SYS_ROOT"
 #: environment default of `gpuslice agent --mig-layout` (dynamic|static)
 MIG_LAYOUT_ENV: Final = "GPUSLICE_MIG_LAYOUT"
 CDI_VENDOR: Final = "gpuslice.io"

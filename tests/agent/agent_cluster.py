@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -12,8 +16,9 @@ import support
 from gpuslice import constants
 from gpuslice.api.resourceclaim import allocated_devices
 from gpuslice.api.resourceslice import PublishedDevice, newest_generation, parse_resource_slices
-from gpuslice_dev.devcluster.cluster import DevCluster
-from support import V100, claim_doc, device_class_doc, package_doc
+from gpuslice_dev.agents import agent_kubeconfig, spawn_agent
+from gpuslice_dev.devcluster.cluster import DevCluster, node_manifest
+from support import V100, claim_doc, device_class_doc, package_doc, wait_for
 
 __all__ = ["V100", "claim_doc", "device_class_doc", "package_doc", "pod_doc"]
 
@@ -48,6 +53,32 @@ def pool_slices(cluster: DevCluster, node: str) -> list[dict[str, Any]]:
         for s in get_items(cluster, "resourceslices", f"--field-selector=spec.nodeName={node}")
         if s["spec"]["driver"] == constants.DRIVER_NAME
     ]
+
+
+@contextmanager
+def simulated_agent(
+    cluster: DevCluster, node: str, spec: str, root: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`node` as a kwok node with the real agent over the driver double simulating `spec` (its files
+    under `root`), yielded once it has published devices (the packages it sells exist already); the
+    agent stopped and the node deleted afterwards."""
+    apply_docs(cluster, [node_manifest(node)])
+    log = root / "agent.log"
+    agent = spawn_agent(node, spec, agent_kubeconfig(cluster, node), root, log)
+    try:
+        wait_for(
+            lambda: (
+                agent.poll() is not None or any(s["spec"].get("devices") for s in pool_slices(cluster, node))
+            ),
+            timeout=90,
+            what=f"the agent of {node} to publish its devices",
+        )
+        assert agent.poll() is None, log.read_text()[-3000:]
+        yield agent
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)
 
 
 def published_devices(cluster: DevCluster) -> dict[tuple[str, str], PublishedDevice]:

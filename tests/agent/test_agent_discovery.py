@@ -81,15 +81,20 @@ def test_an_unknown_simulated_model_is_a_clear_error_before_anything_starts(tmp_
     assert not (tmp_path / "dc" / "state.json").exists(), "nothing was started"
 
 
-def test_nvlink_peers_of_a_dgx1_come_through_nvml(tmp_path: object) -> None:
-    # the double answers NVML's NvLink queries as a DGX-1's V100-SXM2 boards do (hybrid cube-mesh)
+def test_the_topology_of_a_dgx1_and_a_pcie_node_comes_through_sysfs_and_nvml(tmp_path: object) -> None:
+    # the double answers NVML's NvLink queries as a DGX-1's V100-SXM2 boards do (hybrid cube-mesh),
+    # and its node's sysfs shows them on two root complexes, one per socket and NUMA node
     dgx = discover("8x Tesla V100-SXM2-16GB", "dgx", f"{tmp_path}/dgx")
     assert [g["nvlink_peers"] for g in dgx] == [
         [1, 2, 3, 4], [0, 2, 3, 5], [0, 1, 3, 6], [0, 1, 2, 7],
         [0, 5, 6, 7], [1, 4, 6, 7], [2, 4, 5, 7], [3, 4, 5, 6],
     ]  # fmt: skip
+    assert [(g["pcie_root"], g["numa_node"]) for g in dgx] == [("pci0000:00", 0)] * 4 + [
+        ("pci0000:80", 1)
+    ] * 4
     # a PCIe board has no NVLink (NVML: NotSupported), nor does an SXM2 card without its peers
     pcie = discover("4x Tesla V100-PCIE-32GB", "pcie", f"{tmp_path}/pcie")
     assert [g["nvlink_peers"] for g in pcie] == [[], [], [], []]
+    assert [(g["pcie_root"], g["numa_node"]) for g in pcie] == [("pci0000:00", 0)] * 4
     two = discover("2x Tesla V100-SXM2-16GB", "pair", f"{tmp_path}/pair")
     assert [g["nvlink_peers"] for g in two] == [[1], [0]]

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from agent.agent_cluster import apply_docs, claim_doc, get_items, pod_doc, pool_slices
+from agent.agent_cluster import apply_docs, claim_doc, get_items, pod_doc, pool_slices, simulated_agent
 from gpuslice import constants
 from gpuslice.api.package import GpuPackageSpec
 from gpuslice.api.resourceclaim import allocated_devices
 from gpuslice.domain import mig
 from gpuslice.domain.deviceclass import device_class
-from gpuslice_dev.agents import agent_dirs, agent_kubeconfig, spawn_agent
+from gpuslice_dev.agents import agent_dirs
 from gpuslice_dev.devcluster.cluster import DevCluster, node_manifest
 from support import get_json, wait_for
 
@@ -79,25 +79,13 @@ def mig_node(
     docs = [_package_doc(n, s) for n, s in specs.items()]
     docs += [device_class(n, None, GpuPackageSpec.model_validate(s), None) for n, s in specs.items()]
     apply_docs(cluster, docs)
-    log = root / "agent.log"
-    agent = spawn_agent(node, spec, agent_kubeconfig(cluster, node), root, log)
     try:
-        wait_for(
-            lambda: (
-                agent.poll() is not None or any(s["spec"].get("devices") for s in pool_slices(cluster, node))
-            ),
-            timeout=90,
-            what=f"the agent of {node} to publish its MIG devices",
-        )
-        assert agent.poll() is None, log.read_text()[-3000:]
-        yield node
+        with simulated_agent(cluster, node, spec, root):
+            yield node
     finally:
-        agent.terminate()
-        agent.wait(timeout=30)
         cluster.kubectl("delete", "gpupackage", *specs, "--wait=false", check=False)
         classes = [constants.device_class_name(n) for n in specs]
         cluster.kubectl("delete", "deviceclass", *classes, check=False)
-        cluster.kubectl("delete", "node", node, "--wait=false", check=False)
 
 
 def _devices(cluster: DevCluster, node: str) -> list[dict[str, Any]]:

@@ -1,13 +1,19 @@
 """The card topology the agent publishes for multi-GPU products: PCIe root and NUMA node as the
-kernel's sysfs shows them, NVLink peers as NVML reports them, on every whole-card device."""
+kernel's sysfs shows them, NVLink peers as NVML reports them, on every whole-card device; and the
+sysfs tree the driver double's tooling lays out for a simulated node, in the kernel's form."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from gpuslice.agent.gpus import nvlink_peers, pci_topology
+import pytest
+
+from gpuslice import constants as c
+from gpuslice.agent.gpus import NVIDIA_PCI_VENDOR, nvlink_peers, pci_topology, sys_root
 from gpuslice.agent.slices import Package, build_specs
 from gpuslice.api.package import GpuPackageSpec
+from gpuslice_dev.gpusim import simulate
 from support import gpu
 
 
@@ -62,3 +68,61 @@ def test_every_whole_card_device_carries_its_topology() -> None:
     assert consumed["compute"] == {"value": "100"} and consumed["memory"] == {
         "value": str(cards[0].memory_bytes)
     }
+
+
+def simulated(spec: str, where: Path) -> tuple[list[simulate.FakeGpu], Path]:
+    cards = simulate.parse_gpu_spec(spec, seed="topo")
+    return cards, simulate.sys_root(simulate.write_fake_config(cards, where / "fake-gpus.conf"))
+
+
+def test_a_simulated_dgx1_is_laid_out_as_the_kernel_shows_pci_devices(tmp_path: Path) -> None:
+    cards, sysfs = simulated("8x Tesla V100-SXM2-16GB", tmp_path)
+    assert [g.pci_bus_id[9:11] for g in cards] == ["06", "07", "0A", "0B", "85", "86", "89", "8A"]
+    link = sysfs / "bus" / "pci" / "devices" / "0000:85:00.0"
+    # the kernel's form: a relative link from bus/pci/devices into devices/<root>/.../<address>
+    assert os.readlink(link) == "../../../devices/pci0000:80/0000:80:01.0/0000:85:00.0"
+    card = link.resolve(strict=True)
+    assert (card / "vendor").read_text() == "0x10de\n" and (card / "device").read_text() == "0x1db1\n"
+    assert (card / "class").read_text() == "0x030200\n" and (card / "numa_node").read_text() == "1\n"
+    assert [pci_topology(g.pci_bus_id, sysfs) for g in cards] == [("pci0000:00", 0)] * 4 + [
+        ("pci0000:80", 1)
+    ] * 4
+    # the root port above a card is listed too, as on Linux, and is no NVIDIA card
+    assert (sysfs / "bus" / "pci" / "devices" / "0000:80:01.0").resolve() == card.parent
+    assert pci_topology("00000000:80:01.0", sysfs) == (None, None)
+
+
+def test_a_simulated_pcie_node_has_one_root_and_a_rewrite_drops_the_old_cards(tmp_path: Path) -> None:
+    simulated("8x Tesla V100-SXM2-16GB", tmp_path)
+    cards, sysfs = simulated("4x Tesla V100-PCIE-32GB", tmp_path)
+    assert [g.pci_bus_id for g in cards] == [f"00000000:0{4 + i}:00.0" for i in range(4)]
+    assert {pci_topology(g.pci_bus_id, sysfs) for g in cards} == {("pci0000:00", 0)}
+    assert pci_topology("00000000:85:00.0", sysfs) == (None, None), "the DGX-1's cards are gone"
+    assert sorted(p.name for p in (sysfs / "bus" / "pci" / "devices").iterdir()) == [
+        *(f"0000:00:0{i}.0" for i in range(1, 5)),
+        *(f"0000:0{4 + i}:00.0" for i in range(4)),
+    ]
+
+
+def test_the_agent_reads_the_hosts_sysfs_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(c.SYS_ROOT_ENV, raising=False)
+    assert sys_root() == Path("/sys")
+    monkeypatch.setenv(c.SYS_ROOT_ENV, "/run/simulated/sys")
+    assert sys_root() == Path("/run/simulated/sys")
+
+
+def test_the_hosts_own_pci_devices_are_no_cards() -> None:
+    # This machine's real sysfs, read by the same function: a device that is no NVIDIA card gives
+    # nothing (a simulated card's bus id read there takes no other device's topology); a real card
+    # gives the root directory its kernel path starts with.
+    host = sorted((Path("/sys") / "bus" / "pci" / "devices").glob("*"))
+    if not host:
+        pytest.skip("this machine shows no PCI devices")
+    for p in host:
+        real = p.resolve(strict=True)
+        assert real.is_relative_to(Path("/sys/devices")), real
+        root, _ = pci_topology(f"0000{p.name}", Path("/sys"))
+        if (p / "vendor").read_text().strip() == NVIDIA_PCI_VENDOR:
+            assert root == real.relative_to("/sys/devices").parts[0], real
+        else:
+            assert root is None, real

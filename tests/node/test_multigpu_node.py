@@ -113,6 +113,24 @@ def test_the_pod_sees_both_cards_whole(node_cluster: DevCluster, pair: str) -> N
         assert rc == 0 and "CUDA_SUCCESS" in out, (index, out, err)
 
 
+def test_the_node_publishes_its_cards_on_one_pcie_root_without_nvlink(
+    node_cluster: DevCluster, pair: str
+) -> None:
+    # The agent on the real node reads the PCI topology through the kernel's sysfs layout (the
+    # simulated node's, laid out beside its GPU description): PCIe boards on one root, no NVLink.
+    listing = get_json(node_cluster, "resourceslices", f"--field-selector=spec.nodeName={NODE}")
+    cards = [
+        d["attributes"]
+        for s in listing["items"]
+        for d in s["spec"].get("devices") or []
+        if (d["attributes"].get("package") or {}).get("string") == PACKAGE
+    ]
+    assert [(a["resource.kubernetes.io/pcieRoot"], a["numaNode"]) for a in cards] == [
+        ({"string": "pci0000:00"}, {"int": 0})
+    ] * 2, cards
+    assert not [a for a in cards if "nvlinkPeers" in a], "a PCIe board has no NVLink"
+
+
 def test_the_quota_counts_the_products_two_cards(node_cluster: DevCluster, pair: str) -> None:
     key = c.quota_key(PACKAGE)
 

@@ -1,5 +1,6 @@
 """A multi-GPU product through the operator: a GpuSlice of a `gpus: 4` package gets one claim of
-4 whole cards on one PCIe root, quota counts its cards, admission holds hand-written claims of
+4 whole cards on one PCIe root (on hand-made DGX-1 slices, and on what the real agent publishes
+over the driver double's DGX-1), quota counts its cards, admission holds hand-written claims of
 the product to its form, the ledger counts a 2-card product's card-seconds, and the CRD refuses
 burst on a whole-card product."""
 
@@ -16,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from agent.agent_cluster import simulated_agent
 from gpuslice import constants as c
+from gpuslice.domain.multigpu import PCIE_ROOT_ATTRIBUTE
 from gpuslice_dev.devcluster.cluster import DevCluster
 from support import apply, get_json, pod_doc, slice_doc, wait_for
 
@@ -99,19 +102,7 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
     status = wait_for(waiting, 60, "third product Pending NoNodeFits")
     assert status["phase"] == "Pending"
     assert f"no node has 4 free cards of {SXM2} on one PCIe root" in status["message"], status["message"]
-    explained = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuslice",
-            "explain",
-            f"{namespace}/big3",
-            f"--kubeconfig={cluster.kubeconfig}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    explained = explain(cluster, f"{namespace}/big3")
     assert "NoNodeFits" in explained and f"no node has 4 free cards of {SXM2} on one PCIe root" in explained
 
     # A hand-written claim of the product with count 1 is not its form.
@@ -136,6 +127,85 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
     }
     out = cluster.kubectl("create", "-f", "-", input=json.dumps(claim), check=False)
     assert out.returncode != 0 and f"multi-GPU product {pkg} count 4" in out.stderr, out.stderr
+
+
+#: The cards a DGX-1's V100-SXM2 boards have an NVLink to (the double's hybrid cube-mesh).
+DGX1_PEERS = ["1,2,3,4", "0,2,3,5", "0,1,3,6", "0,1,2,7", "0,5,6,7", "1,4,6,7", "2,4,5,7", "3,4,5,6"]
+
+
+def test_the_real_agent_publishes_a_dgx1s_topology_and_a_4_card_product_lands_on_one_root(
+    cluster: DevCluster, namespace: str, operator: OperatorProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No hand-written slice: the agent over the driver double reads the node's sysfs and NVML as
+    on a real DGX-1, and the scheduler and the operator's explanation work from what it published."""
+    token = "t" + uuid.uuid4().hex[:5]
+    cluster.create_namespace(namespace, {"mg": token})
+    entitled = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": 1}]
+    packages = {f"{token}-x{n}": {"gpuModel": SXM2, "gpus": n, "topology": "SamePcieRoot",
+                                  "entitlements": entitled} for n in (4, 8)}  # fmt: skip
+    apply(cluster, [{"apiVersion": c.GROUP_VERSION, "kind": c.PACKAGE_KIND,
+                     "metadata": {"name": n, "labels": {TEST_LABEL: "true"}}, "spec": s}
+                    for n, s in packages.items()])  # fmt: skip
+    for name in packages:
+        wait_for(lambda n=name: get_json(cluster, "deviceclass", c.device_class_name(n)), 30, "DeviceClass")
+    x4, x8 = packages
+    node = f"dgx-{token}"
+    with simulated_agent(cluster, node, f"8x {SXM2}", tmp_path_factory.mktemp("dgx")):
+
+        def cards() -> dict[str, dict[str, Any]] | None:
+            listing = get_json(cluster, "resourceslices", "-l", f"{c.LABEL_NODE}={node}")["items"]
+            found = {
+                d["name"]: d["attributes"]
+                for s in listing
+                for d in s["spec"].get("devices") or []
+                if (d["attributes"].get("package") or {}).get("string") == x4
+            }
+            return found if len(found) == 8 else None
+
+        published = wait_for(cards, 60, "a whole-card device of the 4-card package per card")
+        by_index = sorted(published.values(), key=lambda a: a["gpuIndex"]["int"])
+        assert [(a[PCIE_ROOT_ATTRIBUTE]["string"], a["numaNode"]["int"]) for a in by_index] == [
+            ("pci0000:00", 0)
+        ] * 4 + [("pci0000:80", 1)] * 4
+        assert [a["nvlinkPeers"]["string"] for a in by_index] == DGX1_PEERS
+
+        apply(cluster, [slice_doc("quad", namespace, x4)])
+        wait_for(lambda: get_json(cluster, "resourceclaim", "quad", "-n", namespace), 30, "the slice's claim")
+        apply(cluster, [pod_doc("quad", namespace, "quad")])
+        roots = wait_for(
+            lambda: allocated_roots(cluster, namespace, "quad", label=f"{c.LABEL_NODE}={node}"), 60, "4 cards"
+        )
+        assert len(roots) == 4 and len(set(roots)) == 1, roots
+        claim = get_json(cluster, "resourceclaim", "quad", "-n", namespace)
+        taken = {
+            published[r["device"]]["gpuIndex"]["int"]
+            for r in claim["status"]["allocation"]["devices"]["results"]
+        }
+        assert taken in ({0, 1, 2, 3}, {4, 5, 6, 7}), "one root's cards: one NUMA node, one NVLink quad"
+
+        # 8 cards on one root: no node has them (each root has 4), so the product waits, and says why.
+        apply(cluster, [slice_doc("octo", namespace, x8)])
+        wait_for(lambda: get_json(cluster, "resourceclaim", "octo", "-n", namespace), 30, "the slice's claim")
+        apply(cluster, [pod_doc("octo", namespace, "octo")])
+
+        def waiting() -> dict[str, Any] | None:
+            st = (get_json(cluster, "gpuslice", "octo", "-n", namespace) or {}).get("status") or {}
+            return st if st.get("reason") == "NoNodeFits" else None
+
+        status = wait_for(waiting, 60, "the 8-card product Pending NoNodeFits")
+        free_root = "pci0000:80" if taken == {0, 1, 2, 3} else "pci0000:00"
+        why = f"no node has 8 free cards of {SXM2} on one PCIe root (most: 4 on node {node} PCIe root "
+        why += free_root
+        assert status["phase"] == "Pending" and why in status["message"], status
+        explained = explain(cluster, f"{namespace}/octo")
+        assert "NoNodeFits" in explained and why in explained, explained
+        assert allocated_roots(cluster, namespace, "octo", label=f"{c.LABEL_NODE}={node}") is None
+
+
+def explain(cluster: DevCluster, ref: str) -> str:
+    """What `gpuslice explain <namespace>/<slice>` prints."""
+    argv = [sys.executable, "-m", "gpuslice", "explain", ref, f"--kubeconfig={cluster.kubeconfig}"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
 
 def allocated_roots_any(cluster: DevCluster, ns: str, name: str) -> list[str] | None:

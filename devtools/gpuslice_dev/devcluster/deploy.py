@@ -40,7 +40,7 @@ import yaml
 
 from gpuslice import constants as c
 from gpuslice_dev.devcluster.cluster import DevCluster, DevClusterError, free_port
-from gpuslice_dev.gpusim.simulate import FAKE_GPU_CONFIG_ENV, PROC_ROOT_ENV, proc_root
+from gpuslice_dev.gpusim.simulate import FAKE_GPU_CONFIG_ENV, PROC_ROOT_ENV, SYS_ROOT_ENV, proc_root, sys_root
 from gpuslice_dev.paths import REPO_ROOT
 
 OVERLAY = REPO_ROOT / "manifests" / "overlays" / "devcluster"
@@ -177,6 +177,7 @@ def agent_patch(dirs: dict[str, Path], fake_config: Path, fake_dir: Path) -> lis
         FAKE_GPU_CONFIG_ENV: str(fake_config),
         "LD_LIBRARY_PATH": str(fake_dir),
         PROC_ROOT_ENV: str(proc_root(fake_config)),
+        SYS_ROOT_ENV: str(sys_root(fake_config)),
         c.NVIDIA_CDI_DIRS_ENV: str(dirs["nvidia-cdi"]),
     }
     agent = "/spec/template/spec/containers/0"

@@ -23,6 +23,8 @@ from gpuslice.files import atomic_write
 FAKE_GPU_CONFIG_ENV = "GPUSLICE_FAKE_GPU_CONFIG"
 #: where the agent reads the driver's /proc files (the simulated node's, next to its GPU description)
 PROC_ROOT_ENV = c.PROC_ROOT_ENV
+#: where the agent reads the cards' PCI topology (the simulated node's sysfs, next to the same)
+SYS_ROOT_ENV = c.SYS_ROOT_ENV
 DEFAULT_DRIVER_VERSION = "535.183.01"
 DEFAULT_CUDA_DRIVER_VERSION = 12020  # what a 535 driver reports: CUDA 12.2
 
@@ -58,6 +60,10 @@ class FakeGpu(BaseModel):
     serial: str
     #: the peer's bus id at the end of each NVLink (one entry per link; empty on a PCIe board)
     nvlink: tuple[str, ...] = ()
+    #: the PCIe root complex the card hangs off, as sysfs names it, and the NUMA node of that root
+    #: (`write_sysfs` lays them out where the agent reads them on a real node)
+    pcie_root: str = "pci0000:00"
+    numa_node: int = 0
 
 
 class _Model(BaseModel):
@@ -154,7 +160,7 @@ def parse_gpu_spec(spec: str, seed: str = "gpuslice") -> list[FakeGpu]:
             )
     if not gpus:
         raise GpuSpecError("GPU spec is empty; give e.g. '1x Tesla V100-PCIE-32GB'")
-    gpus = with_nvlinks(gpus)
+    gpus = with_nvlinks(with_topology(gpus))
     if len(gpus) > 16:
         raise GpuSpecError(f"the driver test double simulates at most 16 GPUs, spec asks for {len(gpus)}")
     return gpus
@@ -172,6 +178,38 @@ DGX1_NVLINKS: dict[int, tuple[tuple[int, int], ...]] = {
     6: ((2, 1), (4, 1), (5, 2), (7, 2)),
     7: ((3, 1), (4, 2), (5, 1), (6, 2)),
 }
+
+
+#: Where a DGX-1 puts its 8 V100-SXM2 boards, in nvidia-smi's order: (bus, PCIe root, NUMA node).
+#: Cards 0-3 hang off the first CPU socket's root complex, 4-7 off the second's.
+DGX1_SLOTS: tuple[tuple[int, str, int], ...] = (
+    (0x06, "pci0000:00", 0), (0x07, "pci0000:00", 0), (0x0A, "pci0000:00", 0), (0x0B, "pci0000:00", 0),
+    (0x85, "pci0000:80", 1), (0x86, "pci0000:80", 1), (0x89, "pci0000:80", 1), (0x8A, "pci0000:80", 1),
+)  # fmt: skip
+
+
+def with_topology(gpus: list[FakeGpu]) -> list[FakeGpu]:
+    """Bus ids and PCIe roots as the node's boards have them: the first 8 SXM2 boards sit in a
+    DGX-1's slots (two roots, one per socket and NUMA node, 4 cards each); every other card is a PCIe
+    board on the first socket's root, at the next free bus from 04."""
+    sxm2 = [g.index for g in gpus if "SXM2" in g.name][: len(DGX1_SLOTS)]
+    slot = {index: DGX1_SLOTS[k] for k, index in enumerate(sxm2)}
+    used = {bus for bus, _, _ in slot.values()}
+    out, bus = [], 4
+    for g in gpus:
+        if g.index in slot:
+            b, root, numa = slot[g.index]
+        else:
+            while bus in used:
+                bus += 1
+            b, root, numa = bus, "pci0000:00", 0
+            used.add(bus)
+        out.append(
+            g.model_copy(
+                update={"pci_bus_id": f"00000000:{b:02X}:00.0", "pcie_root": root, "numa_node": numa}
+            )
+        )
+    return out
 
 
 def with_nvlinks(gpus: list[FakeGpu]) -> list[FakeGpu]:
@@ -226,7 +264,73 @@ def write_fake_config(
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, render_fake_config(gpus, driver_version, cuda_driver_version))
     write_procfs(proc_root(path))
+    write_sysfs(sys_root(path), gpus)
     return path
+
+
+def sys_root(config_path: Path | str) -> Path:
+    """The simulated node's /sys (its PCI devices) next to its GPU description."""
+    return Path(config_path).parent / "sys"
+
+
+#: What sysfs shows of the CPU's PCIe root port each card hangs off (a PCI-to-PCI bridge).
+ROOT_PORT_VENDOR: Final = "0x8086"
+ROOT_PORT_CLASS: Final = "0x060400"
+#: An NVIDIA datacenter card's PCI class: 3D controller (no display output).
+GPU_CLASS: Final = "0x030200"
+
+
+def _pci_name(domain: int, bus: int, device: int, function: int = 0) -> str:
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+def _pci_function(path: Path, vendor: str, device: str, pci_class: str, numa_node: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    for name, value in (
+        ("vendor", vendor),
+        ("device", device),
+        ("class", pci_class),
+        ("numa_node", numa_node),
+    ):
+        atomic_write(path / name, f"{value}\n")
+
+
+def _link(link: Path, target: Path) -> None:
+    """A relative symlink, as the kernel makes bus/pci/devices/<address> -> ../../../devices/...;
+    replaced in one step, so a reader never finds it missing."""
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(target, link.parent))
+    os.replace(tmp, link)
+
+
+def write_sysfs(root: Path, gpus: list[FakeGpu]) -> Path:
+    """Lay the cards out under `root` as Linux shows PCI devices: each card at
+    devices/<pcie root>/<root port>/<card> (`devices/pci0000:80/0000:80:01.0/0000:85:00.0`), a
+    root port per card, every function with its vendor, device, class and numa_node, and the
+    bus/pci/devices/<address> symlink to each; what the agent reads is the kernel's layout."""
+    links = root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    wanted: set[str] = set()
+    ports: dict[str, int] = {}
+    for g in sorted(gpus, key=lambda g: g.pci_bus_id):
+        domain, bus, device = (int(x, 16) for x in g.pci_bus_id.replace(".", ":").split(":")[:3])
+        root_bus = int(g.pcie_root.rpartition(":")[2], 16)
+        ports[g.pcie_root] = ports.get(g.pcie_root, 0) + 1
+        port = _pci_name(domain, root_bus, ports[g.pcie_root])
+        card = _pci_name(domain, bus, device)
+        port_dir = root / "devices" / g.pcie_root / port
+        _pci_function(port_dir, ROOT_PORT_VENDOR, "0x1901", ROOT_PORT_CLASS, g.numa_node)
+        card_id = int(g.pci_device_id, 16)
+        card_dir = port_dir / card
+        _pci_function(card_dir, f"0x{card_id & 0xFFFF:04x}", f"0x{card_id >> 16:04x}", GPU_CLASS, g.numa_node)
+        for name, target in ((port, port_dir), (card, card_dir)):
+            _link(links / name, target)
+            wanted.add(name)
+    for stale in links.iterdir():
+        if stale.name not in wanted:
+            stale.unlink()
+    return root
 
 
 #: NVIDIA_MAX_DEVICES of the kernel module: nvidia-caps numbers capabilities for that many cards
@@ -286,6 +390,7 @@ def fake_driver_env(config_path: Path | str, fake_dir: Path) -> dict[str, str]:
     return {
         FAKE_GPU_CONFIG_ENV: str(config_path),
         PROC_ROOT_ENV: str(proc_root(config_path)),
+        SYS_ROOT_ENV: str(sys_root(config_path)),
         "LD_LIBRARY_PATH": f"{fake_dir}:{old}" if old else str(fake_dir),
     }
 
@@ -301,6 +406,7 @@ def use_fake_driver(config_path: Path | str) -> ctypes.CDLL:
     built = ensure_built()
     os.environ[FAKE_GPU_CONFIG_ENV] = str(config_path)
     os.environ[PROC_ROOT_ENV] = str(proc_root(config_path))
+    os.environ[SYS_ROOT_ENV] = str(sys_root(config_path))
     return ctypes.CDLL(str(built.fake_nvml), mode=ctypes.RTLD_GLOBAL)
 
 

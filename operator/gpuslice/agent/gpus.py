@@ -8,11 +8,13 @@ NVML's init binds to it and nothing in the agent knows the difference.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from gpuslice import constants as c
 from gpuslice import logs
 from gpuslice.agent import nvml
 from gpuslice.domain.mig import MigProfile
@@ -72,6 +74,8 @@ def discover(static_mig: bool = False) -> list[GpuInfo]:
             "`gpuslice-dev devcluster up --simulate-gpus SPEC`, which points it at the driver test double."
         ) from exc
     cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+    sysfs = sys_root()
+    topology = {d.index: pci_topology(d.pci_bus_id, sysfs) for d in facts}
     return [
         GpuInfo(
             index=d.index,
@@ -83,8 +87,8 @@ def discover(static_mig: bool = False) -> list[GpuInfo]:
             cuda_driver_version=cuda_version,
             minor_number=d.minor_number,
             pci_bus_id=d.pci_bus_id,
-            pcie_root=pci_topology(d.pci_bus_id)[0],
-            numa_node=pci_topology(d.pci_bus_id)[1],
+            pcie_root=topology[d.index][0],
+            numa_node=topology[d.index][1],
             nvlink_peers=nvlink_peers(d.nvlink_remote_bus_ids, {f.pci_bus_id: f.index for f in facts}),
             mig_profiles=migs[d.uuid],
             mig_layout=layouts[d.uuid],
@@ -93,9 +97,13 @@ def discover(static_mig: bool = False) -> list[GpuInfo]:
     ]
 
 
-#: Where the kernel shows PCI devices; a parameter of `pci_topology` so a test can lay out a node's.
-SYSFS = Path("/sys")
 NVIDIA_PCI_VENDOR = "0x10de"
+
+
+def sys_root() -> Path:
+    """Where the kernel shows PCI devices: /sys, or a simulated node's tree that the driver double's
+    tooling lays out next to its GPU description (the host's sysfs has no simulated card)."""
+    return Path(os.environ.get(c.SYS_ROOT_ENV) or c.SYS_ROOT)
 
 
 def _sysfs_name(bus_id: str) -> str:
@@ -104,21 +112,26 @@ def _sysfs_name(bus_id: str) -> str:
     return f"{int(domain, 16) & 0xFFFF:04x}:{rest}".lower()
 
 
-def pci_topology(bus_id: str, sysfs: Path | None = None) -> tuple[str | None, int | None]:
+def pci_topology(bus_id: str, sysfs: Path) -> tuple[str | None, int | None]:
     """The card's PCIe root complex and NUMA node as the kernel shows them: the first `pciDDDD:BB`
     directory of the card's device path (`/sys/devices/pci0000:00/0000:00:01.0/0000:04:00.0`), the
     name Kubernetes' `resource.kubernetes.io/pcieRoot` uses, and `numa_node` (-1: none). Nothing
-    where the node has no NVIDIA device at that address (a simulated card)."""
+    where `sysfs` has no NVIDIA device at that address."""
     try:
-        real = ((sysfs or SYSFS) / "bus" / "pci" / "devices" / _sysfs_name(bus_id)).resolve(strict=True)
+        real = (sysfs / "bus" / "pci" / "devices" / _sysfs_name(bus_id)).resolve(strict=True)
         vendor = (real / "vendor").read_text().strip().lower()
+        devices = (sysfs / "devices").resolve(strict=True)
     except (OSError, RuntimeError, ValueError):
         return None, None
     if vendor != NVIDIA_PCI_VENDOR:
-        # Not an NVIDIA card at that address: a simulated card's made-up bus id that some other
-        # device of this machine happens to have; its topology is not the card's.
+        # Not an NVIDIA card at that address: a simulated card's bus id read against the host's
+        # sysfs, where some other device of this machine happens to have it; its topology is not
+        # the card's.
         return None, None
-    root = next((p for p in real.parts if p.startswith("pci") and ":" in p), None)
+    # Only the part under devices/ names the root: the directories above a simulated node's tree
+    # are wherever its state lives.
+    parts = real.parts[len(devices.parts) :] if real.is_relative_to(devices) else real.parts
+    root = next((p for p in parts if p.startswith("pci") and ":" in p), None)
     try:
         numa = int((real / "numa_node").read_text().strip())
     except (OSError, ValueError):
