@@ -94,6 +94,7 @@ typecheck: install
 PYTEST_WORKERS ?= 4
 pytest: install shim
 	$(BIN)/gpuslice-dev devcluster build --with-node
+	$(BIN)/python tests/shim/fetch_wheels.py
 	$(BIN)/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test: lint typecheck pytest
