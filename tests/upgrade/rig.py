@@ -49,6 +49,8 @@ PROBE_PACKAGE = "v100-4pct"
 #: (fraction 4), so that many fit beside the 8 GiB slices held during the rollback
 BASELINE_PROBES = 2
 PROBE_SLOTS = 22
+#: the operator's quota on GpuSlice objects in each entitled namespace (0.1.0 makes it too)
+COUNT_QUOTA = "gpuslice-objects"
 
 
 def _say(msg: str) -> None:
@@ -206,6 +208,16 @@ def packages(c: DevCluster, tree: Path) -> None:
             lambda p=pkg: c.kubectl("get", "deviceclass", f"{p}.gpuslice.io", check=False).returncode == 0,
             120,
             f"DeviceClass {pkg}",
+        )
+    # the operator's object-count quota in each namespace: until kube-controller-manager has counted
+    # it, the API server refuses every GpuSlice ("status unknown for quota"), slow on a loaded machine
+    for ns in (TENANT, PROBER):
+        wait_for(
+            lambda n=ns: ((get_json(c, "resourcequota", COUNT_QUOTA, "-n", n) or {}).get("status") or {}).get(
+                "hard"
+            ),
+            120,
+            f"quota {ns}/{COUNT_QUOTA} counted",
         )
 
 
