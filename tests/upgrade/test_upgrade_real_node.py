@@ -77,7 +77,9 @@ def test_upgrade_from_0_1_0_and_back_under_running_slice_pods(cluster: DevCluste
     run.tenants()
 
     def upgrade() -> None:
-        kubectl(c, "apply", "--server-side", "-f", str(REPO / "crds"))  # CRDs first (README)
+        kubectl(
+            c, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds")
+        )  # CRDs first (README)
         kubectl(c, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         deploy(c, new_overlay, NEW)
 
