@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuslice.api.resourceslice import newest_generation, parse_resource_slices
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.deploy import write_overlay
 from gpuslice_dev.devcluster.node_binaries import ensure_node_binaries
@@ -51,7 +53,6 @@ from upgrade.rig import (
     _say,
     devcluster,
     images,
-    images_running,
     kubectl,
     load_tagged,
     rollout,
@@ -118,6 +119,8 @@ def plugin_dir(c: DevCluster) -> Path:
 class Helm:
     def __init__(self, c: DevCluster) -> None:
         self.c, self.bin = c, ensure_helm()
+        #: what Helm refused (a server-side apply conflict): the test fails on it after forcing it
+        self.refused: list[str] = []
         home = c.dir / "helm-home"
         self.env = {
             **os.environ,
@@ -148,20 +151,33 @@ class Helm:
         return list(json.loads(self("history", "gpuslice", "-o", "json")))
 
 
+def tags_running(c: DevCluster) -> set[str]:
+    """The image tags the running pods of the namespace were made with (their spec: one image carries
+    several tags here, and a container's status may name any of them)."""
+    return {
+        ct["image"].rsplit(":", 1)[-1]
+        for p in get_json(c, "pods", "-n", NAMESPACE)["items"]
+        if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"
+        for ct in p["spec"]["containers"]
+    }
+
+
 def wait_deployed(c: DevCluster, tag: str) -> None:
     rollout(c, "deploy/gpuslice-operator")
     rollout(c, "ds/gpuslice-agent")
-    wait_for(lambda: images_running(c) == {tag}, 180, f"only {tag} running in {NAMESPACE}")
+    wait_for(lambda: tags_running(c) == {tag}, 180, f"only {tag} running in {NAMESPACE}")
 
 
 def node_devices(c: DevCluster) -> list[tuple[str, str, int]]:
-    """(device name, card UUID, card index) of every device the node's ResourceSlices publish."""
+    """(device name, card UUID, card index) of every device the node's newest ResourceSlices publish
+    (read as `gpuslice drain` reads them; the index is the one in the device's name, gpu-<index>-...)."""
     items = get_json(c, "resourceslices", "--field-selector", f"spec.nodeName={NODE}")["items"]
+    slices = newest_generation(s for s in parse_resource_slices(items) if s.pool == NODE)
     return [
-        (d["name"], d["attributes"]["uuid"]["string"], int(d["attributes"]["gpuIndex"]["int"]))
-        for s in items
-        for d in s["spec"].get("devices") or []
-        if "uuid" in d.get("attributes", {})
+        (d.name, d.uuid, int(m.group(1)))
+        for s in slices
+        for d in s.devices
+        if d.uuid and (m := re.match(r"gpu-(\d+)-", d.name))
     ]
 
 
@@ -180,6 +196,9 @@ class Drained:
         _say(f"drain: {proc.stdout.strip()}")
         self.rules = self.read_rules()
         assert self.rules, "gpuslice drain made no DeviceTaintRule"
+        wait_for(
+            lambda: not self.problems("drained"), 60, f"the drain of {self.uuid} ({len(self.rules)} rules)"
+        )
 
     def read_rules(self) -> dict[str, tuple[str, str, str]]:
         items = get_json(self.c, "devicetaintrules", "-l", f"gpuslice.io/drain-node={NODE}")["items"]
@@ -288,6 +307,8 @@ def test_helm_upgrade_from_0_1_0_a_patch_rollout_and_helm_rollback_under_running
         v["name"] for v in get_json(c, "crd", "gpuslices.gpuslice.io")["spec"]["versions"] if v.get("served")
     ]
     run.check("v1beta1" in served, f"after helm rollback gpuslices serve {served}")
+    for what in helm.refused:
+        run.check(False, what)
     figures = {
         k: {
             "median_s": v["median_s"],
