@@ -42,6 +42,9 @@ GPU_SPEC = "2x Tesla V100-PCIE-32GB"
 IMAGE = "localhost/gpuslice/gpuslice"
 OLD = "0.1.0"
 NEW = gpuslice.__version__
+#: this tree's image under the tag of a patch release: the rollout from 0.2.0 to 0.2.x, where the
+#: stopping agent already leaves its ResourceSlices to kubelet
+NEXT = f"{NEW}-next"
 #: another tenant whose pods start during each rollout, on a small product of its own
 PROBER = "team-b"
 PROBE_PACKAGE = "v100-4pct"
@@ -95,6 +98,11 @@ def build_release_image(tree: Path, out: Path) -> Path:
     return out
 
 
+def tag_image(c: DevCluster, tag: str, as_tag: str) -> None:
+    bins = ensure_node_binaries(c.progress, c.kubernetes)
+    ctr(bins, dirs_of(c, NODE), "images", "tag", "--force", f"{IMAGE}:{tag}", f"{IMAGE}:{as_tag}")
+
+
 def load_tagged(c: DevCluster, archive: Path, tag: str) -> None:
     """Import the archive (named `:dev`, as every build names it) and tag it `tag` on the node."""
     import_image(c, archive)
@@ -125,12 +133,14 @@ def rollout(c: DevCluster, what: str, timeout: int = 300) -> None:
 
 
 def images_running(c: DevCluster) -> set[str]:
+    """The image tags the namespace's running pods were made with: their spec (one image carries
+    several tags on the node, and a container's status may name any of them)."""
     pods = get_json(c, "pods", "-n", NAMESPACE)["items"]
     return {
-        cs["image"].rsplit(":", 1)[-1]
+        ct["image"].rsplit(":", 1)[-1]
         for p in pods
-        if not p["metadata"].get("deletionTimestamp")
-        for cs in p["status"].get("containerStatuses") or []
+        if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"
+        for ct in p["spec"]["containers"]
     }
 
 
@@ -502,10 +512,13 @@ class Run:
             self.failures.append(what)
             _say(f"NOT HELD: {what[:2000]}")
 
-    def tenants(self) -> None:
-        """Tenants on 0.1.0, written as a GitOps repository for 0.1.0 has them (v1alpha1)."""
+    def tenants(self, after_packages: Callable[[], None] | None = None) -> None:
+        """Tenants on 0.1.0, written as a GitOps repository for 0.1.0 has them (v1alpha1).
+        `after_packages` runs once the products exist (the agent publishes devices per product)."""
         c = self.c
         packages(c, self.old_tree)
+        if after_packages is not None:
+            after_packages()
         apply_docs(
             c,
             slice_doc("direct", "v1alpha1"),

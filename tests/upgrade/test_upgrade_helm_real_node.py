@@ -38,14 +38,14 @@ import yaml
 from gpuslice.api.resourceslice import newest_generation, parse_resource_slices
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.deploy import write_overlay
-from gpuslice_dev.devcluster.node_binaries import ensure_node_binaries
-from gpuslice_dev.devcluster.realnode import ctr, dirs_of, start_real_nodes
+from gpuslice_dev.devcluster.realnode import start_real_nodes
 from gpuslice_dev.tools import ensure_helm
 from support import get_json, wait_for
 from upgrade.rig import (
     IMAGE,
     NAMESPACE,
     NEW,
+    NEXT,
     NODE,
     OLD,
     REPO,
@@ -53,9 +53,11 @@ from upgrade.rig import (
     _say,
     devcluster,
     images,
+    images_running,
     kubectl,
     load_tagged,
     rollout,
+    tag_image,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=1100)]
@@ -63,14 +65,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=1100)]
 #: four cards, the last drained before the tenants come: three stay on sale
 GPU_SPEC = "4x Tesla V100-PCIE-32GB"
 DRAINED_INDEX = 3
-#: this tree's image under the tag of a patch release: the rollout from 0.2.0 to 0.2.x
-NEXT = f"{NEW}-next"
 PLUGIN = "devcluster-node"
-
-
-def tag_image(c: DevCluster, tag: str, as_tag: str) -> None:
-    bins = ensure_node_binaries(c.progress, c.kubernetes)
-    ctr(bins, dirs_of(c, NODE), "images", "tag", "--force", f"{IMAGE}:{tag}", f"{IMAGE}:{as_tag}")
 
 
 def post_renderer(c: DevCluster, generated: Path, tree: Path, tag: str) -> Path:
@@ -151,21 +146,10 @@ class Helm:
         return list(json.loads(self("history", "gpuslice", "-o", "json")))
 
 
-def tags_running(c: DevCluster) -> set[str]:
-    """The image tags the running pods of the namespace were made with (their spec: one image carries
-    several tags here, and a container's status may name any of them)."""
-    return {
-        ct["image"].rsplit(":", 1)[-1]
-        for p in get_json(c, "pods", "-n", NAMESPACE)["items"]
-        if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"
-        for ct in p["spec"]["containers"]
-    }
-
-
 def wait_deployed(c: DevCluster, tag: str) -> None:
     rollout(c, "deploy/gpuslice-operator")
     rollout(c, "ds/gpuslice-agent")
-    wait_for(lambda: tags_running(c) == {tag}, 180, f"only {tag} running in {NAMESPACE}")
+    wait_for(lambda: images_running(c) == {tag}, 180, f"only {tag} running in {NAMESPACE}")
 
 
 def node_devices(c: DevCluster) -> list[tuple[str, str, int]]:
@@ -264,13 +248,18 @@ def test_helm_upgrade_from_0_1_0_a_patch_rollout_and_helm_rollback_under_running
     helm("install", "gpuslice", str(old_tree / "manifests/helm/gpuslice"), *local, renderer=old_post)
     wait_deployed(c, OLD)
     _say(f"{OLD} installed with Helm after {time.monotonic() - started:.0f}s")
-    wait_for(lambda: node_devices(c), 120, "the 0.1.0 agent's ResourceSlices")
-    drained = Drained(c)
-
     run = Run(c, old_tree)
-    run.checks.append(drained.problems)
-    run.tenants()
-    assert not drained.problems("installed"), drained.problems("installed")
+    drained: list[Drained] = []
+
+    def drain() -> None:
+        # once the products exist: the agent publishes a card's devices per product, and a rule
+        # selects devices by name (both runs before this found none to drain)
+        wait_for(lambda: {i for _, _, i in node_devices(c)} == {0, 1, 2, 3}, 120, "every card's devices")
+        drained.append(Drained(c))
+        run.checks.append(drained[0].problems)
+
+    run.tenants(after_packages=drain)
+    assert not drained[0].problems("installed"), drained[0].problems("installed")
 
     def upgrade() -> None:
         kubectl(

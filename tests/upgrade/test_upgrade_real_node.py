@@ -1,6 +1,7 @@
 """Release 0.1.0 installed on a real node (kubelet + containerd + runc) through the README's devcluster
 deploy flow, with tenants running, upgraded to this tree the way the README says (the CRDs first,
-then the manifests) and rolled back again, each time checked with `tests/invariants.py`.
+then the manifests), rolled out again to this tree under another image tag (a 0.2.0 -> 0.2.x patch
+rollout) and rolled back to 0.1.0, each time checked with `tests/invariants.py`.
 
 0.1.0 is the commit the changelog names, exported with `git archive` (the checkout is untouched), its
 image built by its own `gpuslice_dev.image` and its manifests and CRDs applied as they were. Both
@@ -31,8 +32,8 @@ from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.deploy import write_overlay
 from gpuslice_dev.devcluster.realnode import start_real_nodes
 from upgrade.rig import (
-    GPU_SPEC,
     NEW,
+    NEXT,
     NODE,
     OLD,
     REPO,
@@ -44,9 +45,13 @@ from upgrade.rig import (
     kubectl,
     load_tagged,
     release_overlay,
+    tag_image,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=900)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=1000)]
+
+#: three cards: the slices made after each of the three steps fit beside the prober's pods
+GPU_SPEC = "3x Tesla V100-PCIE-32GB"
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +70,11 @@ def test_upgrade_from_0_1_0_and_back_under_running_slice_pods(cluster: DevCluste
     start_real_nodes(c, 1)
     load_tagged(c, old_image, OLD)
     load_tagged(c, new_image, NEW)
+    tag_image(c, NEW, NEXT)
     generated = write_overlay(c, NODE, GPU_SPEC, out=c.dir / "deploy-generated")
     old_overlay = release_overlay(c, generated, old_tree / "manifests/overlays/devcluster", OLD)
     new_overlay = release_overlay(c, generated, REPO / "manifests/overlays/devcluster", NEW)
+    next_overlay = release_overlay(c, generated, REPO / "manifests/overlays/devcluster", NEXT)
     kubectl(c, "apply", "--server-side", "-k", str(old_tree / "manifests" / "crds"))
     kubectl(c, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     deploy(c, old_overlay, OLD)
@@ -84,5 +91,16 @@ def test_upgrade_from_0_1_0_and_back_under_running_slice_pods(cluster: DevCluste
         deploy(c, new_overlay, NEW)
 
     run.step("upgrade", upgrade, "v1beta1")
+    # this tree again under another tag: a patch rollout, the stopping agent leaves its pool to kubelet
+    run.step("patch-rollout", lambda: deploy(c, next_overlay, NEXT), "v1beta1")
     run.step("rollback", lambda: deploy(c, old_overlay, OLD), "v1alpha1")
+    windows = {
+        k: {
+            "median_s": v["median_s"],
+            "max_s": v["max_s"],
+            "FailedScheduling": sum(n for w, n in v["warnings"].items() if w.startswith("FailedScheduling")),
+        }
+        for k, v in run.figures.items()
+    }
+    _say(f"windows: {windows}")
     run.finish(started)
