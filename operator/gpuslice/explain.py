@@ -162,10 +162,17 @@ def explain(slice_obj: Mapping[str, Any], package: Mapping[str, Any] | None) -> 
     if status.get("message"):
         lines.append(f"  why:      {status['message']}")
     for alloc in status.get("allocations") or []:
-        where = (
-            f"GPU {alloc.get('gpuUUID', '?')} on node {alloc.get('node', '?')}, "
-            f"device {alloc.get('device', '?')}"
-        )
+        uuids, devices = alloc.get("gpuUUIDs") or [], alloc.get("devices") or []
+        if len(devices) > 1:  # a multi-GPU product: every card it holds
+            where = (
+                f"{len(devices)} GPUs {', '.join(uuids) or '?'} on node {alloc.get('node', '?')}, "
+                f"devices {', '.join(devices)}"
+            )
+        else:
+            where = (
+                f"GPU {alloc.get('gpuUUID', '?')} on node {alloc.get('node', '?')}, "
+                f"device {alloc.get('device', '?')}"
+            )
         pod = f", held by pod {alloc['pod']}" if alloc.get("pod") else ""
         lines.append(f"  where:    claim {alloc.get('claim')}: {where}{pod}")
     queue = status.get("queue")

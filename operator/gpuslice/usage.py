@@ -217,7 +217,7 @@ def interval_rows(
                 "sliceSeconds": part.seconds(until),
                 "cards": iv.cards,
                 "cardSeconds": part.card_seconds(until),
-                "pricePerHour": iv.price.per_hour if iv.price else None,
+                "pricePerHour": iv.price.rate(iv.borrowed) if iv.price else None,  # the rate it is billed at
                 "currency": iv.price.currency if iv.price else None,
                 "cost": money(cost) if cost is not None else None,
                 "peakMemoryBytes": iv.peak_memory_bytes,

@@ -387,9 +387,10 @@ FAKE_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, uns
     return fake_module_load(module, image, FAKE_LOAD_DRIVER);
 }
 
+/* The driver tells the image's kind from its bytes, whichever call hands it over: a plain cubin or
+ * PTX loads here as through cuModuleLoadData (XLA loads every kernel it compiles, a cubin, this way). */
 FAKE_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin)
 {
-    if (fatbin && !fatbin_of(fatbin)) return CUDA_ERROR_INVALID_IMAGE;
     return fake_module_load(module, fatbin, FAKE_LOAD_DRIVER);
 }
 

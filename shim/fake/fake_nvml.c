@@ -943,6 +943,51 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t dev, unsigned 
     return engine_util(dev, util, period);
 }
 
+/* NVLink 2 (Volta): 25.781 GB/s per link and direction, as nvidia-smi nvlink -s shows it. */
+#define NVLINK2_SPEED_MBPS 25781
+
+/* The field API: the call succeeds for a valid card and a value array, and each field carries its own
+ * result. The double answers the NVLink fields from the board (none on a PCIe board: NotSupported,
+ * as its per-link calls answer); every other field says NotSupported, the answer a driver gives for
+ * a field the card lacks. */
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values)
+{
+    GET_GPU(dev, g);
+    if (count < 0 || (count > 0 && !values)) return NVML_ERROR_INVALID_ARGUMENT;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *f = &values[i];
+        f->timestamp = (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+        f->latencyUsec = 0;
+        f->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        f->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        unsigned int value = 0;
+        switch (f->fieldId) {
+        case NVML_FI_DEV_NVLINK_LINK_COUNT: value = FAKE_MAX_NVLINKS; break;
+        case NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON:
+        case NVML_FI_DEV_NVLINK_GET_SPEED: value = NVLINK2_SPEED_MBPS; break;
+        default: continue;
+        }
+        if (g->nvlink_count == 0) continue; /* a PCIe board */
+        f->value.uiVal = value;
+        f->nvmlReturn = NVML_SUCCESS;
+    }
+    return NVML_SUCCESS;
+}
+
+/* Confidential computing (R535 on) needs Hopper: on a node of the double's cards it is unavailable
+ * and off, which the driver reports as a successful query. */
+FAKE_EXPORT nvmlReturn_t nvmlSystemGetConfComputeState(nvmlConfComputeSystemState_t *state)
+{
+    CHECK_INIT();
+    if (!state) return NVML_ERROR_INVALID_ARGUMENT;
+    state->environment = NVML_CC_SYSTEM_ENVIRONMENT_UNAVAILABLE;
+    state->ccFeature = NVML_CC_SYSTEM_FEATURE_DISABLED;
+    state->devToolsMode = NVML_CC_SYSTEM_DEVTOOLS_MODE_OFF;
+    return NVML_SUCCESS;
+}
+
 /* Confidential computing is a Hopper feature and off on the double's cards. */
 FAKE_EXPORT nvmlReturn_t nvmlDeviceGetConfComputeProtectedMemoryUsage(nvmlDevice_t dev, nvmlMemory_t *memory)
 {

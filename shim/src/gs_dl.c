@@ -5,9 +5,10 @@
  * memory). So a lookup of "dlsym" or "dlvsym", through either function and whatever the handle, gets
  * the shim's own; and a driver entry point found by version is handed out as dlsym would hand it out.
  *
- * This closes the linker's lookup functions, not every way into a library: dlmopen into a fresh
- * namespace, or reading libc's symbol table by hand, still reach the real entry points (the in-process
- * bypass the node agent's NVML cross-check is for; see shim/README.md, "Known limits").
+ * This closes the linker's lookup functions (a driver copy dlmopen'ed into a fresh namespace is
+ * looked up through them too, and answered by the shim's driver: hook.c), not every way into a
+ * library: reading libc's or a copy's symbol table by hand still reaches the real entry points (the
+ * in-process bypass the node agent's NVML cross-check is for; see shim/README.md, "Known limits").
  */
 #define _GNU_SOURCE
 #include "gs_dl.h"

@@ -411,6 +411,8 @@ void gs_region_note_software(gs_region *r, const gs_software *rec)
     memset(sw->process, 0, sizeof(sw->process));
     (void)prctl(PR_GET_NAME, sw->process, 0, 0, 0);
     sw->process[sizeof(sw->process) - 1] = '\0';
+    memcpy(sw->library, rec->library, sizeof(sw->library));
+    sw->library[sizeof(sw->library) - 1] = '\0';
     sw->time_ms = unix_ms();
     atomic_fetch_add_explicit(&sw->seq, 1, memory_order_release);
     atomic_fetch_add_explicit(&sw->records_total, 1, memory_order_relaxed);

@@ -113,7 +113,9 @@ _Static_assert(GS_EXPORTS_OFFSET + GS_MAX_EXPORTS * sizeof(gs_export) <= GS_REGI
  *  24 i32 pid   28 u32 arch_count (images in the kernel image; archs[] holds the first 16)
  *  32 u16 archs[16] (sm arch, | GS_ARCH_PTX for PTX)   64 char process[16] (comm)
  *  80 u64 time_ms (unix ms)   88 u64 ok_time_ms (last image that loaded and runs on the device)
- *  96 u64 first_use_ms (first context any process of the slice created)   104 u64 records_total */
+ *  96 u64 first_use_ms (first context any process of the slice created)   104 u64 records_total
+ * 112 char library[32] (file name of the library or program the image was in: "libtorch_cuda.so"; empty
+ *     when the image came from memory the process built, as NVRTC output) */
 #define GS_SOFTWARE_OFFSET 512u
 #define GS_SOFTWARE_ARCHS 16u
 #define GS_ARCH_PTX 0x8000u
@@ -138,8 +140,9 @@ typedef struct {
     _Atomic uint64_t ok_time_ms;
     _Atomic uint64_t first_use_ms;
     _Atomic uint64_t records_total;
+    char library[32];
 } gs_software;
-_Static_assert(sizeof(gs_software) == 112, "software record layout");
+_Static_assert(sizeof(gs_software) == 144, "software record layout");
 _Static_assert(GS_SOFTWARE_OFFSET >= 192 && GS_SOFTWARE_OFFSET + sizeof(gs_software) <= GS_EXPORTS_OFFSET,
                "the software record fits between the lock and the exports");
 

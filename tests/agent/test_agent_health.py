@@ -126,3 +126,90 @@ def test_a_card_lost_before_a_restart_stays_published_from_memory(tmp_path: Path
     assert json.loads((tmp_path / "gpus.json").read_text())[0]["uuid"] == both[0].uuid
     (tmp_path / "gpus.json").write_text("not json")
     assert with_remembered([both[1]], tmp_path) == [both[1]], "an unreadable memory is no card"
+
+
+PRODUCT_SCENARIO = """
+import asyncio, json, sys, time
+from pathlib import Path
+from gpuslice import logs
+from gpuslice.agent import gpus, health
+from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, PreparedDevice
+from gpuslice.agent.prepare import NodePaths
+from gpuslice_dev.gpusim import faults, simulate
+
+logs.configure("ERROR")
+tmp = Path(sys.argv[2])
+config = simulate.write_node_config(sys.argv[1], "product-node", tmp)
+simulate.use_fake_driver(config)
+found = gpus.discover()
+uuids = [g.uuid for g in found]
+paths = NodePaths(tmp / "state", tmp / "run", tmp / "cdi", tmp / "libgpuslice.so")
+paths.state_dir.mkdir(parents=True)
+
+
+def whole(i):
+    return PreparedDevice(request="gpu", pool="product-node", device=f"gpu-{i}-v100-x2", gpu_uuid=uuids[i],
+                          memory_bytes=found[i].memory_bytes, compute_share=100, cdi_device_ids=[])
+
+
+quarter = PreparedDevice(request="gpu", pool="product-node", device="gpu-2-v100-8g-0", gpu_uuid=uuids[2],
+                         memory_bytes=8 << 30, compute_share=25, cdi_device_ids=[])
+CheckpointStore(paths.state_dir / "checkpoint.json").save(Checkpoint(claims={
+    "u-pair": ClaimRecord(uid="u-pair", namespace="t", name="pair", state="Prepared",
+                          devices=[whole(0), whole(1)]),
+    "u-q": ClaimRecord(uid="u-q", namespace="t", name="q", state="Prepared", devices=[quarter]),
+}))
+
+
+async def main():
+    tainted = asyncio.Queue()
+
+    def set_taints(taints):
+        if taints:
+            tainted.put_nowait(sorted(uuids.index(u) for u in taints))
+
+    async def node_event(type_, reason, message):
+        pass
+
+    async def names(uuid):
+        return [f"{r.namespace}/{r.name}" for r in health.records_on_card(paths, uuid)]
+
+    monitor = health.HealthMonitor("product-node", found, set_taints, node_event, names,
+                                   claims_on_card=health.checkpoint_claims(paths), probe_interval=0.5)
+    task = asyncio.create_task(monitor.run())
+    await monitor.ready.wait()
+    await asyncio.to_thread(faults.inject, config, "1", xid=79)
+    cards = await asyncio.wait_for(tainted.get(), 5.0)
+    claims = {i: monitor.claims_on_card(uuids[i]) for i in cards}
+    [(_, _, devices)] = claims[1]
+    status = [(d["device"], d["conditions"][0]["status"], d["conditions"][0]["reason"])
+              for d in monitor.claim_device_status(devices, health.now_iso())]
+    out = {"tainted": cards, "slices": {i: await names(uuids[i]) for i in cards},
+           "claims": {i: [c[:2] for c in v] for i, v in claims.items()}, "status": status}
+    task.cancel()
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_fault_on_a_products_second_card_is_the_products(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PRODUCT_SCENARIO, "3x Tesla V100-PCIE-32GB", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["tainted"] == [1], "only the card that failed"
+    # what the agent tells on the card (GpuFailed Events, the claims' device status) reaches the
+    # product whose second card it is, and only the device of that card
+    assert out["slices"] == {"1": ["t/pair"]}
+    assert out["claims"] == {"1": [["t", "pair"]]}
+    # the claim's device status: both its devices in one apply, each with its own card's health
+    assert out["status"] == [
+        ["gpu-0-v100-x2", "True", "Healthy"],
+        ["gpu-1-v100-x2", "False", "GpuFailed"],
+    ]

@@ -13,7 +13,14 @@ from gpuslice.agent.checkpoint import Checkpoint, CheckpointStore, ClaimRecord, 
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.owners import ClaimOwner
 from gpuslice.agent.prepare import NodePaths
-from gpuslice.agent.usage import UsageReporter, _SliceState, should_write, usage_patch, usage_status
+from gpuslice.agent.usage import (
+    UsageReporter,
+    _SliceState,
+    claim_memory_bytes,
+    should_write,
+    usage_patch,
+    usage_status,
+)
 from gpuslice.agent.violations import ViolationEnforcer
 from gpuslice.kubehttp import ApiError
 from gpuslice.shim.region import ProcessUsage, UsageSnapshot
@@ -153,3 +160,18 @@ def test_a_fifo_for_a_usage_region_never_stops_the_loop_that_serves_kubelet(tmp_
         t.join(5)
     assert result == [True], "the usage reader blocked the event loop"
     assert beats >= 10, f"the loop ran {beats} heartbeats in 0.5 s"
+
+
+def test_a_2_card_products_memory_limit_is_both_cards() -> None:
+    def whole(i: int) -> PreparedDevice:
+        return PreparedDevice(
+            request="gpu", pool="n0", device=f"gpu-{i}-x2", gpu_uuid=f"GPU-{i}", memory_bytes=32 * GIB,
+            compute_share=100, cdi_device_ids=[],
+        )  # fmt: skip
+
+    pair = ClaimRecord(uid="u", namespace="t", name="pair", state="Prepared", devices=[whole(0), whole(1)])
+    assert claim_memory_bytes(pair) == 64 * GIB
+    # the product's region says unlimited (its cards are whole): the reading says both cards' memory
+    unlimited = _snapshot(GIB, []).model_copy(update={"memory_limit_bytes": None, "compute_share": 100})
+    usage = usage_status(unlimited, claim_memory_bytes(pair), "2026-12-02T00:00:00Z")
+    assert usage["memoryLimitBytes"] == 64 * GIB

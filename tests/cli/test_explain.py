@@ -152,3 +152,15 @@ def test_software_that_cannot_use_the_gpu_is_a_warning_with_what_to_do() -> None
     out = explain(obj, None)
     assert "warning:  process ollama (pid 1) loaded kernels built for sm_75" in out
     assert "first used" not in out
+
+
+def test_a_multi_gpu_product_says_every_card_it_holds() -> None:
+    alloc = {
+        "claim": "pair", "node": "n1", "gpuUUID": "GPU-a", "device": "gpu-0-v100-x2", "pod": "p",
+        "gpuUUIDs": ["GPU-a", "GPU-b"], "devices": ["gpu-0-v100-x2", "gpu-1-v100-x2"],
+    }  # fmt: skip
+    text = explain(_slice({"phase": "InUse", "reason": "InUse", "gpus": 2, "allocations": [alloc]}), PACKAGE)
+    assert (
+        "claim pair: 2 GPUs GPU-a, GPU-b on node n1, devices gpu-0-v100-x2, gpu-1-v100-x2, held by pod p"
+        in text
+    )

@@ -202,3 +202,39 @@ def test_borrowed_hours_are_shown_apart_where_any_were_borrowed() -> None:
     # Without borrowing, the table is as it always was.
     plain = usage_rows(totals(intervals_of(OBJECTS), NOW, since))
     assert "BORROWED-HOURS" not in render("table", since, NOW, plain, None, None)
+
+
+def test_a_borrowed_price_prices_the_borrowed_hours_and_the_cost() -> None:
+    found = [
+        (
+            "team-b",
+            GpuUsage.model_validate(
+                {
+                    "month": "2026-12",
+                    "intervals": [
+                        iv(
+                            "own", "2026-12-05T08:00:00Z", "2026-12-05T10:00:00Z", borrowedPricePerHour="0.30"
+                        ),
+                        iv(
+                            "lent",
+                            "2026-12-05T09:00:00Z",
+                            "2026-12-05T09:30:00Z",
+                            borrowed=True,
+                            borrowedPricePerHour="0.30",
+                        ),
+                    ],
+                }
+            ),
+        )
+    ]
+    rows = intervals_of(found)
+    since = datetime(2026, 12, 1, tzinfo=UTC)
+    (row,) = usage_rows(totals(rows, NOW, since))
+    # own: 2 h at 0.45; lent: 0.5 h at the borrowed 0.30
+    assert (row["borrowedSliceSeconds"], row["borrowedCost"], row["cost"]) == (1800, "0.15", "1.05")
+    table = render("table", since, NOW, [row], interval_rows(rows, since, NOW), None).splitlines()
+    assert table[2].split()[-1] == "0.15"
+    # each interval row shows the rate it is billed at
+    by_slice = {r["slice"]: r for r in interval_rows(rows, since, NOW)}
+    assert (by_slice["own"]["pricePerHour"], by_slice["lent"]["pricePerHour"]) == ("0.45", "0.30")
+    assert (by_slice["own"]["cost"], by_slice["lent"]["cost"]) == ("0.9", "0.15")

@@ -8,7 +8,13 @@ from gpuslice.api.package import Condition, GpuPackageSpec
 from gpuslice.domain.admission import AdmissionConfig, admission_objects
 from gpuslice.domain.capacity import Capacity
 from gpuslice.domain.conditions import contains, same_status, stamp
-from gpuslice.domain.package_status import capacity_behind, deletion_condition, format_bytes, package_status
+from gpuslice.domain.package_status import (
+    capacity_behind,
+    capacity_write,
+    deletion_condition,
+    format_bytes,
+    package_status,
+)
 
 
 def test_contains_allows_server_defaults_but_not_different_values() -> None:
@@ -92,3 +98,23 @@ def test_every_policy_has_a_binding_with_the_right_action_and_scope() -> None:
     assert "below 2Gi" in policies["gpuslice-pod-memory"]["spec"]["validations"][0]["message"]
     # Admission messages cannot hold line breaks.
     assert not [v for p in policies.values() for v in p["spec"]["validations"] if "\n" in v["message"]]
+
+
+def test_a_capacity_write_carries_the_memory_of_a_slice_once_cards_are_published() -> None:
+    """The capacity is written apart from the package's other status (within seconds of a change):
+    with it goes what one slice holds, known only from the published cards, so `kubectl get
+    gpupackages` never shows cards without the size of their slices."""
+    none = Capacity(gpus=0, total=0, allocated=0, free=0, memory_per_slice_bytes=None)
+    assert capacity_write(none) == {
+        "capacity": {
+            "gpus": 0,
+            "slicesTotal": 0,
+            "slicesAllocated": 0,
+            "slicesFree": 0,
+            "unhealthyGpus": None,
+        }
+    }
+    two = Capacity(gpus=2, total=8, allocated=1, free=7, memory_per_slice_bytes=8 << 30)
+    patch = capacity_write(two)
+    assert patch["memoryPerSlice"] == "8Gi"
+    assert patch["capacity"]["slicesFree"] == 7

@@ -170,3 +170,43 @@ def test_a_lost_card_gets_the_same_taint_whichever_path_sees_it_first() -> None:
     probe_first = h.after_xid(h.after_probe(HEALTHY, Probe(lost=True), T0), 79, T1)
     assert h.taint(probe_first) == h.taint(xid_first) == _taint("xid-79", "NoExecute")
     assert probe_first.since == T0, "the eviction began when the card was first seen lost"
+
+
+def _two_card_claim() -> dict[str, object]:
+    """A claim of a 2-card product as the API server shows it: one result per whole card."""
+    doc = allocated_claim("ns", "pair", "n0", "gpu-0-v100-x2", reserved_for=("p",))
+    results = doc["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "device": "gpu-1-v100-x2"})
+    return doc
+
+
+def test_a_product_whose_second_card_fails_says_gpu_failed_naming_that_card() -> None:
+    claim = claim_view(_two_card_claim())
+    running = pod_view(pod("p", claim="pair", node=True, phase="Running"))
+    uuids = {("n0", "gpu-0-v100-x2"): "GPU-first", ("n0", "gpu-1-v100-x2"): "GPU-second"}
+    healthy = slice_status(facts(claims=[claim], pods=[running], uuids=uuids), T1)
+    assert h.SLICE_CONDITION not in {c.type for c in healthy.conditions}
+
+    taints = {("n0", "gpu-1-v100-x2"): [_taint("xid-79", "NoExecute")]}
+    st = slice_status(facts(claims=[claim], pods=[running], uuids=uuids, device_taints=taints), T1)
+    [cond] = [c for c in st.conditions if c.type == h.SLICE_CONDITION]
+    assert (cond.status, cond.reason) == ("False", "GpuFailed")
+    assert cond.message.startswith("GPU GPU-second on node n0 failed: XID 79 (GPU has fallen off the bus)")
+
+
+def test_a_products_status_names_every_card_and_counts_them() -> None:
+    claim = claim_view(_two_card_claim())
+    running = pod_view(pod("p", claim="pair", node=True, phase="Running"))
+    uuids = {("n0", "gpu-0-v100-x2"): "GPU-first", ("n0", "gpu-1-v100-x2"): "GPU-second"}
+    st = slice_status(facts(claims=[claim], pods=[running], uuids=uuids), T1)
+    assert (st.gpu_uuid, st.device, st.gpus) == ("GPU-first", "gpu-0-v100-x2", 2), "gpuUUID stays the first"
+    assert st.gpu_uuids == ["GPU-first", "GPU-second"]
+    [alloc] = st.allocations
+    assert alloc.gpu_uuids == ["GPU-first", "GPU-second"]
+    assert alloc.devices == ["gpu-0-v100-x2", "gpu-1-v100-x2"]
+    wire = st.model_dump(by_alias=True, exclude_none=True)
+    assert wire["gpuUUIDs"] == ["GPU-first", "GPU-second"] and wire["gpus"] == 2
+
+    one = claim_view(allocated_claim("ns", "s", "n0", "gpu-0-v100-8g-1", reserved_for=("p",)))
+    single = slice_status(facts(claims=[one], pods=[running], uuids={("n0", "gpu-0-v100-8g-1"): "GPU-a"}), T1)
+    assert (single.gpus, single.gpu_uuids) == (1, ["GPU-a"])

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from gpuslice.api.usage import GpuUsage, Price
-from gpuslice.domain.ledger import Holding, Ledger, encode, load, mark_borrowed, reconcile, totals
+from gpuslice.domain.ledger import Holding, Ledger, encode, load, mark_borrowed, reconcile, reprice, totals
 
 NS = "team-b"
 PKG = "v100-8g"
@@ -100,3 +100,61 @@ def test_a_count_kueue_has_not_updated_yet_moves_no_mark() -> None:
     ivs = books["2026-12"].intervals
     assert sorted((iv.claim_uid, iv.borrowed) for iv in ivs) == [("a", False), ("b", False), ("c", True)]
     assert [iv.end for iv in ivs if iv.claim_uid == "c"] == [t("2026-12-05 12:00:01")]
+
+
+LENT_PRICE = Price(perHour="0.45", borrowedPerHour="0.30", currency="EUR")
+
+
+def test_a_borrowed_price_bills_the_borrowed_part_only_and_rides_the_objects_through_a_restart() -> None:
+    books: dict[str, Ledger] = {}
+    held = [holding("a", "2026-12-05 10:00:00"), holding("b", "2026-12-05 11:00:00")]
+    reconcile(books, NS, held, {}, {PKG: LENT_PRICE}, t("2026-12-05 11:00:01"))
+    mark_borrowed(books, PKG, 1, t("2026-12-05 11:00:02"))  # b, on lent quota
+    # b goes back to the entitlement at 12:00 (Kueue: 0): its rest is at perHour.
+    mark_borrowed(books, PKG, 0, t("2026-12-05 12:00:00"))
+    until = t("2026-12-05 13:00:00")
+    (total,) = totals(((NS, iv) for iv in books["2026-12"].intervals), until)
+    # a: 3 h at 0.45; b: 1 h borrowed at 0.30 and 1 h at 0.45
+    assert total.borrowed_seconds == 3600
+    assert total.borrowed_cost == Decimal("0.30")
+    assert total.cost == Decimal("0.45") * 4 + Decimal("0.30")
+    books["2026-12"].confirmed_at = until
+    saved = encode(books["2026-12"], until)
+    dumped = saved[0].model_dump(by_alias=True, exclude_none=True)
+    assert {iv.get("borrowedPricePerHour") for iv in dumped["intervals"]} == {"0.30"}
+    wire = [GpuUsage.model_validate(json.loads(s.model_dump_json(by_alias=True))) for s in saved.values()]
+    after = {"2026-12": load(NS, wire)}
+    (again,) = totals(((NS, iv) for iv in after["2026-12"].intervals), until)
+    assert (again.cost, again.borrowed_cost) == (total.cost, total.borrowed_cost)
+
+
+def test_a_change_of_the_borrowed_price_splits_open_intervals_like_any_price_change() -> None:
+    books: dict[str, Ledger] = {}
+    reconcile(
+        books, NS, [holding("a", "2026-12-05 10:00:00")], {}, {PKG: LENT_PRICE}, t("2026-12-05 10:00:01")
+    )
+    mark_borrowed(books, PKG, 1, t("2026-12-05 10:00:02"))
+    dearer = Price(perHour="0.45", borrowedPerHour="0.60", currency="EUR")
+    assert reprice(books, PKG, dearer, t("2026-12-05 11:00:00")) == {"2026-12"}
+    ivs = books["2026-12"].intervals
+    assert [(iv.end, iv.price.borrowed_per_hour if iv.price else None, iv.borrowed) for iv in ivs] == [
+        (t("2026-12-05 11:00:00"), "0.30", True),
+        (None, "0.60", True),
+    ]
+    # The same price again, however written, splits nothing.
+    assert (
+        reprice(
+            books,
+            PKG,
+            Price(perHour="0.450", borrowedPerHour="0.6", currency="EUR"),
+            t("2026-12-05 11:30:00"),
+        )
+        == set()
+    )
+    (total,) = totals(((NS, iv) for iv in ivs), t("2026-12-05 12:00:00"))
+    assert total.borrowed_cost == Decimal("0.30") + Decimal("0.60")
+
+
+def test_without_a_borrowed_price_a_borrowed_slice_costs_per_hour() -> None:
+    assert EUR.rate(borrowed=True) == EUR.rate(borrowed=False) == "0.45"
+    assert LENT_PRICE.rate(borrowed=True) == "0.30" and LENT_PRICE.rate(borrowed=False) == "0.45"

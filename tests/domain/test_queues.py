@@ -176,3 +176,20 @@ def test_borrowed_slices_are_read_from_the_packages_own_cluster_queue_only() -> 
     # Someone else's queue of that name, or none: nothing is known.
     assert borrowed_slices({**ours, "metadata": {"labels": {}}}, "v100-8g", resource) is None
     assert borrowed_slices(None, "v100-8g", resource) is None
+
+
+def test_a_borrowed_price_needs_sharing_mode_kueue() -> None:
+    price = {"perHour": "0.45", "borrowedPerHour": "0.30", "currency": "EUR"}
+    base = {"gpuModel": V100, "fraction": 25, "price": price}
+    with pytest.raises(ValidationError, match=r"borrowedPerHour applies to sharing\.mode Kueue only"):
+        GpuPackageSpec.model_validate(base)
+    spec = GpuPackageSpec.model_validate({**base, "sharing": {"mode": "Kueue", "borrowingLimit": 1}})
+    assert spec.price is not None and spec.price.borrowed_per_hour == "0.30"
+    with pytest.raises(ValidationError, match="String should match pattern"):
+        GpuPackageSpec.model_validate(
+            {
+                **base,
+                "price": {**price, "borrowedPerHour": "-1"},
+                "sharing": {"mode": "Kueue", "borrowingLimit": 1},
+            }
+        )

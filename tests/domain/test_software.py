@@ -38,6 +38,20 @@ def test_a_build_without_the_gpus_architecture_says_what_it_carries_and_what_to_
         assert part in cond.message
 
 
+def test_pytorchs_kernels_on_a_v100_name_the_library_and_the_builds_that_carry_volta() -> None:
+    torch = {**NO_VOLTA, "library": "libtorch_cuda.so"}
+    message = status_with({"software": torch})["conditions"]["SoftwareCompatible"].message
+    assert "(in libtorch_cuda.so)" in message
+    assert "https://download.pytorch.org/whl/cu126" in message and "torch 2.9.1 from PyPI" in message
+    # another library's kernels are not told to install PyTorch
+    other = {**NO_VOLTA, "library": "libggml-cuda.so"}
+    message = status_with({"software": other})["conditions"]["SoftwareCompatible"].message
+    assert "(in libggml-cuda.so)" in message and "torch" not in message
+    # nor is PyTorch on a GPU its CUDA 12.6 builds are not about
+    pascal = {**torch, "gpuArchitecture": "sm_60"}
+    assert "cu126" not in status_with({"software": pascal})["conditions"]["SoftwareCompatible"].message
+
+
 def test_a_runtime_newer_than_the_driver_is_named_with_the_versions() -> None:
     sw = {"reason": "DriverTooOld", "process": "ollama", "pid": 1, "runtimeCudaVersion": "13.0",
           "driverCudaVersion": "12.2", "imageArchitectures": [], "imageCount": 0}  # fmt: skip

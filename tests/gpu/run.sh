@@ -90,7 +90,7 @@ if ! "$probe" info >"$work/info.raw" 2>&1; then
     sed 's/^/    /' "$work/info.raw"
     for what in "OOM boundary, allocation paths, dlsym/cuGetProcAddress, VMM, context teardown, fork, IPC" \
         "nvidia-smi and NVML totals under the shim" "compute share" \
-        "compatibility matrix (libcudart 12.9 and 13.0, CuPy 14, nvitop, PyTorch 2.9.1; alone and under 8 GiB)" \
+        "compatibility matrix (libcudart 12.9 and 13.0, CuPy 14, nvitop, cuda-bindings 12.9, numba-cuda 0.30, JAX 0.10.2, PyTorch 2.9.1; alone and under 8 GiB)" \
         "launch overhead against the real driver"; do
         say "NOT RUN $what"
     done
@@ -190,9 +190,10 @@ PY
 
 # --- real CUDA software: the compatibility matrix (tests/shim/test_matrix_*.py) on this GPU ------------
 # The same tests the suite runs on the driver double, here on the real driver: NVIDIA's runtime 12.9
-# and 13.0, CuPy 14 and PyTorch 2.9.1 from their PyPI wheels, alone and under an 8 GiB slice. Wheels
-# come from ${XDG_CACHE_HOME:-~/.cache}/gpuslice/wheels (fetched from PyPI when reachable; carry that
-# folder to a machine without network). Whatever cannot run is named, never counted as passed.
+# and 13.0, CuPy 14, NVIDIA's driver bindings 12.9, numba-cuda 0.30, JAX 0.10.2 and PyTorch 2.9.1
+# from their PyPI wheels, alone and under an 8 GiB slice. Wheels come from
+# ${XDG_CACHE_HOME:-~/.cache}/gpuslice/wheels (fetched from PyPI when reachable; carry that folder to
+# a machine without network). Whatever cannot run is named, never counted as passed.
 py=""
 for cand in "$repo/.venv/bin/python" /work/main/.venv/bin/python python3; do
     if command -v "$cand" >/dev/null && "$cand" -c "import pytest, pynvml" 2>/dev/null; then py=$cand; break; fi
@@ -202,7 +203,16 @@ if [[ -z $py ]]; then
     not_run+=("compatibility matrix: no Python with pytest and pynvml (make a venv: pip install -e '.[dev]' devtools)")
 else
     export PYTHONPATH="$repo/operator:$repo/devtools${PYTHONPATH:+:$PYTHONPATH}"
-    matrix=(tests/shim/test_matrix_cudart.py tests/shim/test_matrix_cupy.py tests/shim/test_matrix_nvml_readers.py)
+    matrix=(tests/shim/test_matrix_cudart.py tests/shim/test_matrix_cupy.py tests/shim/test_matrix_nvml_readers.py
+        tests/shim/test_matrix_cuda_bindings.py tests/shim/test_matrix_numba.py)
+    if "$py" -c "
+import sys; sys.path.insert(0, '$repo/tests')
+from shim.matrix import JAX; from gpuslice_dev.wheels import ensure_unpacked
+for name, version in JAX: ensure_unpacked(name, version)" >"$work/jax-wheels.log" 2>&1; then
+        matrix+=(tests/shim/test_matrix_jax.py)
+    else
+        not_run+=("JAX matrix: its wheels are not cached and PyPI is not reachable ($(tail -1 "$work/jax-wheels.log"))")
+    fi
     if "$py" -c "
 import sys; sys.path.insert(0, '$repo/tests')
 from shim.matrix import TORCH; from gpuslice_dev.wheels import ensure_unpacked

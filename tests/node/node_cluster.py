@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -53,6 +54,27 @@ def slice_pod(name: str, command: list[str], claim: str | None = None) -> list[d
             },
         },
     ]
+
+
+def restricted_container(name: str, uid: int, gid: int, command: list[str]) -> dict[str, Any]:
+    """A probe container as the restricted Pod Security profile asks: non-root `uid`:`gid`, no
+    privilege escalation, no capabilities, a read-only root, RuntimeDefault seccomp; holding the
+    pod's claim `gpu`."""
+    return {
+        "name": name,
+        "image": PROBE,
+        "command": command,
+        "resources": {"claims": [{"name": "gpu"}], "limits": {"memory": "256Mi"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
 
 
 def run_pod(cluster: DevCluster, docs: list[dict[str, object]], timeout: float = 90) -> str:

@@ -22,7 +22,7 @@ from gpuslice_dev.devcluster.cluster import DevCluster, State
 from gpuslice_dev.devcluster.node_agents import fake_gpu_config
 from gpuslice_dev.devcluster.realnode import bridge_owner_of, dirs_of, stop_node
 from gpuslice_dev.gpusim.build import ensure_built
-from node.node_cluster import PROBE, TENANT, exec_in, sleeping_slice_pod
+from node.node_cluster import TENANT, exec_in, restricted_container, sleeping_slice_pod
 from support import get_json, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=70)]
@@ -31,24 +31,6 @@ NODE = "real-node-0"
 RESTRICTED_NS = "team-a-restricted"
 GIB = 1 << 30
 HOLDER_UID, TENANT_UID = (1000, 1000), (1000680000, 0)
-
-
-def _restricted(name: str, uid: int, gid: int, command: list[str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "image": PROBE,
-        "command": command,
-        "resources": {"claims": [{"name": "gpu"}], "limits": {"memory": "256Mi"}},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": uid,
-            "runAsGroup": gid,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    }
 
 
 def _kubectl_ns(cluster: DevCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -88,8 +70,8 @@ def restricted_pod(node_cluster: DevCluster) -> Iterator[DevCluster]:
                 "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "restricted"}],
                 "containers": [
-                    _restricted("holder", *HOLDER_UID, ["gpuslice-probe", "hold", "6Gi", "0"]),
-                    _restricted("tenant", *TENANT_UID, ["sleep", "3600"]),
+                    restricted_container("holder", *HOLDER_UID, ["gpuslice-probe", "hold", "6Gi", "0"]),
+                    restricted_container("tenant", *TENANT_UID, ["sleep", "3600"]),
                 ],
             },
         },

@@ -1,6 +1,7 @@
 """A 2-card product on the real node (kubelet -> agent -> CDI -> containerd -> runc): the pod sees
 both cards whole, the quota counts its two cards, and the agent's NVML cross-check watches both:
-memory its pod holds on the second card is the product's, a host process there is reported."""
+memory its pod holds on the second card is the product's, a host process there is reported; and
+a card failing under it fails the product, the second as the first."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from gpuslice import constants as c
 from gpuslice_dev.agents import DEV_USAGE_INTERVAL
 from gpuslice_dev.devcluster.cluster import DevCluster
 from gpuslice_dev.devcluster.node_agents import fake_gpu_config
+from gpuslice_dev.gpusim import faults
 from node.node_cluster import PROBE, TENANT, delete, exec_in, run_pod
+from node.test_gpu_health_node import card_taints, events
 from node.test_isolation_node import _container_pid, _memory_isolated, _release, gpu_holder
 from support import get_json, wait_for
 
@@ -153,3 +156,31 @@ def test_the_cross_check_watches_the_second_card(node_cluster: DevCluster, pair:
         assert f"{TENANT}/pair" in cond["message"] and first not in cond["message"]
     finally:
         _release(host)
+
+
+def test_an_xid_on_the_second_card_fails_the_product(node_cluster: DevCluster, pair: str) -> None:
+    """Last in the module: the product's pod is evicted."""
+    config = fake_gpu_config(node_cluster, NODE)
+    first, second = node_uuids(node_cluster)
+    uid = get_json(node_cluster, "pod", pair, "-n", TENANT)["metadata"]["uid"]
+    faults.inject(config, "1", xid=79)
+    try:
+        tainted = wait_for(lambda: (t := card_taints(node_cluster, 1)) and all(t) and t, 30, "card 1 tainted")
+        assert all(t[0]["value"] == "xid-79" and t[0]["effect"] == "NoExecute" for t in tainted), tainted
+        assert not any(card_taints(node_cluster, 0)), "the product's healthy first card stays untainted"
+
+        def evicted() -> bool | None:
+            pod = get_json(node_cluster, "pod", pair, "-n", TENANT)
+            return True if pod is None or pod["metadata"]["uid"] != uid else None
+
+        wait_for(evicted, 120, "kube-controller-manager evicts the product's pod")
+        failed = wait_for(
+            lambda: next((e for e in events(node_cluster, TENANT, pair) if e["reason"] == "GpuFailed"), None),
+            30,
+            "a GpuFailed Event on the product",
+        )
+        assert failed["type"] == "Warning" and "XID 79" in failed["message"], failed
+        assert second in failed["message"] and first not in failed["message"], failed["message"]
+    finally:
+        faults.inject(config, "1", clear=True)
+        wait_for(lambda: not any(card_taints(node_cluster, 1)), 30, "the reset card untainted")

@@ -24,7 +24,6 @@ from gpuslice.domain.health import HEALTHY, after_xid, taint
 from gpuslice.timefmt import rfc3339
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
 from support import (
-    MetricsReaders,
     apply,
     lag_of,
     metrics_readers,
@@ -43,23 +42,15 @@ WRITES = 'gpuslice_operator_status_updates_total{kind="GpuPackage"'
 
 
 @pytest.fixture(scope="module")
-def readers(cluster: DevCluster) -> Iterator[MetricsReaders]:
-    with metrics_readers(cluster) as found:
-        yield found
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: DevCluster, readers: MetricsReaders, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    with module_operator(
-        cluster,
-        tmp_path_factory.mktemp("capacity-operator") / "operator.log",
-        f"--metrics-port={free_port()}",
-        "--recheck-seconds=60",
-        "--resync-seconds=60",
-        metrics_token=readers.prometheus,
-    ) as op:
+def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """With the package timer and the resync at 60 s: the capacity seen within the bound is the
+    recount's, not theirs."""
+    log = tmp_path_factory.mktemp("capacity-operator") / "operator.log"
+    args = (f"--metrics-port={free_port()}", "--recheck-seconds=60", "--resync-seconds=60")
+    with (
+        metrics_readers(cluster) as readers,
+        module_operator(cluster, log, *args, metrics_token=readers.prometheus) as op,
+    ):
         yield op
 
 

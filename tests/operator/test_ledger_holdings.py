@@ -123,3 +123,25 @@ def test_a_shared_device_held_t_seconds_is_billed_t_seconds_once(
     intervals = [iv for book in books.values() for iv in book.intervals]
     assert billed_seconds(books, at(held + 1_000)) == held
     assert len(intervals) == 1
+
+
+def test_a_2_card_products_interval_names_both_cards_and_a_slices_only_its_one() -> None:
+    body = claim(allocated=0)
+    results = body["status"]["allocation"]["devices"]["results"]
+    results[0]["device"] = "gpu-0-v100-x2"
+    results.append({**results[0], "device": "gpu-1-v100-x2"})
+    uuids = {("node-1", "gpu-0-v100-x2"): "GPU-first", ("node-1", "gpu-1-v100-x2"): "GPU-second"}
+    books: dict[str, Ledger] = {}
+    reconcile(books, NS, holdings([metered_claim(body)], uuids, {"v100-8g": 2.0}), {}, {}, at(0))
+    wire = encode(books["2026-12"], at(60))
+    dumped = [o.model_dump(by_alias=True, exclude_none=True) for o in wire.values()]
+    (iv,) = dumped[0]["intervals"]
+    assert (iv["gpu"], iv["gpus"]) == ("GPU-first", ["GPU-first", "GPU-second"]), "gpu stays the first card"
+    assert [i.gpus for i in load(NS, list(wire.values())).intervals] == [["GPU-first", "GPU-second"]]
+
+    one: dict[str, Ledger] = {}
+    reconcile(one, NS, holdings([metered_claim(claim(allocated=0))], {}), {}, {}, at(0))
+    (iv,) = next(iter(encode(one["2026-12"], at(60)).values())).model_dump(by_alias=True, exclude_none=True)[
+        "intervals"
+    ]
+    assert "gpus" not in iv, "a slice of one card is written as before"

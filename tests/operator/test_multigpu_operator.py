@@ -32,16 +32,18 @@ def operator(cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
         yield op
 
 
-def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
-    cluster: DevCluster, namespace: str, operator: OperatorProcess
-) -> None:
+def _product_on(
+    cluster: DevCluster, namespace: str, prefix: str, *, gpus: int, entitled: int, node: str
+) -> str:
+    """A `gpus`-card SamePcieRoot package entitling `namespace` (made here) to `entitled` products,
+    its DeviceClass made, and `node` publishing DGX-1 cards for it; returns the package's name."""
     from gpuslice.agent.slices import Package
     from gpuslice.api.package import GpuPackageSpec
 
-    token = "g" + uuid.uuid4().hex[:5]
-    pkg = f"{token}-x4"
-    spec: dict[str, Any] = {"gpuModel": SXM2, "gpus": 4, "topology": "SamePcieRoot"}
-    spec["entitlements"] = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": 3}]
+    token = prefix + uuid.uuid4().hex[:5]
+    pkg = f"{token}-x{gpus}"
+    spec: dict[str, Any] = {"gpuModel": SXM2, "gpus": gpus, "topology": "SamePcieRoot"}
+    spec["entitlements"] = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": entitled}]
     package = {
         "apiVersion": c.GROUP_VERSION,
         "kind": c.PACKAGE_KIND,
@@ -51,11 +53,17 @@ def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
     cluster.create_namespace(namespace, {"mg": token})
     apply(cluster, [package])
     wait_for(lambda: get_json(cluster, "deviceclass", c.device_class_name(pkg)), 30, "DeviceClass")
-    node = cluster.nodes[0]
     docs = slices(node, dgx(node), [Package(pkg, GpuPackageSpec.model_validate(spec))])
     for d in docs:
         d["metadata"]["labels"]["gpuslice-test/operator"] = "true"
     apply(cluster, docs)
+    return pkg
+
+
+def test_a_4_gpu_gpuslice_gets_4_cards_on_one_root(
+    cluster: DevCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pkg = _product_on(cluster, namespace, "g", gpus=4, entitled=3, node=cluster.nodes[0])
 
     # Quota counts cards: 3 products of 4 cards are 12 devices.
     def hard() -> str | None:
@@ -141,28 +149,8 @@ def _ts(value: str) -> float:
 def test_a_2_card_products_interval_carries_twice_its_seconds_in_card_seconds(
     cluster: DevCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    from gpuslice.agent.slices import Package
-    from gpuslice.api.package import GpuPackageSpec
-
-    token = "c" + uuid.uuid4().hex[:5]
-    pkg = f"{token}-x2"
-    spec: dict[str, Any] = {"gpuModel": SXM2, "gpus": 2, "topology": "SamePcieRoot"}
-    spec["entitlements"] = [{"namespaceSelector": {"matchLabels": {"mg": token}}, "slices": 1}]
-    package = {
-        "apiVersion": c.GROUP_VERSION,
-        "kind": c.PACKAGE_KIND,
-        "metadata": {"name": pkg, "labels": {TEST_LABEL: "true"}},
-        "spec": spec,
-    }
-    cluster.create_namespace(namespace, {"mg": token})
-    apply(cluster, [package])
-    wait_for(lambda: get_json(cluster, "deviceclass", c.device_class_name(pkg)), 30, "DeviceClass")
     # The other node: the 4-card test's slices stay on the first until the module ends.
-    node = cluster.nodes[1]
-    docs = slices(node, dgx(node), [Package(pkg, GpuPackageSpec.model_validate(spec))])
-    for d in docs:
-        d["metadata"]["labels"]["gpuslice-test/operator"] = "true"
-    apply(cluster, docs)
+    pkg = _product_on(cluster, namespace, "c", gpus=2, entitled=1, node=cluster.nodes[1])
     apply(cluster, [slice_doc("pair", namespace, pkg)])
     wait_for(lambda: get_json(cluster, "resourceclaim", "pair", "-n", namespace), 30, "the slice's claim")
     apply(cluster, [pod_doc("pair", namespace, "pair")])
@@ -182,6 +170,22 @@ def test_a_2_card_products_interval_carries_twice_its_seconds_in_card_seconds(
 
     opened = wait_for(lambda: interval(closed=False), 30, "the product's open interval")
     assert opened["cards"] == 2
+
+    # Every card named: the slice's status and its interval list both, the first stays gpuUUID/gpu.
+    def named() -> dict[str, Any] | None:
+        st = (get_json(cluster, "gpuslice", "pair", "-n", namespace) or {}).get("status") or {}
+        return st if len(st.get("gpuUUIDs") or []) == 2 else None
+
+    status = wait_for(named, 30, "the product's status naming both cards")
+    cards = status["gpuUUIDs"]
+    assert len(set(cards)) == 2 and status["gpuUUID"] == cards[0] and status["gpus"] == 2, status
+    [alloc] = status["allocations"]
+    assert alloc["gpuUUIDs"] == cards and len(set(alloc["devices"])) == 2, alloc
+    assert (opened["gpu"], opened["gpus"]) == (cards[0], cards), opened
+    rows = cluster.kubectl("get", "gpuslices", "-n", namespace).stdout.splitlines()
+    header = rows[0].split()
+    row = dict(zip(header, rows[1].split(), strict=False))
+    assert (row["NAME"], row["GPU"], row["GPUS"]) == ("pair", cards[0], "2"), rows
     time.sleep(5)
     cluster.kubectl("delete", "pod", "pair", "-n", namespace, "--grace-period=0", "--force")
     closed = wait_for(lambda: interval(closed=True), 60, "the interval closed at the release")

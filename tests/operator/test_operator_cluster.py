@@ -511,8 +511,9 @@ def test_tenant_slice_becomes_a_claim_a_pod_uses_and_status_tells_where(world: W
         "GpuIdle": "False",
     }
     row = world.cluster.kubectl("get", "gpuslices", "-n", world.namespace).stdout.splitlines()
-    assert row[0].split() == ["NAME", "PACKAGE", "PHASE", "NODE", "GPU", "AGE"]
-    assert row[1].split()[:5] == ["llm", world.pkg("8g"), "InUse", world.cluster.nodes[0], f"GPU-{pool}-0"]
+    assert row[0].split() == ["NAME", "PACKAGE", "PHASE", "NODE", "GPU", "GPUS", "AGE"]
+    node = world.cluster.nodes[0]
+    assert row[1].split()[:6] == ["llm", world.pkg("8g"), "InUse", node, f"GPU-{pool}-0", "1"]
     events = world.cluster.kubectl(
         "get",
         "events",

@@ -14,13 +14,16 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from gpuslice import constants as c
+from gpuslice.domain.ledger import money
 from gpuslice.timefmt import parse_rfc3339
 from gpuslice_dev.devcluster.cluster import DevCluster, free_port
+from gpuslice_dev.devcluster.components import KWOK_KEEP_RUNNING
 from gpuslice_dev.devcluster.kueue import kill_kueue, restart_kueue
 from invariants import Invariants, World, card_memory
 from support import apply, metrics_readers, wait_for
@@ -121,9 +124,12 @@ class LendingPair:
     cqs: dict[str, str]
 
 
-def _lending_pair(cl: DevCluster, prefix: str, **spec: Any) -> LendingPair:
-    """Two namespaces entitled to 2 slices each, borrowingLimit 2, cohort `<prefix>-<token>`, the
-    package's other `spec` fields as given, and the GPU published."""
+def _lending_pair(
+    cl: DevCluster, prefix: str, sharing: dict[str, Any] | None = None, **spec: Any
+) -> LendingPair:
+    """Two namespaces entitled to 2 slices each, borrowingLimit 2, cohort `<prefix>-<token>` (and
+    the other `sharing` fields as given), the package's other `spec` fields as given, and the GPU
+    published."""
     token = uuid.uuid4().hex[:5]
     pkg = f"{prefix}{token}-8g"
     owner, borrower = f"{prefix}own-{token}", f"{prefix}bor-{token}"
@@ -131,6 +137,7 @@ def _lending_pair(cl: DevCluster, prefix: str, **spec: Any) -> LendingPair:
         cl.create_namespace(ns, {"share": token})
     doc = package_doc(pkg, 25, {"share": token}, slices=2)
     doc["spec"]["sharing"] = {"mode": "Kueue", "cohort": f"{prefix}-{token}", "borrowingLimit": 2}
+    doc["spec"]["sharing"].update(sharing or {})
     doc["spec"].update(spec)
     apply(cl, [doc])
     publish_gpus(cl, token, cl.nodes[0], 1, {pkg: 25})  # one V100: 4 slices of 25 %
@@ -317,7 +324,7 @@ def test_a_borrowed_slice_is_metered_borrowed_and_an_owners_is_not_across_a_rest
     kcluster: DevCluster, operator: OperatorProcess
 ) -> None:
     cl = kcluster
-    pair = _lending_pair(cl, "m", price={"perHour": "0.45", "currency": "EUR"})
+    pair = _lending_pair(cl, "m", price={"perHour": "0.45", "borrowedPerHour": "0.30", "currency": "EUR"})
     resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
     cq = pair.cqs[borrower]
     wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
@@ -382,9 +389,22 @@ def test_a_borrowed_slice_is_metered_borrowed_and_an_owners_is_not_across_a_rest
         (row,) = json.loads(proc.stdout)["usage"]
         held = int((parse_rfc3339(done["end"]) - parse_rfc3339(done["start"])).total_seconds())
         assert row["borrowedSliceSeconds"] == held and 0 < held < row["sliceSeconds"], row
-        assert row["borrowedCost"] is not None and float(row["borrowedCost"]) > 0
+        # The borrowed hours at the package's borrowedPerHour, the rest at perHour.
+        assert done["borrowedPricePerHour"] == "0.30" and done["pricePerHour"] == "0.45", done
+        assert row["borrowedCost"] == money(Decimal("0.30") * held / 3600), row
+        others_cost = Decimal("0.45") * (row["sliceSeconds"] - held) / 3600
+        assert abs(Decimal(row["cost"]) - Decimal(row["borrowedCost"]) - others_cost) < Decimal("0.000002"), (
+            row
+        )
         table = subprocess.run(usage, capture_output=True, text=True, timeout=60).stdout
         assert "BORROWED-HOURS" in table.splitlines()[1], table
+        # A borrowed price without Kueue is refused by the API server: nothing would be borrowed.
+        bad = package_doc(f"{pair.pkg}-x", 25, {"share": pair.token}, slices=1)
+        bad["spec"]["price"] = {"perHour": "0.45", "borrowedPerHour": "0.30", "currency": "EUR"}
+        refused = cl.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(bad), check=False)
+        assert (
+            refused.returncode != 0 and "borrowedPerHour applies to sharing.mode Kueue only" in refused.stderr
+        )
         print(
             f"borrowed interval {done['start']}..{done['end']} ({held}s) metered borrowed; "
             f"operator's writes (GpuUsage, all kinds) for a slice within the entitlement {plain}, "
@@ -450,6 +470,261 @@ def test_a_pod_kueue_holds_has_its_slice_queued_with_kueues_reason_and_place(
         wait_for(lambda: queued("b3", 1, 1), 60, "b3's slice Queued, 1st of 1")
         print(f"queued: {st['message']}", flush=True)
     finally:
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def _gated(pod: dict[str, Any]) -> bool:
+    return any(g["name"] == c.KUEUE_ADMISSION_GATE for g in pod["spec"].get("schedulingGates") or [])
+
+
+def _evicted_workloads(cl: DevCluster, namespace: str) -> list[dict[str, Any]]:
+    return [
+        wl
+        for wl in get(cl, "workloads", "-n", namespace)["items"]
+        if any(
+            x["type"] == "Evicted" and x["status"] == "True"
+            for x in (wl.get("status") or {}).get("conditions") or []
+        )
+    ]
+
+
+def test_the_lending_limit_holds_while_more_is_idle_and_the_owners_unlent_part_is_admitted_at_once(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    cl = kcluster
+    # The owner lends at most 1 of its 2 slices; the borrower may borrow 2 (its quota ceiling is 4).
+    pair = _lending_pair(cl, "l", sharing={"lendingLimit": 1})
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+
+    def limits(cq: str) -> dict[str, Any]:
+        found = get(cl, "clusterqueue", cq) or {}
+        groups = (found.get("spec") or {}).get("resourceGroups") or [{}]
+        return dict(groups[0].get("flavors", [{}])[0].get("resources", [{}])[0])
+
+    wait_for(lambda: limits(pair.cqs[owner]).get("lendingLimit") == "1", 60, "the owner's lendingLimit 1")
+    assert limits(pair.cqs[borrower])["borrowingLimit"] == "2"
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
+    quota = wait_for(lambda: get(cl, "resourcequota", c.QUOTA_NAME, "-n", borrower), 30, "quota")
+    assert quota["spec"]["hard"][f"requests.{resource}"] == "4"
+    samples: list[int] = []
+
+    def running_borrower() -> int:
+        samples.append(len(_running(cl, borrower)))
+        return samples[-1]
+
+    try:
+        # 4 pods pass the quota (ceiling 4) and the GPU has 4 slices idle: only 3 may run.
+        for i in range(4):
+            apply(cl, [_pod(f"b{i}", borrower, resource, queue)])
+        wait_for(lambda: running_borrower() == 3, 90, "3 borrower pods Running")
+        watched = time.monotonic()
+        while time.monotonic() - watched < 15:
+            running_borrower()
+            time.sleep(0.5)
+        assert max(samples) == 3, samples
+        (held,) = [p for p in _pods(cl, borrower) if p["status"].get("phase") != "Running"]
+        assert _gated(held), held["spec"]
+        assert _borrowed(cl, pair.cqs[borrower], resource) == 1
+        assert len(_allocated_devices(cl)) == 3  # the fourth slice idle, not lent
+        # The owner's unlent slice is admitted at once: no preemption needed, none done.
+        started = time.monotonic()
+        apply(cl, [_pod("o0", owner, resource, queue)])
+        wait_for(lambda: "o0" in _running(cl, owner), 60, "the owner's pod o0 Running")
+        took = time.monotonic() - started
+        assert running_borrower() == 3 and not _evicted_workloads(cl, borrower)
+        watched = time.monotonic()
+        while time.monotonic() - watched < 5:
+            running_borrower()
+            time.sleep(0.5)
+        assert max(samples) == 3, samples
+        print(
+            f"lendingLimit 1: borrower's Running pods over {len(samples)} samples max {max(samples)} "
+            f"(4 asked, 4 slices idle); owner's unlent slice Running {took:.2f}s after its request, "
+            "no borrower evicted",
+            flush=True,
+        )
+    finally:
+        for ns in (owner, borrower):
+            cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
+
+
+def _job(name: str, namespace: str, resource: str, queue: str) -> dict[str, Any]:
+    """A Job of 2 pods through Kueue's batch/job integration. kwok completes a Job's pod as soon as
+    it runs; these carry the devcluster's keep-running annotation, so they stay Running, as the
+    pods of a Job at work do."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}},
+        "spec": {
+            "parallelism": 2,
+            "completions": 2,
+            "template": {
+                "metadata": {"annotations": {KWOK_KEEP_RUNNING: "true"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {"name": "main", "image": "busybox", "resources": {"limits": {resource: "1"}}}
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _deployment(name: str, namespace: str, resource: str, queue: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {"name": "main", "image": "busybox", "resources": {"limits": {resource: "1"}}}
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _owned_by(pod: dict[str, Any], kind: str) -> bool:
+    return any(o["kind"] == kind for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def test_a_job_and_a_deployment_borrow_through_kueues_integrations_and_are_preempted_on_reclaim(
+    kcluster: DevCluster, operator: OperatorProcess
+) -> None:
+    cl = kcluster
+    pair = _lending_pair(cl, "j")
+    resource, owner, borrower, queue = pair.resource, pair.owner, pair.borrower, pair.queue
+    cq = pair.cqs[borrower]
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", borrower), 60, "the borrower's LocalQueue")
+    wait_for(lambda: get(cl, "localqueue", queue, "-n", owner), 60, "the owner's LocalQueue")
+
+    def pods_of(kind: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in _pods(cl, borrower)
+            if _owned_by(p, kind) and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def running_of(kind: str) -> int:
+        return sum(1 for p in pods_of(kind) if p["status"].get("phase") == "Running")
+
+    def job_workload() -> dict[str, Any] | None:
+        for wl in get(cl, "workloads", "-n", borrower)["items"]:
+            if any(o["kind"] == "Job" for o in wl["metadata"].get("ownerReferences") or []):
+                return dict(wl)
+        return None
+
+    def cond(wl: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+        return next(
+            (x for x in ((wl or {}).get("status") or {}).get("conditions") or [] if x["type"] == type_), {}
+        )
+
+    try:
+        # The Deployment's 2 pods use the borrower's own entitlement; the Job borrows the owner's 2.
+        apply(cl, [_deployment("serve", borrower, resource, queue, 2)])
+        wait_for(lambda: running_of("ReplicaSet") == 2, 90, "the Deployment's 2 pods Running")
+        apply(cl, [_job("batch", borrower, resource, queue)])
+        wait_for(lambda: running_of("Job") == 2, 90, "the Job's 2 pods Running")
+        assert get(cl, "job", "batch", "-n", borrower)["spec"]["suspend"] is False
+        wait_for(lambda: _borrowed(cl, cq, resource) == 2, 30, "2 slices borrowed in Kueue's status")
+        # Reclaim: the owner asks for its 2; Kueue preempts the newest borrower, the Job.
+        started = time.monotonic()
+        for i in range(2):
+            apply(cl, [_pod(f"o{i}", owner, resource, queue)])
+        wait_for(lambda: len(_running(cl, owner)) == 2, 120, "the owner's 2 pods Running")
+        job_reclaim = time.monotonic() - started
+        job = wait_for(
+            lambda: (j := get(cl, "job", "batch", "-n", borrower)) and j["spec"]["suspend"] and j,
+            30,
+            "the Job suspended",
+        )
+        assert job["spec"]["suspend"] is True
+        wait_for(lambda: not pods_of("Job"), 60, "the Job's pods gone")
+        wl = job_workload()
+        assert cond(wl, "Preempted").get("reason") == "InCohortReclamation", wl
+        # re-queued: it waits for quota again, in the same queue
+        wl = wait_for(
+            lambda: (w := job_workload()) and cond(w, "QuotaReserved").get("status") == "False" and w,
+            60,
+            "the Job's Workload pending again",
+        )
+        assert wl["spec"]["queueName"] == queue
+        job_workload_name = wl["metadata"]["name"]
+        assert running_of("ReplicaSet") == 2  # the Deployment's own slices untouched
+        notice = [
+            e
+            for e in get(cl, "events", "-n", borrower)["items"]
+            if e["involvedObject"]["kind"] in ("Job", "Workload")
+            and e["involvedObject"]["name"] in ("batch", wl["metadata"]["name"])
+            and e.get("reason") in ("Preempted", "EvictedDueToPreempted", "Stopped")
+        ]
+        assert notice, "the Job's owner sees no event of its preemption"
+        job_notice = sorted({(e["involvedObject"]["kind"], e["reason"], e["message"]) for e in notice})
+
+        # The Deployment borrows next: the Job gone and the owner idle, it grows to 4.
+        cl.kubectl("delete", "job", "batch", "-n", borrower, "--cascade=foreground", "--wait=true")
+        for i in range(2):
+            cl.kubectl("delete", "pod", f"o{i}", "-n", owner, "--wait=true", "--timeout=60s")
+        cl.kubectl("scale", "deployment", "serve", "-n", borrower, "--replicas=4")
+        wait_for(lambda: running_of("ReplicaSet") == 4, 90, "the Deployment's 4 pods Running")
+        wait_for(lambda: _borrowed(cl, cq, resource) == 2, 30, "2 slices borrowed in Kueue's status")
+        started = time.monotonic()
+        for i in range(2):
+            apply(cl, [_pod(f"p{i}", owner, resource, queue)])
+        wait_for(lambda: len(_running(cl, owner)) == 2, 120, "the owner's 2 pods Running again")
+        deploy_reclaim = time.monotonic() - started
+        wait_for(lambda: running_of("ReplicaSet") == 2, 60, "the Deployment back at 2 Running")
+        # The ReplicaSet replaced the preempted pods; Kueue holds the replacements, and their
+        # slices say so.
+        held = wait_for(
+            lambda: (
+                [p for p in pods_of("ReplicaSet") if _gated(p)] if len(pods_of("ReplicaSet")) == 4 else None
+            ),
+            60,
+            "the 2 replacement pods held by Kueue",
+        )
+        assert len(held) == 2
+        st = wait_for(
+            lambda: (
+                (s := _slice_status(cl, borrower, held[0]["metadata"]["name"])).get("reason") == "Queued"
+                and s
+            ),
+            60,
+            "the replacement's slice Queued",
+        )
+        assert f"waits in Kueue's queue {queue}" in st["message"], st
+        # A pod's Workload goes with its pod: what the borrower keeps is the events of its preemption.
+        pod_notice = sorted(
+            {
+                (e["involvedObject"]["kind"], e["reason"], e["message"])
+                for e in get(cl, "events", "-n", borrower)["items"]
+                if e.get("reason") in ("Preempted", "EvictedDueToPreempted", "Stopped")
+                and e["involvedObject"]["kind"] in ("Pod", "Workload")
+                and e["involvedObject"]["name"] != job_workload_name
+            }
+        )
+        assert pod_notice, "the Deployment's owner sees no event of its pods' preemption"
+        print(
+            f"Job (parallelism 2) reclaimed: owner's 2 pods Running {job_reclaim:.2f}s after the request, "
+            f"Job suspended and re-queued; notice {json.dumps(job_notice[:3])}; Deployment (4 replicas, 2 "
+            f"borrowed) reclaimed: owner's 2 pods Running {deploy_reclaim:.2f}s after the request, "
+            f"replacements Queued: {st['message']!r}; notice {json.dumps(pod_notice[:2])}",
+            flush=True,
+        )
+    finally:
+        cl.kubectl("delete", "deployment,job", "--all", "-n", borrower, "--wait=false", check=False)
         for ns in (owner, borrower):
             cl.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false", check=False)
 

@@ -13,6 +13,7 @@ driver instead of the double: "double" then means the card without the shim.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -68,6 +69,26 @@ TORCH = [
     ("fsspec", "2025.10.0"),
     ("numpy", "2.3.5"),
 ]
+#: PyTorch 2.15 as PyPI serves it (CUDA 13.2; its libtorch_cuda.so carries sm_75 to sm_120 cubins and
+#: no Volta code, no PTX) with the CUDA 13 libraries its libraries link (cuda-toolkit 13.2.2's pins,
+#: cuDNN, cuSPARSELt, NCCL, NVSHMEM) and the same Python packages as TORCH. Left out as for TORCH:
+#: triton, cusolver's users, nvtx, cuda-bindings (not imported by `import torch`).
+TORCH215 = [
+    ("torch", "2.15.0"),
+    ("nvidia-cuda-runtime", "13.2.86"),
+    ("nvidia-cuda-cupti", "13.2.86"),
+    ("nvidia-cuda-nvrtc", "13.2.86"),
+    ("nvidia-cublas", "13.4.1.3"),
+    ("nvidia-cufft", "12.2.0.57"),
+    ("nvidia-cufile", "1.17.1.22"),
+    ("nvidia-cusparse", "12.7.10.12"),
+    ("nvidia-nvjitlink", "13.2.86"),
+    ("nvidia-cudnn-cu13", "9.26.0.51"),
+    ("nvidia-cusparselt-cu13", "0.8.1"),
+    ("nvidia-nccl-cu13", "2.30.7"),
+    ("nvidia-nvshmem-cu13", "3.7.2"),
+    *[(name, version) for name, version in TORCH if not name.startswith(("torch", "nvidia-"))],
+]
 #: An NVML monitor as `pip install nvitop` brings it: the tool, the NVML bindings it takes (the newest
 #: it accepts) and psutil.
 NVITOP = [("nvitop", "1.7.2"), ("nvidia-ml-py", "13.615.71"), ("psutil", "7.2.2")]
@@ -87,7 +108,36 @@ NUMBA_CUDA = [
     ("numpy", "2.3.5"),
 ]
 NVCC12 = ("nvidia-cuda-nvcc-cu12", "12.9.86")
+#: NVIDIA's driver-API bindings alone, as `pip install cuda-bindings==12.9.10` brings them (the
+#: cuda-pathfinder they open libcuda.so.1 through); the same wheels numba-cuda's row caches.
+CUDA_BINDINGS = [("cuda-bindings", "12.9.10"), ("cuda-pathfinder", "1.9.1")]
 NUMBA_CUDA_LIBS = [CUDART12, ("nvidia-cuda-nvrtc-cu12", "12.9.86")]
+#: JAX 0.10.2 as `pip install "jax[cuda12]"` brings it: jax, jaxlib, the CUDA 12 plugin and its PJRT
+#: library (whose CUDA 12 build still carries sm_70 code), and the CUDA libraries of its `with-cuda`
+#: extra at versions that meet its bounds, the ones PyTorch's and numba's rows cache where they do
+#: (cuSOLVER is JAX's alone); ptxas from the nvcc wheel compiles its kernels.
+JAX = [
+    ("jax", "0.10.2"),
+    ("jaxlib", "0.10.2"),
+    ("jax-cuda12-plugin", "0.10.2"),
+    ("jax-cuda12-pjrt", "0.10.2"),
+    ("ml-dtypes", "0.5.4"),
+    ("opt-einsum", "3.4.0"),
+    ("scipy", "1.16.3"),
+    ("numpy", "2.3.5"),
+    CUDART12,
+    ("nvidia-cuda-cupti-cu12", "12.8.90"),
+    NVCC12,
+    ("nvidia-cuda-nvrtc-cu12", "12.9.86"),
+    ("nvidia-cublas-cu12", "12.8.4.1"),
+    ("nvidia-cudnn-cu12", "9.10.2.21"),
+    ("nvidia-cufft-cu12", "11.3.3.83"),
+    ("nvidia-cusolver-cu12", "11.7.3.90"),
+    ("nvidia-cusparse-cu12", "12.5.8.93"),
+    ("nvidia-nccl-cu12", "2.27.5"),
+    ("nvidia-nvjitlink-cu12", "12.8.93"),
+    ("nvidia-nvshmem-cu12", "3.3.20"),
+]
 #: The simulated driver branch each runtime runs on: 535 (CUDA 12.2) for CUDA 12; 580 (CUDA 13.0), the
 #: first that starts a CUDA 13 runtime, for CUDA 13.
 DRIVER_FOR = {12: "535", 13: "580"}
@@ -161,14 +211,44 @@ def numba_cuda_env(t: Tenant) -> dict[str, str]:
     }
 
 
+def site_packages(wheels: list[tuple[str, str]], dest: Path) -> Path:
+    """`dest` laid out as site-packages is after `pip install` of `wheels`: each wheel's top-level
+    entries linked in, and the `nvidia` package that several NVIDIA wheels share (some with an
+    `__init__.py`, so it is not a namespace package across separate PYTHONPATH entries) merged."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, version in wheels:
+        for entry in ensure_unpacked(name, version).iterdir():
+            if entry.name.startswith(".") or entry.name.endswith(".dist-info"):
+                continue
+            target = dest / entry.name
+            if entry.is_dir() and entry.name == "nvidia":
+                target.mkdir(exist_ok=True)
+                for sub in entry.iterdir():
+                    if not (target / sub.name).exists():
+                        (target / sub.name).symlink_to(sub)
+            elif not target.exists():
+                target.symlink_to(entry)
+    return dest
+
+
+def jax_env(t: Tenant, site: Path) -> dict[str, str]:
+    """JAX's wheels as site-packages has them after `pip install "jax[cuda12]"` (the plugin finds
+    ptxas, libdevice and its CUDA libraries in the `nvidia.*` packages there), and those libraries on
+    the loader's path ahead of the driver's: the links in `site` hide the RUNPATHs ($ORIGIN/../../
+    nvjitlink/lib) that find one wheel's library from another's in a real site-packages."""
+    libs = sorted(str(d) for d in (site / "nvidia").glob("*/lib"))
+    driver = t.env().get("LD_LIBRARY_PATH", "")
+    return {"PYTHONPATH": str(site), "LD_LIBRARY_PATH": os.pathsep.join([*libs, driver] if driver else libs)}
+
+
 def nvitop_pythonpath() -> str:
     return os.pathsep.join(str(ensure_unpacked(name, version)) for name, version in NVITOP)
 
 
-def torch_env(t: Tenant) -> dict[str, str]:
+def torch_env(t: Tenant, wheels: list[tuple[str, str]] = TORCH) -> dict[str, str]:
     """PYTHONPATH of the unpacked wheels, and their libraries on the loader's path (as an image with
     the CUDA libraries installed has them), ahead of the driver's."""
-    roots = [ensure_unpacked(name, version) for name, version in TORCH]
+    roots = [ensure_unpacked(name, version) for name, version in wheels]
     libs = sorted(str(d) for root in roots for d in (root / "nvidia").glob("*/lib"))
     driver = t.env().get("LD_LIBRARY_PATH", "")
     return {
@@ -186,6 +266,8 @@ class Tenant:
     total: int  # the memory the client must see: the slice's, or the whole card's
     name: str
     real: bool = False  # a real GPU: other processes and contexts may hold some of its memory
+    #: what the client's command line starts with (container_dev(): /dev as a slice container has it)
+    prefix: tuple[str, ...] = ()
 
     def available(self, free_at_start: int) -> int:
         """What the client can allocate: everything it is shown on the double, what is free on a card."""
@@ -209,7 +291,7 @@ class Tenant:
 
     def run(self, argv: list[str], *, extra_env: dict[str, str] | None = None, timeout: float = 180):
         return subprocess.run(
-            [sys.executable, *argv],
+            [*self.prefix, sys.executable, *argv],
             env=self.env(extra_env),
             capture_output=True,
             text=True,
@@ -219,7 +301,7 @@ class Tenant:
 
     def popen(self, argv: list[str], *, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, *argv],
+            [*self.prefix, sys.executable, *argv],
             env=self.env(extra_env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -242,6 +324,38 @@ def tenant(make_slice, mode: str, driver: str = "535") -> Tenant:
     gpus = prepared.fake_gpus
     assert gpus
     return Tenant(prepared, shim, SLICE if shim else gpus[0].memory_bytes, gpus[0].name)
+
+
+#: Mounts /dev anew in a private mount namespace: an overlay of the host's /dev with the files of
+#: $1 (the NVIDIA device nodes) on top, the host's mounts under /dev (shm, pts, mqueue) bound back.
+_CONTAINER_DEV = r"""set -e
+keep=$1/host-dev; mkdir -p "$keep" "$1/work"
+mount --rbind /dev "$keep"
+mount -t overlay gpuslice-dev -o "lowerdir=/dev,upperdir=$1/nodes,workdir=$1/work" /dev
+awk '$2 ~ "^/dev/." {print $2}' /proc/self/mounts | while read -r m; do
+    rest=${m#/dev/}
+    case $rest in */*) continue ;; esac
+    [ -d "/dev/$rest" ] && mount --rbind "$keep/$rest" "/dev/$rest"
+done
+shift; exec "$@"
+"""
+
+
+def container_dev(t: Tenant, workdir: Path) -> Tenant:
+    """`t` with its clients started where /dev has NVIDIA's device nodes, as in a slice container
+    (`/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia<minor>` of its card): some frameworks look
+    for them before they load the driver (JAX starts its CUDA backend only if /dev/nvidia0 or
+    /dev/nvidiactl exists). The double then shows the process only the cards whose node it can
+    reach, as the driver does. A real GPU's host has its nodes already."""
+    if t.real:
+        return t
+    gpus = t.prepared.fake_gpus or []
+    nodes = workdir / "nodes"
+    nodes.mkdir(parents=True, exist_ok=True)
+    for name in ["nvidiactl", "nvidia-uvm", *(f"nvidia{g.minor}" for g in gpus)]:
+        (nodes / name).touch()
+    unshare = ("unshare", "--mount", "--propagation", "private")
+    return dataclasses.replace(t, prefix=(*unshare, "sh", "-c", _CONTAINER_DEV, "sh", str(workdir)))
 
 
 def facts(out: str) -> dict[str, str]:
@@ -283,7 +397,7 @@ class Server:
         self.tenant = t
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by close())
         self.proc = subprocess.Popen(
-            [sys.executable, *argv, "serve"],
+            [*t.prefix, sys.executable, *argv, "serve"],
             env=t.env(extra_env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -293,9 +407,18 @@ class Server:
         self.transcript: list[str] = []
 
     def ask(self, path: str) -> dict[str, str]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.send(path)
+        return self.receive(path)
+
+    def send(self, path: str) -> None:
+        """Starts `path` without waiting for it (receive() reads its facts): several clients can
+        then run a path at once."""
+        assert self.proc.stdin is not None
         self.proc.stdin.write(path + "\n")
         self.proc.stdin.flush()
+
+    def receive(self, path: str) -> dict[str, str]:
+        assert self.proc.stdout is not None
         out: list[str] = []
         while True:
             line = self.proc.stdout.readline()

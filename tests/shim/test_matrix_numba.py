@@ -96,7 +96,7 @@ def test_detect_and_memory_info(runs, mode):
     _no_errors(f)
     assert f["implementation"] == "NVIDIA"  # numba-cuda's target, not numba's own deprecated one
     assert (f["detect"], f["detect_supported"], f["detect_names"]) == ("True", "True", t.name)
-    assert f["cc"] == "7.0"
+    assert f["cc"] == "7.0" or t.real
     assert int(f["mem_total"]) == t.total
     assert int(f["mem_free"]) <= t.total if t.real else int(f["mem_free"]) == t.total
 

@@ -234,3 +234,46 @@ def test_inside_a_pid_namespace_the_slice_learns_its_host_pids_and_context_cost(
     pid, used = int(listed[0][0]), int(listed[0][1])
     assert pid != int(v["namespace_pid"]), "NVML reports the host pid"
     assert used == GIB + CONTEXT
+
+
+CARDS_VIEW = textwrap.dedent(
+    """
+    import pynvml
+    pynvml.nvmlInit()
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3"):
+            procs = sorted(getattr(pynvml, fn)(h), key=lambda p: p.pid)
+            print(f"card{i}.{fn[-3:]}=" + ",".join(str(p.pid) for p in procs))
+    """
+)
+
+
+def test_nvml_in_a_multi_gpu_product_lists_each_cards_own_processes(make_slice, built):
+    # The agent's files of a multi-GPU product's container: whole cards, no limit, every card visible.
+    s = make_slice(memory_bytes=None, compute_share=100, simulate_gpus="2x Tesla V100-PCIE-32GB")
+
+    def hold(card: str, shim: bool = True) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [str(probe(built)), "hold", str(GIB)],
+            env={**env_of(s, shim=shim), "CUDA_VISIBLE_DEVICES": card},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline().startswith("held rc=0")
+        return proc
+
+    procs = [hold("0"), hold("1"), hold("1", shim=False)]  # the last: another tenant's, on card 1
+    try:
+        inside = values(run(s, [sys.executable, "-c", CARDS_VIEW]).stdout)
+        card = values(run(s, [sys.executable, "-c", CARDS_VIEW], shim=False).stdout)
+    finally:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait(timeout=30)
+    mine0, mine1, other = (str(p.pid) for p in procs)
+    assert card["card1.ses"] == ",".join(sorted([mine1, other], key=int)), card
+    for fn in ("ses", "_v3"):
+        assert (inside[f"card0.{fn}"], inside[f"card1.{fn}"]) == (mine0, mine1), inside

@@ -62,6 +62,7 @@ def test_a_build_without_volta_is_recorded_with_its_architectures(
         209,
     )
     assert rec.process == "probe12" and rec.driver_version == 12020
+    assert rec.library == ""  # read into the process's memory, then loaded: no file to name
 
 
 def test_a_build_with_the_gpus_code_records_nothing_and_clears_an_earlier_record(

@@ -39,6 +39,9 @@ TRUE_FOR_THE_FIRST_RELEASE = {
     # 0.1.0 had no computeBurst: every object it stored leaves it out.
     "!has(self.computeBurst) || !self.computeBurst || (!has(self.gpus) && (has(self.computeShare) ? "
     "self.computeShare < 100 : (has(self.fraction) && self.fraction < 100)))",
+    # 0.1.0 had no price.borrowedPerHour: every object it stored leaves it out.
+    "!has(self.price) || !has(self.price.borrowedPerHour) || (has(self.sharing) && has(self.sharing.mode) "
+    "&& self.sharing.mode == 'Kueue')",
     "(has(oldSelf.isolation) && has(oldSelf.isolation.mode) ? oldSelf.isolation.mode : 'Software') == "
     "(has(self.isolation) && has(self.isolation.mode) ? self.isolation.mode : 'Software')",
 }

@@ -48,7 +48,9 @@ from upgrade.rig import (
     tag_image,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=1000)]
+#: Two product images (0.1.0's built from its archived tree) and three rollouts: 267 s warm on an idle
+#: machine for two of them, over the suite's 600 s default at load 10 with cold images.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=1000), pytest.mark.timeout(1500)]
 
 #: three cards: the slices made after each of the three steps fit beside the prober's pods
 GPU_SPEC = "3x Tesla V100-PCIE-32GB"

@@ -378,7 +378,11 @@ class DevCluster(KubectlClient):
 
         def kwok() -> list[str]:
             st.ports["kwok"] = free_port()
-            return components.kwok_argv(bins, kubeconfig=comp / "kwok.kubeconfig", port=st.ports["kwok"])
+            stages = comp / "kwok-stages.yaml"
+            stages.write_text(components.kwok_stages(bins.kwok_stages.read_text()))
+            return components.kwok_argv(
+                bins, kubeconfig=comp / "kwok.kubeconfig", port=st.ports["kwok"], stages=stages
+            )
 
         def healthz(name: str) -> Callable[[], bool]:
             return lambda: http_ok(f"https://127.0.0.1:{st.ports[name]}/healthz", insecure_ssl())

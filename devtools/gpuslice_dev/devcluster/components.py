@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from gpuslice_dev.devcluster import pki
 from gpuslice_dev.devcluster.binaries import DEFAULT_KUBERNETES, Binaries, minor_of
 
@@ -166,11 +168,29 @@ def scheduler_argv(
     ]
 
 
-def kwok_argv(bins: Binaries, *, kubeconfig: Path, port: int) -> list[str]:
+#: A pod of a Job with this annotation is not completed by kwok: it stays Running, as a Job's pod at
+#: work does, until something deletes it (kwok completes any other Job's pod as soon as it runs).
+KWOK_KEEP_RUNNING = "kwok.gpuslice.io/keep-running"
+
+
+def kwok_stages(cached: str) -> str:
+    """kwok's stages (the cached fast ones) with pod-complete skipping pods that carry
+    KWOK_KEEP_RUNNING; every other stage as kwok ships it."""
+    docs = [d for d in yaml.safe_load_all(cached) if d]
+    for doc in docs:
+        if doc.get("kind") == "Stage" and doc["metadata"]["name"] == "pod-complete":
+            doc["spec"]["selector"]["matchExpressions"].append(
+                {"key": f'.metadata.annotations["{KWOK_KEEP_RUNNING}"]', "operator": "DoesNotExist"}
+            )
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def kwok_argv(bins: Binaries, *, kubeconfig: Path, port: int, stages: Path | None = None) -> list[str]:
+    """kwok's command line; `stages`: the file of its stages (kwok_stages), the cached one if None."""
     return [
         str(bins.kwok),
         f"--kubeconfig={kubeconfig}",
-        f"--config={bins.kwok_stages}",
+        f"--config={stages or bins.kwok_stages}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION[0]}={KWOK_NODE_ANNOTATION[1]}",
         "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",

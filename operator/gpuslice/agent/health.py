@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from gpuslice import constants as c
 from gpuslice import logs, metrics
 from gpuslice.agent import nvml
-from gpuslice.agent.checkpoint import CheckpointStore
+from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
 from gpuslice.agent.events import slice_event
 from gpuslice.agent.gpus import GpuInfo
 from gpuslice.agent.kube import Kube
@@ -50,34 +50,38 @@ def now_iso() -> str:
     return rfc3339(dt.datetime.now(dt.UTC))
 
 
+def records_on_card(paths: NodePaths, uuid: str) -> list[ClaimRecord]:
+    """The checkpointed claims with any device on the card with this UUID: a multi-GPU product is on
+    each of its cards, and a fault on any of them is the product's."""
+    checkpoint = CheckpointStore(paths.state_dir / "checkpoint.json").load()
+    return [r for r in checkpoint.claims.values() if any(d.gpu_uuid == uuid for d in r.devices)]
+
+
 def checkpoint_slices(paths: NodePaths, kube: Kube, node: str) -> SlicesOnCard:
     """GpuSlices of the claims prepared on a card, from the checkpoint and the claims' owners."""
 
     async def on_card(uuid: str) -> list[str]:
-        checkpoint = CheckpointStore(paths.state_dir / "checkpoint.json").load()
         out = []
-        for record in checkpoint.claims.values():
-            if record.devices and record.devices[0].gpu_uuid == uuid:
-                owner = await lookup_owner(kube, node, record)
-                if owner.key:
-                    out.append(owner.key)
+        for record in records_on_card(paths, uuid):
+            owner = await lookup_owner(kube, node, record)
+            if owner.key:
+                out.append(owner.key)
         return sorted(set(out))
 
     return on_card
 
 
-#: (namespace, name, pool, device) of each claim prepared on the card with this UUID
-ClaimsOnCard = Callable[[str], list[tuple[str, str, str, str]]]
+#: (pool, device, card UUID) of one device of a claim
+ClaimDevice = tuple[str, str, str]
+#: (namespace, name, every device of the claim) of each claim prepared on the card with this UUID
+ClaimsOnCard = Callable[[str], list[tuple[str, str, list[ClaimDevice]]]]
 
 
 def checkpoint_claims(paths: NodePaths) -> ClaimsOnCard:
-    def on_card(uuid: str) -> list[tuple[str, str, str, str]]:
-        checkpoint = CheckpointStore(paths.state_dir / "checkpoint.json").load()
+    def on_card(uuid: str) -> list[tuple[str, str, list[ClaimDevice]]]:
         return [
-            (r.namespace, r.name, d.pool, d.device)
-            for r in checkpoint.claims.values()
-            for d in r.devices
-            if d.gpu_uuid == uuid
+            (r.namespace, r.name, [(d.pool, d.device, d.gpu_uuid) for d in r.devices])
+            for r in records_on_card(paths, uuid)
         ]
 
     return on_card
@@ -143,15 +147,25 @@ class HealthMonitor:
         finally:
             stop.set()
 
-    async def _claim_status(self, uuid: str, h: dh.CardHealth, card: str) -> None:
-        """The health condition of the card's devices in the status of each claim prepared there."""
+    def claim_device_status(self, devices: Sequence[ClaimDevice], now: str) -> list[dict[str, object]]:
+        """`status.devices` of a claim: every one of its devices, each with its own card's health. All
+        of them in each apply: an apply without an entry this agent applied before removes it, and a
+        multi-GPU product's other cards keep what they said."""
+        return [
+            device_status(pool, device, self.health.get(uuid, dh.HEALTHY),
+                          f"GPU {self._index.get(uuid, -1)} ({uuid})", now)
+            for pool, device, uuid in devices
+        ]  # fmt: skip
+
+    async def _claim_status(self, uuid: str) -> None:
+        """The health condition of the devices of each claim prepared on the card, in its status."""
         if self.kube is None or self.claims_on_card is None:
             return
         now = now_iso()
-        for namespace, name, pool, device in self.claims_on_card(uuid):
+        for namespace, name, devices in self.claims_on_card(uuid):
             try:
                 await self.kube.apply_claim_device_status(
-                    namespace, name, [device_status(pool, device, h, card, now)]
+                    namespace, name, self.claim_device_status(devices, now)
                 )
             except ApiError as exc:  # e.g. RBAC without resourceclaims/driver: Events still tell
                 log.warning("could not write the claim's device status", claim=f"{namespace}/{name}",
@@ -237,7 +251,7 @@ class HealthMonitor:
             if h == before or (h.condition is before.condition and h.xid == before.xid):
                 continue
             card = f"GPU {index} ({uuid})"
-            await self._claim_status(uuid, h, card)
+            await self._claim_status(uuid)
             if h.healthy:
                 log.info("card healthy again; devices untainted", gpu=index, uuid=uuid)
                 await self.node_event("Normal", REASON_HEALTHY, f"{card} is healthy again; devices untainted")

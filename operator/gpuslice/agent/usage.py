@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice import logs, metrics
-from gpuslice.agent.checkpoint import CheckpointStore
+from gpuslice.agent.checkpoint import CheckpointStore, ClaimRecord
 from gpuslice.agent.kube import Kube
 from gpuslice.agent.owners import ClaimOwner, lookup_owner
 from gpuslice.agent.prepare import NodePaths
@@ -64,6 +64,8 @@ def software_status(state: SoftwareState) -> dict[str, Any] | None:
         "cudaError": rec.cuda_error,
         "time": _iso(rec.time),
     }
+    if rec.library:
+        out["library"] = rec.library
     if rec.device_arch:
         out["gpuArchitecture"] = f"sm_{rec.device_arch}"
     if rec.driver_version:
@@ -71,6 +73,12 @@ def software_status(state: SoftwareState) -> dict[str, Any] | None:
     if rec.runtime_version:
         out["runtimeCudaVersion"] = _cuda_version(rec.runtime_version)
     return out
+
+
+def claim_memory_bytes(record: ClaimRecord) -> int:
+    """The memory a claim holds: its slice's, or all of every card of a multi-GPU product (whose
+    region says unlimited: the cards are whole)."""
+    return sum(d.memory_bytes for d in record.devices)
 
 
 def usage_status(
@@ -211,7 +219,7 @@ class UsageReporter:
                     bytes=trimmed,
                 )
             labels = state.owner.labels
-            limit = record.devices[0].memory_bytes
+            limit = claim_memory_bytes(record)
             metrics.SLICE_MEMORY_USED.labels(*labels).set(snapshot.memory_used_bytes)
             metrics.SLICE_MEMORY_LIMIT.labels(*labels).set(limit)
             if snapshot.shim_utilization_percent is not None:

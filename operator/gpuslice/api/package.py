@@ -11,7 +11,7 @@ from gpuslice import constants as c
 from gpuslice.api.camel import CamelModel
 from gpuslice.api.quantity import parse_int_quantity
 from gpuslice.api.selector import LabelSelector
-from gpuslice.api.sharing import Sharing
+from gpuslice.api.sharing import Sharing, SharingMode
 from gpuslice.api.usage import Price
 
 
@@ -101,6 +101,17 @@ class GpuPackageSpec(CamelModel):
             parse_int_quantity(str(self.isolation.memory))  # a whole quantity, as the CRD checks
         if self.hardware and self.fraction != 100:
             raise ValueError("isolation.mode Hardware: fraction must be 100 (a slice is one MIG instance)")
+        return self
+
+    @model_validator(mode="after")
+    def _borrowed_price_with_kueue_only(self) -> GpuPackageSpec:
+        # As the CRD's CEL: without Kueue nothing is borrowed, so a borrowed price would bill nothing.
+        if (
+            self.price is not None
+            and self.price.borrowed_per_hour is not None
+            and self.sharing.mode is not SharingMode.KUEUE
+        ):
+            raise ValueError("price.borrowedPerHour applies to sharing.mode Kueue only")
         return self
 
     @property

@@ -40,6 +40,10 @@ class SliceAllocation(CamelModel):
     device: str | None = None
     pool: str | None = None
     pod: str | None = None
+    #: Every card and DRA device of the claim, in the claim's order (a multi-GPU product holds
+    #: several; gpuUUID and device name the first).
+    gpu_uuids: list[str] | None = Field(default=None, alias="gpuUUIDs")
+    devices: list[str] | None = None
 
 
 class QuotaUsage(CamelModel):
@@ -84,6 +88,7 @@ class SoftwareUsage(CamelModel):
     gpu_architecture: str | None = Field(default=None, alias="gpuArchitecture")
     driver_cuda_version: str | None = Field(default=None, alias="driverCudaVersion")
     runtime_cuda_version: str | None = Field(default=None, alias="runtimeCudaVersion")
+    library: str | None = None
     time: str | None = None
 
 
@@ -113,6 +118,9 @@ class GpuSliceStatus(CamelModel):
     node: str | None = None
     gpu_uuid: str | None = Field(default=None, alias="gpuUUID")
     device: str | None = None
+    #: Cards the (first) allocation holds, and their UUIDs (gpuUUID is the first of them).
+    gpus: int | None = None
+    gpu_uuids: list[str] | None = Field(default=None, alias="gpuUUIDs")
     allocations: list[SliceAllocation] = Field(default_factory=list)
     quota: QuotaUsage | None = None
     queue: QueuePosition | None = None

@@ -192,6 +192,13 @@ class Price(CamelModel):
     per_hour: str = Field(alias="perHour", pattern=PER_HOUR_PATTERN)
     #: ISO 4217 code, e.g. EUR, USD.
     currency: str
+    #: Sharing mode Kueue only: the price of a slice held on quota Kueue lent from the cohort (an
+    #: interval marked borrowed); None: borrowed slices cost `per_hour` too.
+    borrowed_per_hour: str | None = Field(default=None, alias="borrowedPerHour", pattern=PER_HOUR_PATTERN)
+
+    def rate(self, borrowed: bool) -> str:
+        """The price per hour of a slice held within its entitlement, or borrowed."""
+        return self.borrowed_per_hour if borrowed and self.borrowed_per_hour is not None else self.per_hour
 
     @field_validator("currency")
     @classmethod
@@ -212,11 +219,16 @@ class UsageInterval(CamelModel):
     pod: str = ""
     node: str = ""
     gpu: str = ""
+    #: Every card of a multi-GPU product, in its claim's order (`gpu` is the first); absent for a
+    #: slice of one card.
+    gpus: list[str] | None = None
     #: RFC 3339, UTC, whole seconds.
     start: str
     #: None while the slice is held.
     end: str | None = None
     price_per_hour: str | None = Field(default=None, alias="pricePerHour")
+    #: The package's price.borrowedPerHour in force: the rate while `borrowed` (absent: pricePerHour).
+    borrowed_price_per_hour: str | None = Field(default=None, alias="borrowedPricePerHour")
     currency: str | None = None
     #: A template GpuSlice's per-pod claim (its usage is not read into the ledger).
     template: bool = False

@@ -90,6 +90,9 @@ class Holding:
     #: Cards the product takes from the fleet (`domain.multigpu.cards_held`: 2 for a 2-card
     #: product, 0.25 for a 25 % slice); None: its package is not known.
     cards: float | None = None
+    #: Every card of a claim of several (a multi-GPU product), in the claim's order; None for a
+    #: claim of one card (`gpu` names it), so a slice's interval is written as it always was.
+    gpus: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,8 @@ class Interval:
     shard: int = 0
     #: Cards held (`Holding.cards`); None: written before card-seconds were kept, package unknown.
     cards: float | None = None
+    #: Every card of a multi-GPU product (`Holding.gpus`); None: a claim of one card.
+    gpus: list[str] | None = None
 
     def seconds(self, until: datetime) -> int:
         """Seconds held; an open interval counts up to `until`."""
@@ -143,7 +148,7 @@ class Interval:
     def cost(self, until: datetime) -> Decimal | None:
         if self.price is None:
             return None
-        return Decimal(self.price.per_hour) * self.seconds(until) / 3600
+        return Decimal(self.price.rate(self.borrowed)) * self.seconds(until) / 3600
 
 
 @dataclass
@@ -174,7 +179,11 @@ class Ledger:
 def _same_price(a: Price | None, b: Price | None) -> bool:
     if a is None or b is None:
         return a is b
-    return Decimal(a.per_hour) == Decimal(b.per_hour) and a.currency == b.currency
+    if a.borrowed_per_hour is None or b.borrowed_per_hour is None:
+        same_borrowed = a.borrowed_per_hour is b.borrowed_per_hour
+    else:
+        same_borrowed = Decimal(a.borrowed_per_hour) == Decimal(b.borrowed_per_hour)
+    return Decimal(a.per_hour) == Decimal(b.per_hour) and a.currency == b.currency and same_borrowed
 
 
 #: What names an interval's slice: copied alike from a holding into its intervals.
@@ -183,6 +192,7 @@ _WHO = ("package", "slice", "claim", "claim_uid", "pod", "node", "gpu", "templat
 #: (`UsageInterval` takes these Python names as well as its camelCase ones).
 _CARRIED = (
     *_WHO,
+    "gpus",
     "peak_memory_bytes",
     "memory_limit_bytes",
     "mean_utilization_percent",
@@ -196,7 +206,8 @@ def _fields(source: object, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _open(holding: Holding, start: datetime, price: Price | None) -> Interval:
-    return Interval(**_fields(holding, _WHO), start=start, price=price)
+    gpus = list(holding.gpus) if holding.gpus else None
+    return Interval(**_fields(holding, _WHO), gpus=gpus, start=start, price=price)
 
 
 def _continuation(interval: Interval, start: datetime, end: datetime | None, price: Price | None) -> Interval:
@@ -567,6 +578,7 @@ def to_wire(interval: Interval, until: datetime) -> UsageInterval:
         start=rfc3339(interval.start),
         end=rfc3339(interval.end) if interval.end is not None else None,
         pricePerHour=interval.price.per_hour if interval.price else None,
+        borrowedPricePerHour=interval.price.borrowed_per_hour if interval.price else None,
         currency=interval.price.currency if interval.price else None,
         borrowed=True if interval.borrowed else None,
     )
@@ -574,7 +586,11 @@ def to_wire(interval: Interval, until: datetime) -> UsageInterval:
 
 def from_wire(wire: UsageInterval, shard: int) -> Interval:
     price = (
-        Price(perHour=wire.price_per_hour, currency=wire.currency)
+        Price(
+            perHour=wire.price_per_hour,
+            currency=wire.currency,
+            borrowedPerHour=wire.borrowed_price_per_hour,
+        )
         if wire.price_per_hour is not None and wire.currency
         else None
     )

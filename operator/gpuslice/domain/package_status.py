@@ -78,6 +78,18 @@ def capacity_patch(capacity: Mapping[str, int]) -> dict[str, int | None]:
     return {"unhealthyGpus": None, **capacity}
 
 
+def capacity_write(live: Capacity) -> dict[str, object]:
+    """The status patch of a capacity recount, written apart from the package's other status: with
+    status.capacity goes what one slice holds, known only once cards are published, so a package
+    never shows cards without the size of their slices."""
+    patch: dict[str, object] = {
+        "capacity": capacity_patch(capacity_status(live).model_dump(by_alias=True, exclude_none=True))
+    }
+    if live.memory_per_slice_bytes:
+        patch["memoryPerSlice"] = format_bytes(live.memory_per_slice_bytes)
+    return patch
+
+
 def capacity_behind(
     shown: Mapping[str, int] | None, last_written: Mapping[str, int] | None, live: Capacity
 ) -> bool:

@@ -500,6 +500,8 @@ def _allocations(
             continue
         pool, device = claim.devices[0] if claim.devices else (None, None)
         users = [p.name for p in pods if p.name in claim.reserved_for]
+        # every card of the claim, in its order; a card whose UUID is not published yet is unnamed
+        uuids = [u for d in claim.devices if (u := facts.uuids.get(d))]
         out.append(
             SliceAllocation(
                 claim=claim.name,
@@ -508,6 +510,8 @@ def _allocations(
                 device=device,
                 pool=pool,
                 pod=users[0] if users else None,
+                gpuUUIDs=uuids or None,
+                devices=[d for _, d in claim.devices] or None,
             )
         )
     return out
@@ -587,8 +591,15 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
             )
         )
         conditions.extend(software_conditions(facts.usage, facts.gpu_model, facts.generation))
+    # every card of every allocated claim: a multi-GPU product fails when any of its cards does
     gpu = slice_gpu_condition(
-        ((a.pool, a.device, a.node, a.gpu_uuid) for a in allocations), facts.device_taints
+        (
+            (pool, device, claim.node, facts.uuids.get((pool, device)))
+            for claim in own
+            if claim.allocated and not claim.deleting
+            for pool, device in claim.devices
+        ),
+        facts.device_taints,
     )
     if gpu is not None:
         conditions.append(_condition(SLICE_CONDITION, False, gpu[0], gpu[1], facts.generation))
@@ -601,6 +612,8 @@ def slice_status(facts: SliceFacts, now: str) -> GpuSliceStatus:
         node=first.node if first else None,
         gpuUUID=first.gpu_uuid if first else None,
         device=first.device if first else None,
+        gpus=len(first.devices) if first and first.devices else None,
+        gpuUUIDs=first.gpu_uuids if first else None,
         allocations=allocations,
         # Only a slice that waits for quota shows it: live usage in every slice's status would rewrite
         # all of a namespace's slices whenever one claim comes or goes.

@@ -51,11 +51,25 @@ def software_message(sw: Mapping[str, Any], gpu_model: str | None) -> str:
             f"({_archs(sw)}) and no binary for the GPU ({card}). Use a build that carries {gpu} code, or "
             f"one compiled with CUDA {driver} or older"
         )
+    library = sw.get("library")
+    origin = f" (in {library})" if library else ""
     return (
-        f"{_who(sw)} loaded kernels built for {_archs(sw)}; none runs on the slice's GPU ({card}): "
+        f"{_who(sw)} loaded kernels built for {_archs(sw)}{origin}; none runs on the slice's GPU ({card}): "
         f"'no kernel image is available for execution on the device'. Use a build of your software that "
         f"includes {gpu} (or compute_{gpu.removeprefix('sm_')} PTX) — CUDA 13 builds and PyTorch's newest "
-        "wheels no longer include Volta (sm_70) — or a package on a newer GPU"
+        f"wheels no longer include Volta (sm_70) —{_torch_advice(library, gpu)} or a package on a newer GPU"
+    )
+
+
+def _torch_advice(library: object, gpu: str) -> str:
+    """Which PyTorch still runs on a V100, when the kernels were PyTorch's (libtorch_cuda.so): its
+    CUDA 13 wheels on PyPI carry sm_75 and newer only; its CUDA 12.6 builds keep Volta (what PyTorch's
+    own warning tells), and so does torch 2.9.1 from PyPI (CUDA 12.8)."""
+    if gpu != "sm_70" or not str(library or "").startswith("libtorch"):
+        return ""
+    return (
+        " for PyTorch: the CUDA 12.6 build of the same version (pip install torch==<version> --index-url "
+        "https://download.pytorch.org/whl/cu126), or torch 2.9.1 from PyPI (CUDA 12.8), which carry sm_70; "
     )
 
 

@@ -95,6 +95,9 @@ class MeteredClaim:
     pool: str
     device: str
     node: str
+    #: (pool, device) of every gpuslice device of the allocation, in its order (several: a
+    #: multi-GPU product).
+    devices: tuple[tuple[str, str], ...] = ()
 
 
 def _time(value: Any) -> datetime | None:
@@ -120,7 +123,8 @@ def metered_claim(body: Mapping[str, Any]) -> MeteredClaim:
         if allocation and "f:allocation" in ((entry.get("fieldsV1") or {}).get("f:status") or {}):
             allocated_at = at if allocated_at is None or at < allocated_at else allocated_at
     results = ((allocation or {}).get("devices") or {}).get("results") or []
-    mine: Mapping[str, Any] = next((r for r in results if r.get("driver") == c.DRIVER_NAME), {})
+    ours = [r for r in results if r.get("driver") == c.DRIVER_NAME]
+    mine: Mapping[str, Any] = ours[0] if ours else {}
     package = claim_package(body) or ""
     pods = [r.get("name", "") for r in status.get("reservedFor") or [] if r.get("resource") == "pods"]
     owners = [o.get("name", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == "Pod"]
@@ -143,6 +147,7 @@ def metered_claim(body: Mapping[str, Any]) -> MeteredClaim:
         pool=str(mine.get("pool", "")),
         device=str(mine.get("device", "")),
         node=node or str(mine.get("pool", "")),
+        devices=tuple((str(r.get("pool", "")), str(r.get("device", ""))) for r in ours),
     )
 
 
@@ -508,6 +513,7 @@ def holdings(
                 pod=claim.pod,
                 node=claim.node,
                 gpu=uuids.get((claim.pool, claim.device), claim.device),
+                gpus=tuple(uuids.get(d, d[1]) for d in claim.devices) if len(claim.devices) > 1 else None,
                 allocated_at=claim.allocated_at,
                 # Still allocated is still held, whether or not its deletion was asked for (the
                 # GpuSlice deleted while its pods run): the device is billed until it is released.

@@ -28,7 +28,7 @@ from gpuslice.domain.claims import protection_patch, slice_claim, slice_claim_te
 from gpuslice.domain.conditions import same_status
 from gpuslice.domain.health import stranded_claims
 from gpuslice.domain.mig import package_profile
-from gpuslice.domain.package_status import capacity_behind, capacity_patch, capacity_status
+from gpuslice.domain.package_status import capacity_behind, capacity_status, capacity_write
 from gpuslice.domain.pod_slices import resource_of
 from gpuslice.domain.releasing import releasing as releasing_status
 from gpuslice.domain.slice_status import CAPACITY_REASONS, Reason, SliceFacts, own_claims, slice_status
@@ -302,8 +302,7 @@ async def sync_package_capacity(state: OperatorState, package: str, live: Capaci
         return
     desired = capacity_status(live).model_dump(by_alias=True, exclude_none=True)
     try:
-        patch = {"capacity": capacity_patch(desired)}
-        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, patch)
+        await state.kube.patch_status(c.GROUP_VERSION, c.PACKAGE_KIND, package, None, capacity_write(live))
     except ApiError as exc:
         if exc.status == 404:
             return

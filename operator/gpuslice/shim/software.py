@@ -15,7 +15,7 @@ from enum import StrEnum
 from pydantic import BaseModel
 
 OFFSET = 512
-_RECORD = struct.Struct("<IIIIIIiI16H16sQQQQ")
+_RECORD = struct.Struct("<IIIIIIiI16H16sQQQQ32s")
 ARCH_PTX = 0x8000
 
 
@@ -45,6 +45,9 @@ class SoftwareRecord(BaseModel):
     image_count: int
     #: unix seconds
     time: float
+    #: the file the image was in ("libtorch_cuda.so"; empty: memory the process built, or a shim
+    #: older than this record's field)
+    library: str = ""
 
 
 class SoftwareState(BaseModel):
@@ -60,19 +63,19 @@ def _arch_name(word: int) -> str:
 
 
 def parse_software(header: bytes) -> SoftwareState:
-    """The software state from the region's header bytes (at least OFFSET + 112 of them).
+    """The software state from the region's header bytes (at least OFFSET + 144 of them).
 
     A record being written (odd sequence number) or of an unknown kind reads as absent; the reader
     tries again at its next interval."""
     (seq, kind, err, dev, drv, rt, pid, count, *rest) = _RECORD.unpack_from(header, OFFSET)
-    archs, name, t_ms, ok_ms, first_ms, total = rest[:16], rest[16], rest[17], rest[18], rest[19], rest[20]
+    archs, name, t_ms, ok_ms, first_ms, total, lib = rest[:16], *rest[16:22]
     record = None
     if total and seq % 2 == 0 and kind in _KINDS:
         record = SoftwareRecord(
             kind=_KINDS[kind], cuda_error=err, device_arch=dev, driver_version=drv, runtime_version=rt,
             pid=pid, process=name.split(b"\0", 1)[0].decode("utf-8", "replace"),
             image_architectures=[_arch_name(a) for a in archs[: min(count, 16)] if a],
-            image_count=count, time=t_ms / 1000,
+            image_count=count, time=t_ms / 1000, library=lib.split(b"\0", 1)[0].decode("utf-8", "replace"),
         )  # fmt: skip
     return SoftwareState(
         record=record,

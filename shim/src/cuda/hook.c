@@ -205,15 +205,24 @@ void *gs_dlsym_driver(void *handle, const char *symbol)
 {
     void *fn = real_dlsym(handle, symbol);
     if (fn == NULL) return NULL;
-    gs_sym *syms = symbol[0] == 'c' ? cuda_syms : nvml_syms;
-    size_t n = symbol[0] == 'c' ? GS_NSYMS(cuda_syms) : GS_NSYMS(nvml_syms);
+    int cuda = symbol[0] == 'c';
+    gs_sym *syms = cuda ? cuda_syms : nvml_syms;
+    size_t n = cuda ? GS_NSYMS(cuda_syms) : GS_NSYMS(nvml_syms);
     void *w = wrapper_named(symbol, syms, n);
-    if (w == NULL) return fn; /* not an entry point the shim wraps */
-    if (fn == w) return fn;   /* the shim's own export */
+    if (fn == w) return fn; /* the shim's own export */
+    /* A name the shim does not wrap, from an object that is no driver (libcups' cups*): as it is,
+     * and without loading the driver. */
+    if (w == NULL && real_dlsym(handle, cuda ? "cuInit" : "nvmlInit_v2") == NULL) return fn;
     /* Load our driver if needed: the wrapper must have a real entry point to call. */
-    if (symbol[0] == 'c') (void)resolve_lib("libcuda.so.1", &cuda_handle, cuda_syms, n, &gs_cuda_ready, 1);
+    if (cuda) (void)resolve_lib("libcuda.so.1", &cuda_handle, cuda_syms, n, &gs_cuda_ready, 1);
     else (void)resolve_lib("libnvidia-ml.so.1", &nvml_handle, nvml_syms, n, &gs_nvml_ready, 1);
-    return w;
+    if (w != NULL) return w;
+    /* Not wrapped, from a driver: from ours as it is; from another copy (dlmopen into a fresh
+     * namespace) ours answers it too, as the wrappers do, so the caller has one driver, not the
+     * copy's cuInit beside our cuCtxCreate (the copy's state never initialized, or ours). */
+    void *own = cuda ? cuda_handle : nvml_handle;
+    void *mine = own != NULL ? real_dlsym(own, symbol) : NULL;
+    return mine != NULL ? mine : fn;
 }
 
 /* Every other lookup is a tail call into the real dlsym, so glibc sees the application's return

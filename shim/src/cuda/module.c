@@ -15,6 +15,8 @@
  * asked, so a large __device__ array cannot take memory past the slice.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,8 +87,22 @@ static unsigned entry_isa(const fatbin_entry *e)
     return isa;
 }
 
-/* Judges `image` for the current device after the driver answered `rc`; records what cannot run. */
-static void judge(const void *image, size_t size_hint, CUresult rc)
+/* The file name (no directory) of what `image` came from: the file a path load read, else the mapped
+ * library or program the image lies in (the runtime hands the driver the fatbins nvcc put into
+ * .nv_fatbin, so this names e.g. libtorch_cuda.so); empty for memory the process built. */
+static void image_origin(const void *image, const char *path, char *out, size_t size)
+{
+    Dl_info info;
+    memset(&info, 0, sizeof(info));
+    if (path == NULL && dladdr(image, &info) != 0) path = info.dli_fname;
+    if (path == NULL) return;
+    const char *base = strrchr(path, '/');
+    snprintf(out, size, "%s", base ? base + 1 : path);
+}
+
+/* Judges `image` (read from the file `path`, or NULL) for the current device after the driver
+ * answered `rc`; records what cannot run. */
+static void judge(const void *image, size_t size_hint, CUresult rc, const char *path)
 {
     if (image == NULL || gs_ensure_init() != GS_MODE_ACTIVE || !first_time(image)) return;
     int major = 0, minor = 0, drv = driver_version();
@@ -130,6 +146,7 @@ static void judge(const void *image, size_t size_hint, CUresult rc)
     rec.arch_count = (uint32_t)n;
     for (int i = 0; i < n && i < (int)GS_SOFTWARE_ARCHS; i++)
         rec.archs[i] = (uint16_t)(entries[i].arch | (entries[i].kind == FATBIN_PTX ? GS_ARCH_PTX : 0));
+    image_origin(image, path, rec.library, sizeof(rec.library));
     gs_region_note_software(&gs_reg, &rec);
 }
 
@@ -292,7 +309,7 @@ void gs_module_context_gone(unsigned ctx)
         if (vars_ == UINT64_MAX) return CUDA_ERROR_OUT_OF_MEMORY;                                        \
         CUresult rc_ = (call);                                                                           \
         vars_settle(vars_, rc_, rc_ == CUDA_SUCCESS && (out) ? (uintptr_t)*(out) : 0, library);          \
-        judge(image, size_hint, rc_);                                                                    \
+        judge(image, size_hint, rc_, NULL);                                                                    \
         return rc_;                                                                                      \
     } while (0)
 
@@ -343,7 +360,7 @@ GS_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
     }
     CUresult rc = real_cuModuleLoad(module, fname);
     vars_settle(vars, rc, rc == CUDA_SUCCESS && module ? (uintptr_t)*module : 0, 0);
-    if (image != NULL) judge(image, size, rc);
+    if (image != NULL) judge(image, size, rc, fname);
     free(image);
     return rc;
 }
@@ -375,7 +392,7 @@ GS_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
     CUresult rc = real_cuLibraryLoadFromFile(library, fileName, jitOptions, jitOptionsValues, numJitOptions,
                                              libraryOptions, libraryOptionValues, numLibraryOptions);
     vars_settle(vars, rc, rc == CUDA_SUCCESS && library ? (uintptr_t)*library : 0, 1);
-    if (image != NULL) judge(image, size, rc);
+    if (image != NULL) judge(image, size, rc, fileName);
     free(image);
     return rc;
 }

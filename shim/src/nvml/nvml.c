@@ -82,9 +82,14 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
 static int nvml_pid_visible(nvmlDevice_t device, unsigned int pid)
 {
     if (gs_ensure_init() != GS_MODE_ACTIVE) return 0;
+    /* Whole cards (no memory limit, the whole compute): every card the container has is the claim's,
+     * a multi-GPU product's second as its first, so each lists the claim's processes on it. Only the
+     * claim's own processes are ever listed, on any card. */
+    int whole = gs_cfg.memory_bytes == GS_UNLIMITED && gs_cfg.compute_share >= 100;
     char uuid[96] = {0};
-    if (real_nvmlDeviceGetUUID == NULL || real_nvmlDeviceGetUUID(device, uuid, sizeof(uuid)) != NVML_SUCCESS ||
-        strcasecmp(uuid, gs_cfg.gpu_uuid_text) != 0)
+    if (!whole &&
+        (real_nvmlDeviceGetUUID == NULL || real_nvmlDeviceGetUUID(device, uuid, sizeof(uuid)) != NVML_SUCCESS ||
+         strcasecmp(uuid, gs_cfg.gpu_uuid_text) != 0))
         return 0; /* a device the slice is not on */
     note_host_pid();
     return gs_region_has_nvml_pid(&gs_reg, (int32_t)pid);
