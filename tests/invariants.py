@@ -421,7 +421,12 @@ def running_slice_pods(w: World, namespaces: set[str] | None = None) -> dict[str
     out = {}
     for p in w.pods:
         m, spec, st = p["metadata"], p["spec"], p["status"]
-        if (namespaces is not None and m["namespace"] not in namespaces) or not spec.get("resourceClaims"):
+        # a pod that asked for a product in `resources.limits` has no claim in its spec: kube-scheduler
+        # made one for it (the extended-resource path) and named it in the pod's status
+        extended = (st.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+        if namespaces is not None and m["namespace"] not in namespaces:
+            continue
+        if not spec.get("resourceClaims") and not extended:
             continue
         if not _pod_running(p):
             continue
@@ -433,7 +438,9 @@ def running_slice_pods(w: World, namespaces: set[str] | None = None) -> dict[str
             for x in st.get("resourceClaimStatuses") or []
             if x.get("resourceClaimName")
         }
-        claims = tuple(x.get("resourceClaimName") or names.get(x["name"], "") for x in spec["resourceClaims"])
+        claims = tuple(
+            x.get("resourceClaimName") or names.get(x["name"], "") for x in spec.get("resourceClaims") or []
+        ) + ((extended,) if extended else ())
         out[_key(p)] = RunningPod(
             namespace=m["namespace"],
             name=m["name"],

@@ -128,3 +128,28 @@ def test_a_restarted_or_replaced_pod_is_caught() -> None:
     assert "replaced by uid uid-new" in pods_undisturbed(_world([], [], [replaced]), before, set())[0]
     assert "is gone" in pods_undisturbed(_world([], [], []), before, set())[0]
     assert pods_undisturbed(_world([], [], []), before, {"n1"}) == []  # a node lost for good
+
+
+def test_a_resources_limits_pod_is_held_too() -> None:
+    # its claim is kube-scheduler's (the extended-resource path): named in the pod's status, none in spec
+    pod = _pod("lim")
+    del pod["spec"]["resourceClaims"]
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "lim-extended-resources-abcde",
+        "requestMappings": [
+            {
+                "containerName": "main",
+                "resourceName": "gpuslice.io/v100-8g",
+                "requestName": "container-0-request-0",
+            },
+        ],
+    }
+    before = running_slice_pods(_world([], [], [pod]))
+    assert list(before) == [f"{NS}/lim"]
+    assert before[f"{NS}/lim"].claims == ("lim-extended-resources-abcde",)
+    restarted = copy.deepcopy(pod)
+    restarted["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert "restarts 1" in pods_undisturbed(_world([], [], [restarted]), before, set())[0]
+    plain = _pod("cpu")
+    del plain["spec"]["resourceClaims"]
+    assert running_slice_pods(_world([], [], [plain])) == {}

@@ -40,8 +40,10 @@ Arguments: obj (the parsed object), labels (what the kustomization's `labels` ad
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if $v.metrics.tls.enabled -}}
-{{- include "gpuslice.metricsTls" (dict "obj" $obj "tls" $v.metrics.tls) -}}
+{{- /* `helm upgrade --reuse-values` from a release without these values gives none of them */ -}}
+{{- $tls := default dict (default dict $v.metrics).tls -}}
+{{- if $tls.enabled -}}
+{{- include "gpuslice.metricsTls" (dict "obj" $obj "tls" $tls) -}}
 {{- end }}
 ---
 {{ toYaml $obj }}
