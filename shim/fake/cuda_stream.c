@@ -580,10 +580,30 @@ FAKE_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *c, CUstream s)
     return copy2d(c);
 }
 
+/* A zero fill of whole pages of the double's own cuMemAlloc memory (private anonymous pages) gives
+ * the pages back to the kernel instead of writing them: they read as zeros again, exactly as after
+ * the memset, and the host does not hold the bytes of a buffer a framework only clears (llama.cpp
+ * clears its whole KV cache at start), as a card's memset costs the host nothing. Memory shared with
+ * another process (IPC), VMM mappings and host memory are written as before. */
+int discard_zero_fill(CUdeviceptr dst, const void *value, size_t elem, size_t n)
+{
+    static const unsigned char zero[8];
+    if (n * elem < (1u << 20) || elem > sizeof(zero) || memcmp(value, zero, elem) != 0) return 0;
+    alloc a;
+    if (!find_alloc(dst, &a) || a.kind != K_LINEAR || a.shared_fd >= 0 || dst + n * elem > a.ptr + a.size) return 0;
+    uint64_t lo = (dst + PAGE_ALIGN - 1) & ~(PAGE_ALIGN - 1), hi = (dst + n * elem) & ~(PAGE_ALIGN - 1);
+    if (hi <= lo) return 0;
+    if (madvise((void *)(uintptr_t)lo, hi - lo, MADV_DONTNEED) != 0) return 0;
+    memset((void *)(uintptr_t)dst, 0, lo - dst);
+    memset((void *)(uintptr_t)hi, 0, dst + n * elem - hi);
+    return 1;
+}
+
 static CUresult fill(CUdeviceptr dst, const void *value, size_t elem, size_t n, size_t pitch, size_t height)
 {
     CHECK_INIT();
     if (!dst && n) return CUDA_ERROR_INVALID_VALUE;
+    if (height == 1 && discard_zero_fill(dst, value, elem, n)) return CUDA_SUCCESS;
     for (size_t y = 0; y < height; y++) {
         char *row = (char *)(uintptr_t)dst + y * pitch;
         if (elem == 1) memset(row, *(const unsigned char *)value, n);

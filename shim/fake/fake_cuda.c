@@ -753,6 +753,7 @@ FAKE_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
     CHECK_INIT();
     uint64_t base, size;
     if (!find_range(dst, &base, &size) || dst + n > base + size) return CUDA_ERROR_INVALID_VALUE;
+    if (discard_zero_fill(dst, &v, 1, n)) return CUDA_SUCCESS;
     memset((void *)(uintptr_t)dst, v, n);
     return CUDA_SUCCESS;
 }

@@ -217,6 +217,8 @@ alloc *untrack(uint64_t ptr);
 int find_range(uint64_t ptr, uint64_t *base, uint64_t *size);
 /* A copy of the allocation holding ptr: 1 if there is one. */
 int find_alloc(uint64_t ptr, alloc *out);
+/* A zero fill of n elements of elem bytes done by giving whole pages back (cuda_stream.c); 0: not done. */
+int discard_zero_fill(CUdeviceptr dst, const void *value, size_t elem, size_t n);
 CUresult current_dev(CUdevice *dev);
 uint64_t rounded(uint64_t size);
 CUresult device_alloc(uint64_t *out, uint64_t size, int dev);
