@@ -112,6 +112,8 @@ def test_generated_agent_patch_mounts_every_host_path_at_itself(tmp_path: Path) 
         # the simulated driver's /proc files and the simulated toolkit's CDI spec (MIG claims)
         "GPUSLICE_PROC_ROOT": str(config.parent / "proc"),
         "GPUSLICE_NVIDIA_CDI_DIRS": str(tmp_path / "nvidia-cdi"),
+        # the simulated cards' sysfs (PCIe root, NUMA node), laid out beside /proc
+        "GPUSLICE_SYS_ROOT": str(config.parent / "sys"),
     }
 
 
