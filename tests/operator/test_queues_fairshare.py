@@ -22,7 +22,7 @@ from invariants import World, card_memory
 from support import apply, wait_for
 
 from .operator_cluster import OperatorProcess, get, module_operator, package_doc, publish_gpus
-from .test_queues_kueue import _cli, _pod, _pods, _running
+from .test_queues_kueue import _pod, _pods, _running, kueue_devcluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow(seconds=300)]
 POOL = 6  # three V100s of two 50 % slices, all of them the idle owner's entitlement
@@ -30,13 +30,8 @@ POOL = 6  # three V100s of two 50 % slices, all of them the idle owner's entitle
 
 @pytest.fixture(scope="module")
 def fcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    d = tmp_path_factory.mktemp("kueue-fair") / "dc"
-    up = _cli("up", "--nodes", "1", "--with-kueue", "--kueue-fair-sharing", "--dir", str(d))
-    try:
-        assert up.returncode == 0, up.stderr
-        yield DevCluster(d)
-    finally:
-        _cli("down", "--dir", str(d))
+    with kueue_devcluster(tmp_path_factory.mktemp("kueue-fair") / "dc", "--kueue-fair-sharing") as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,10 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,15 +45,21 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def kcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    d = tmp_path_factory.mktemp("kueue-share") / "dc"
-    up = _cli("up", "--nodes", "1", "--with-kueue", "--dir", str(d))
+@contextmanager
+def kueue_devcluster(d: Path, *flags: str) -> Iterator[DevCluster]:
+    """A one-node devcluster with the real Kueue (and `flags` for it), taken down afterwards."""
+    up = _cli("up", "--nodes", "1", "--with-kueue", *flags, "--dir", str(d))
     try:
         assert up.returncode == 0, up.stderr
         yield DevCluster(d)
     finally:
         _cli("down", "--dir", str(d))
+
+
+@pytest.fixture(scope="module")
+def kcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    with kueue_devcluster(tmp_path_factory.mktemp("kueue-share") / "dc") as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
