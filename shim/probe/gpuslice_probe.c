@@ -10,10 +10,13 @@
  *                                       allocated until the program exits
  *   gpuslice-probe hold SIZE SECONDS    allocate, print "held <bytes> -> <code> <name>", sleep SECONDS
  *                                       (0: until SIGTERM/SIGINT), free, exit 0
- *   gpuslice-probe burn SECONDS [KERNEL_US]
+ *   gpuslice-probe burn SECONDS [KERNEL_US [START_AT]]
  *                                       back-to-back kernel launches (KERNEL_US per kernel, default
  *                                       1000), a "progress" line per second, and as the last line
- *                                       "share <percent>": busy time / wall time over the second half
+ *                                       "share <percent>": busy time / wall time over the second half.
+ *                                       START_AT (Unix time, seconds): set up, then wait until then,
+ *                                       so burners started one after another measure one window
+ *                                       ("started late=<seconds>" says by how much it missed it)
  *
  * SIZE is bytes, or a number with a suffix Ki, Mi, Gi (also K, M, G, KiB, MiB, GiB: powers of 1024).
  * Exit status: 0 ok (an allocation refused with CUDA_ERROR_OUT_OF_MEMORY is an answer, not a
@@ -67,9 +70,10 @@ static void usage(FILE *out)
             "                          the memory stays allocated until exit\n"
             "  hold SIZE SECONDS       allocate SIZE, print \"held <bytes> -> <code> <name>\", sleep SECONDS\n"
             "                          (0: until SIGTERM), free, exit\n"
-            "  burn SECONDS [KERNEL_US]\n"
+            "  burn SECONDS [KERNEL_US [START_AT]]\n"
             "                          back-to-back kernel launches of KERNEL_US (default 1000) each; the last\n"
-            "                          line is \"share <percent>\", the share of the GPU achieved\n"
+            "                          line is \"share <percent>\", the share of the GPU achieved; START_AT\n"
+            "                          (Unix time): set up, then start burning then\n"
             "SIZE: bytes, or with a suffix Ki, Mi, Gi (e.g. 512Mi, 8Gi).\n"
             "Exit status: 0 ok, 1 a CUDA/NVML call failed, 2 usage.\n");
 }
@@ -280,11 +284,28 @@ static CUresult time_spin(CUfunction fn, unsigned long long cycles, double *best
     return rc;
 }
 
-static int cmd_burn(const char *seconds_arg, const char *kernel_us_arg)
+/* Sleeps until the Unix time `at`; how late the caller is for it (0 when on time). */
+static double wait_until_unix(double at)
 {
-    double seconds;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double late = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 - at;
+    if (late >= 0) return late;
+    struct timespec when = {(time_t)at, (long)((at - (double)(time_t)at) * 1e9)};
+    while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &when, NULL) == EINTR && !stop_requested) {
+    }
+    return 0;
+}
+
+static int cmd_burn(const char *seconds_arg, const char *kernel_us_arg, const char *start_at_arg)
+{
+    double seconds, start_at = 0;
     if (parse_seconds(seconds_arg, &seconds) != 0 || seconds <= 0)
         return usage_error("not a positive number of seconds: %s", seconds_arg);
+    char *at_end = NULL;
+    if (start_at_arg) start_at = strtod(start_at_arg, &at_end);
+    if (start_at_arg && (at_end == start_at_arg || *at_end || !(start_at > 0) || start_at > 1e11))
+        return usage_error("START_AT must be a Unix time in seconds, not %s", start_at_arg);
     unsigned kernel_us = 1000;
     if (kernel_us_arg) {
         char *end = NULL;
@@ -315,6 +336,7 @@ static int cmd_burn(const char *seconds_arg, const char *kernel_us_arg)
     if ((rc = time_spin(fn, cycles, &kernel_ms, &call)) != CUDA_SUCCESS) return cu_failed(call, rc);
     printf("burn seconds=%g kernel_ms=%.3f\n", seconds, kernel_ms);
     fflush(stdout);
+    if (start_at_arg) printf("started late=%.3f\n", wait_until_unix(start_at));
 
     void *params[] = {&cycles};
     double start = now_s(), half = start + seconds / 2, half_started = 0, next_report = start + 1;
@@ -384,8 +406,8 @@ int main(int argc, char **argv)
         return cmd_hold(argv[2], argv[3]);
     }
     if (strcmp(cmd, "burn") == 0) {
-        if (argc != 3 && argc != 4) return usage_error("%s needs SECONDS [KERNEL_US]", cmd);
-        return cmd_burn(argv[2], argc == 4 ? argv[3] : NULL);
+        if (argc < 3 || argc > 5) return usage_error("%s needs SECONDS [KERNEL_US [START_AT]]", cmd);
+        return cmd_burn(argv[2], argc >= 4 ? argv[3] : NULL, argc == 5 ? argv[4] : NULL);
     }
     return usage_error("unknown command: %s", cmd);
 }

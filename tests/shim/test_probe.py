@@ -107,7 +107,8 @@ def test_an_nvml_failure_is_named_and_exits_1(make_slice, gp: Path, tmp_path: Pa
 @pytest.mark.parametrize(
     "args",
     [[], ["alloc"], ["alloc", "12x"], ["alloc", "-1"], ["hold", "1Gi"], ["hold", "1Gi", "soon"],
-     ["burn"], ["burn", "0"], ["burn", "1", "0"], ["smi", "extra"], ["frobnicate"]],
+     ["burn"], ["burn", "0"], ["burn", "1", "0"], ["burn", "1", "1000", "soon"], ["smi", "extra"],
+     ["frobnicate"]],
 )  # fmt: skip
 def test_usage_errors_exit_2_with_help(make_slice, gp: Path, args: list[str]) -> None:
     s = make_slice(memory_bytes=LIMIT)

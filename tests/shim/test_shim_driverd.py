@@ -266,20 +266,25 @@ def test_processes_burning_one_card_through_the_daemon_share_it(driverd, built, 
     their own measurement and in NVML's. Kernels shorter than the daemon's merges (every 5 ms) are
     where a double that queued a process behind others only once merged would run them side by side."""
     env = env_of(driverd, shim=False)
-    argv = [str(probe_binary(built)), "burn", "4", str(kernel_us)]
+    # one window for all: each measures its share over its second half, and a burner that set up
+    # seconds after another (a loaded machine) would otherwise have the card to itself for part of it
+    start_at = time.time() + 3
+    argv = [str(probe_binary(built)), "burn", "4", str(kernel_us), f"{start_at:.3f}"]
     burners = [subprocess.Popen(argv, env=env, stdout=PIPE, stderr=PIPE, text=True) for _ in range(n)]
     try:
-        time.sleep(3)  # all of NVML's last second within every burner's run
+        time.sleep(max(0.0, start_at + 3 - time.time()))  # NVML's last second within every second half
         sample = subprocess.run(
             [sys.executable, "-c", UTILIZATION], env=env, capture_output=True, text=True, timeout=60
         )
         assert sample.returncode == 0, sample.stderr
         view = values(sample.stdout)
-        shares = []
+        shares: list[float] = []
+        late: list[float] = []
         for b in burners:
             out, err = b.communicate(timeout=60)
             assert b.returncode == 0, err
             shares.extend(float(line.split()[1]) for line in out.splitlines() if line.startswith("share "))
+            late.extend(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("started late="))
     finally:
         for b in burners:
             if b.poll() is None:
@@ -288,6 +293,7 @@ def test_processes_burning_one_card_through_the_daemon_share_it(driverd, built, 
     sm = [int(p.split(":")[1]) for p in view["procs"].split(",") if p]
     print(f"{n} burners of {kernel_us} us: shares {shares} (sum {sum(shares):.1f}), NVML {view}")
     assert len(shares) == n and len(sm) == n, (shares, view)
+    assert len(late) == n and max(late) < 1.0, f"a burner set up after the common start: {late}"
     # the probes' own figures round each to 0.1 % of their own window: a little over 100 together
     assert sum(shares) <= 105, f"{n} processes used {sum(shares):.1f} % of one card: {shares}"
     assert sum(sm) <= 100 and int(view["gpu"]) <= 100, view

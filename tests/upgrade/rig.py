@@ -220,15 +220,18 @@ def packages(c: DevCluster, tree: Path) -> None:
             f"DeviceClass {pkg}",
         )
     # the operator's object-count quota in each namespace: until kube-controller-manager has counted
-    # it, the API server refuses every GpuSlice ("status unknown for quota"), slow on a loaded machine
+    # it (a usage for every limit), the API server refuses every GpuSlice ("status unknown for
+    # quota"). A limit without a usage is the quota synced before the controller discovered GpuSlices
+    # (every 30 s): on a fast machine the operator makes it within those 30 s of the CRDs, and asks
+    # for a re-count until it is counted
     for ns in (TENANT, PROBER):
-        wait_for(
-            lambda n=ns: ((get_json(c, "resourcequota", COUNT_QUOTA, "-n", n) or {}).get("status") or {}).get(
-                "hard"
-            ),
-            120,
-            f"quota {ns}/{COUNT_QUOTA} counted",
-        )
+        wait_for(lambda n=ns: quota_counted(c, n), 120, f"quota {ns}/{COUNT_QUOTA} counted")
+
+
+def quota_counted(c: DevCluster, ns: str) -> bool:
+    status = (get_json(c, "resourcequota", COUNT_QUOTA, "-n", ns) or {}).get("status") or {}
+    hard, used = status.get("hard") or {}, status.get("used") or {}
+    return bool(hard) and set(hard) <= set(used)
 
 
 def claims(c: DevCluster) -> dict[str, tuple[str, str]]:
