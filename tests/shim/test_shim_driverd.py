@@ -283,8 +283,9 @@ def test_processes_burning_one_card_through_the_daemon_share_it(driverd, built, 
         for b in burners:
             out, err = b.communicate(timeout=60)
             assert b.returncode == 0, err
-            shares.extend(float(line.split()[1]) for line in out.splitlines() if line.startswith("share "))
-            late.extend(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("started late="))
+            lines = out.splitlines()
+            shares.extend(float(line.split()[1]) for line in lines if line.startswith("share "))
+            late.extend(float(line.split("=")[1]) for line in lines if line.startswith("started late="))
     finally:
         for b in burners:
             if b.poll() is None:
