@@ -190,7 +190,8 @@ def test_drain_with_evict_moves_the_slice_and_uncordon_puts_the_card_back(
     assert "no slice is allocated there any more" in drain.stdout
     rules = get_json(node_cluster, "devicetaintrules", "-l", f"gpuslice.io/drain-node={NODE}")["items"]
     # one rule per device the card published when drain read it: the package's 4 quarter slices, and
-    # on a loaded run also the devices of an earlier test's package the agent had not yet withdrawn
+    # the devices of other packages on the card (the real node is the session's: files run before this
+    # one on the same worker may have left theirs)
     assert f"drained card {uuid} of node {NODE}: {len(rules)} DeviceTaintRule(s)" in drain.stdout
     assert {r["spec"]["taint"]["effect"] for r in rules} == {"NoExecute"} and len(rules) >= 4
     assert {r["metadata"]["labels"]["gpuslice.io/drain-gpu"] for r in rules} == {uuid}
@@ -204,7 +205,9 @@ def test_drain_with_evict_moves_the_slice_and_uncordon_puts_the_card_back(
          "--kubeconfig", str(node_cluster.kubeconfig)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert uncordon.returncode == 0 and "4 DeviceTaintRule(s)" in uncordon.stdout, uncordon.stderr
+    # every rule drain made
+    assert uncordon.returncode == 0, uncordon.stderr
+    assert f"uncordoned: {len(rules)} DeviceTaintRule(s) of {NODE} deleted" in uncordon.stdout
     assert not get_json(node_cluster, "devicetaintrules", "-l", f"gpuslice.io/drain-node={NODE}")["items"]
 
 

@@ -758,6 +758,12 @@ def test_kueue_killed_mid_reclaim_oversells_nothing_and_the_owner_runs_without_a
         assert not problems, problems
 
     def evicted() -> str | None:
+        # Kueue's "Preempted" event on the victim's Workload: it outlives the Workload, which the
+        # garbage collector deletes with its pod a second or two after the eviction, sooner than a
+        # loaded machine's next look at the Evicted condition (a run timed out there after 60 s)
+        for ev in get(cl, "events", "-n", borrower, "--field-selector=reason=Preempted")["items"]:
+            if ev["involvedObject"].get("kind") == "Workload":
+                return str(ev["involvedObject"]["name"])
         for wl in get(cl, "workloads", "-n", borrower)["items"]:
             for cond in (wl.get("status") or {}).get("conditions") or []:
                 if cond["type"] == "Evicted" and cond["status"] == "True":
